@@ -1,0 +1,44 @@
+"""mi-core: mechanistic interpretability of language models on PyTorch.
+
+Public names only (see docs and ../shared/design/API.md); backends and formats are plugins.
+"""
+
+from mi_core.backend import GenerationResult, MIBackend, MIModel, check_compatibility, sample_token
+from mi_core.dictionaries import CltFeatureId, SparseActivations, SparseDictionary, load_dictionary
+from mi_core.errors import (
+    ConfigError,
+    DictionaryError,
+    HookError,
+    InterventionError,
+    MIError,
+    PluginError,
+    TokenizerError,
+    UnsupportedModelError,
+    WeightLoadError,
+)
+from mi_core.hooks import HookCache, HookPoint, HookRun, HookSpec
+from mi_core.interventions import Add, Intervention, Knockout, Replace, Scale, Steer, Zero
+from mi_core.registry import (
+    BackendSpec,
+    CompatibilityReport,
+    Detection,
+    DictionaryFormat,
+    ModelSource,
+    TokenizerSpec,
+)
+from mi_core.serialize import from_json, to_json
+from mi_core.state import StateKnockoutSpec, StateSteeringSpec
+from mi_core.tokenizer import EncodingWithOffsets, HFTokenizer, MITokenizer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Add", "BackendSpec", "CltFeatureId", "CompatibilityReport", "ConfigError", "Detection",
+    "DictionaryError", "DictionaryFormat", "EncodingWithOffsets", "GenerationResult",
+    "HFTokenizer", "HookCache", "HookError", "HookPoint", "HookRun", "HookSpec", "Intervention",
+    "InterventionError", "Knockout", "MIBackend", "MIError", "MIModel", "MITokenizer",
+    "ModelSource", "PluginError", "Replace", "Scale", "SparseActivations", "SparseDictionary",
+    "StateKnockoutSpec", "StateSteeringSpec", "Steer", "TokenizerError", "TokenizerSpec",
+    "UnsupportedModelError", "WeightLoadError", "Zero", "check_compatibility", "from_json",
+    "load_dictionary", "sample_token", "to_json",
+]

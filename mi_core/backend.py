@@ -1,0 +1,369 @@
+"""The backend protocol and `MIModel`, the object users hold.
+
+`MIModel` owns what is the same for every backend: source resolution, detection through
+the plugins, hook validation before compute, TransformerLens-style conveniences and
+generation. A backend owns its forward pass and calls ``run.apply(name, x)`` at each point.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable, Protocol, Sequence, runtime_checkable
+
+import attrs
+import torch
+
+from mi_core import plugins
+from mi_core.errors import HookError, MIError, TokenizerError, UnsupportedModelError
+from mi_core.hooks import HookCache, HookLike, HookPoint, HookSpec
+from mi_core.interventions import Intervention, check_broadcast
+from mi_core.loading import DEFAULT_HUB_PATTERNS, read_config, resolve_source, tensor_names_of
+from mi_core.registry import CompatibilityReport, Detection, ModelSource
+from mi_core.tokenizer import HFTokenizer, MITokenizer
+
+
+@runtime_checkable
+class MIBackend(Protocol):
+    """What a backend implements. Optional members are noted; see docs/PLUGINS.md.
+
+    Attributes: ``name``, ``config`` (attrs), ``num_layers``, ``num_heads``,
+    ``num_kv_heads``, ``hidden_size``, ``vocab_size``, ``device``, ``dtype``,
+    ``tokenizer`` (MITokenizer or None).
+    Optional: ``max_positions`` (int | None), ``hook_shape(point, batch, seq)`` for
+    validating intervention operands before compute, ``new_past(batch_size)`` +
+    ``forward(..., past=...)`` for KV-cached / stateful generation.
+    """
+
+    name: str
+    config: Any
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    hidden_size: int
+    vocab_size: int
+    device: torch.device
+    dtype: torch.dtype
+    tokenizer: MITokenizer | None
+
+    def hook_points(self) -> list[HookPoint]:
+        """Every hook point this model provides, in execution order."""
+
+    def forward(self, ids: torch.Tensor, hooks: HookSpec,
+                attention_mask: torch.Tensor | None = None, **kwargs: Any) -> HookCache:
+        """ids [batch, seq] -> HookCache(output=logits [batch, seq, vocab], captures)."""
+
+    def project_to_vocab(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Residual-stream vectors [..., d_model] -> logits [..., vocab] (final norm + head)."""
+
+
+@attrs.define
+class GenerationResult:
+    """Output of :meth:`MIModel.generate`."""
+
+    tokens: torch.Tensor  # [batch, prompt + new] (prompt included)
+    new_tokens: torch.Tensor  # [batch, new]
+    text: list[str]  # decoded new tokens, one string per sequence
+    step_logits: list[torch.Tensor] | None = None  # per step [batch, vocab] when requested
+
+
+def _source_of(source: str | os.PathLike[str]) -> ModelSource:
+    patterns = DEFAULT_HUB_PATTERNS + plugins.hub_file_patterns()
+    path = resolve_source(source, patterns)
+    if path.is_dir():
+        names, shapes = tensor_names_of(path)
+        return ModelSource(path=path, config=read_config(path), tensor_names=names,
+                           tensor_shapes=shapes)
+    return ModelSource(path=path)
+
+
+def _detections(src: ModelSource) -> list[Detection]:
+    out: list[Detection] = []
+    for plugin_name, result in plugins.call_per_plugin("mi_detect_backend", source=src):
+        items = result if isinstance(result, (list, tuple)) else [result]
+        for d in items:
+            if d is not None:
+                if not d.plugin:
+                    d = attrs.evolve(d, plugin=plugin_name)
+                out.append(d)
+    return out
+
+
+def _report(source: str, src: ModelSource, dets: list[Detection]) -> CompatibilityReport:
+    ok = [d for d in dets if d.ok]
+    best = max(ok, key=lambda d: d.score) if ok else None
+    mt = (src.config or {}).get("model_type") if src.config else None
+    return CompatibilityReport(source=source, model_type=mt, supported=best is not None,
+                               backend=best.backend if best else None, detections=dets)
+
+
+def check_compatibility(source: str | os.PathLike[str]) -> CompatibilityReport:
+    """Ask every plugin about `source` without loading weights."""
+    src = _source_of(source)
+    return _report(os.fspath(source), src, _detections(src))
+
+
+def _load_tokenizer(path: Path) -> MITokenizer | None:
+    directory = path if path.is_dir() else path.parent
+    for spec in plugins.tokenizer_specs():
+        if spec.detect(directory):
+            return spec.load(directory)
+    return HFTokenizer.from_directory(directory) if path.is_dir() else None
+
+
+class MIModel:
+    """A loaded model with hooks. Create with :meth:`from_pretrained`."""
+
+    def __init__(self, backend: MIBackend, source: str = "") -> None:
+        self.backend = backend
+        self.source = source
+        self._points: list[HookPoint] | None = None
+        self._names: set[str] | None = None
+
+    # -- loading ------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, source: str | os.PathLike[str], device: str | torch.device = "cpu",
+                        dtype: torch.dtype = torch.float32, backend: str | None = None) -> "MIModel":
+        """Load a hub id, a local directory or a single file a plugin claims (e.g. ``.gguf``)."""
+        src = _source_of(source)
+        available = plugins.backends()
+        if backend is None:
+            dets = _detections(src)
+            report = _report(os.fspath(source), src, dets)
+            if not report.supported:
+                if not available:
+                    raise UnsupportedModelError(
+                        f"{source}: no backend plugins are installed (pip install "
+                        f"'mi-core[transformer]' or 'mi-core[rwkv]')")
+                raise UnsupportedModelError("no plugin can load this checkpoint:\n" + report.summary())
+            backend = report.backend
+        if backend not in available:
+            raise UnsupportedModelError(f"backend {backend!r} is not installed; installed: "
+                                        f"{', '.join(sorted(available)) or 'none'}")
+        be = available[backend].load(src, torch.device(device), dtype)
+        if getattr(be, "tokenizer", None) is None:
+            be.tokenizer = _load_tokenizer(src.path)
+        return cls(be, source=os.fspath(source))
+
+    # -- metadata -----------------------------------------------------------------------
+    num_layers = property(lambda self: self.backend.num_layers)
+    num_heads = property(lambda self: self.backend.num_heads)
+    num_kv_heads = property(lambda self: self.backend.num_kv_heads)
+    hidden_size = property(lambda self: self.backend.hidden_size)
+    d_model = hidden_size
+    vocab_size = property(lambda self: self.backend.vocab_size)
+    device = property(lambda self: self.backend.device)
+    dtype = property(lambda self: self.backend.dtype)
+    backend_name = property(lambda self: self.backend.name)
+    config = property(lambda self: self.backend.config)
+
+    @property
+    def tokenizer(self) -> MITokenizer:
+        tok = getattr(self.backend, "tokenizer", None)
+        if tok is None:
+            raise TokenizerError(f"{self.source}: this model has no tokenizer")
+        return tok
+
+    def hook_points(self) -> list[HookPoint]:
+        if self._points is None:
+            self._points = list(self.backend.hook_points())
+            self._names = {p.name for p in self._points}
+        return list(self._points)
+
+    def has_hook_point(self, point: HookLike) -> bool:
+        self.hook_points()
+        assert self._names is not None
+        return HookPoint.parse(point).name in self._names
+
+    # -- tokens -------------------------------------------------------------------------
+    def to_tokens(self, text: str | Sequence[str], prepend_bos: bool | None = None) -> torch.Tensor:
+        """LongTensor [batch, seq]. Special tokens as the tokenizer's post-processor adds them;
+        `prepend_bos` forces a BOS on (True) or off (False). Batches must have equal length
+        (use :meth:`to_tokens_padded` otherwise)."""
+        texts = [text] if isinstance(text, str) else list(text)
+        rows = [self._encode(t, prepend_bos) for t in texts]
+        if len({len(r) for r in rows}) != 1:
+            raise TokenizerError("prompts tokenize to different lengths "
+                                 f"{[len(r) for r in rows]}; use to_tokens_padded")
+        return torch.tensor(rows, dtype=torch.long, device=self.device)
+
+    def to_tokens_padded(self, texts: Sequence[str], side: str = "left",
+                         prepend_bos: bool | None = None, pad_id: int = 0
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids [batch, max_seq], attention_mask [batch, max_seq]) padded on `side`."""
+        rows = [self._encode(t, prepend_bos) for t in texts]
+        n = max(len(r) for r in rows)
+        ids = torch.full((len(rows), n), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), n), dtype=torch.long)
+        for i, r in enumerate(rows):
+            sl = slice(n - len(r), n) if side == "left" else slice(0, len(r))
+            ids[i, sl] = torch.tensor(r)
+            mask[i, sl] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def _encode(self, text: str, prepend_bos: bool | None) -> list[int]:
+        tok = self.tokenizer
+        ids = tok.encode(text, add_special_tokens=True)
+        bos = tok.bos_token_id
+        if prepend_bos is True and bos is not None and (not ids or ids[0] != bos):
+            ids = [bos] + ids
+        elif prepend_bos is False and bos is not None and ids and ids[0] == bos:
+            ids = ids[1:]
+        return ids
+
+    def to_str_tokens(self, text_or_ids: str | Sequence[int] | torch.Tensor) -> list[str]:
+        if isinstance(text_or_ids, torch.Tensor):
+            text_or_ids = text_or_ids.flatten().tolist()
+        return self.tokenizer.to_str_tokens(text_or_ids)
+
+    def to_string(self, ids: Sequence[int] | torch.Tensor) -> str:
+        if isinstance(ids, torch.Tensor):
+            ids = ids.flatten().tolist()
+        return self.tokenizer.decode(ids)
+
+    # -- forward ------------------------------------------------------------------------
+    def validate(self, hooks: HookSpec, ids: torch.Tensor | None = None) -> None:
+        """Check every point exists and every operand broadcasts; before any compute."""
+        if hooks.is_empty():
+            return
+        hooks.validate(self.hook_points(), num_layers=self.num_layers)
+        shape_of = getattr(self.backend, "hook_shape", None)
+        if shape_of is None or ids is None:
+            return
+        batch, seq = ids.shape
+        for hp in hooks.points():
+            for iv in hooks.interventions_at(hp):
+                if not isinstance(iv, Intervention):
+                    continue
+                op = iv.operand_shape()
+                target = shape_of(hp, batch, seq)
+                if op is not None and target is not None:
+                    check_broadcast(hp, type(iv).__name__, op, tuple(target))
+
+    def _check_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        if not isinstance(ids, torch.Tensor):
+            ids = torch.as_tensor(ids, dtype=torch.long)
+        if ids.dim() == 1:
+            ids = ids.unsqueeze(0)
+        if ids.dim() != 2:
+            raise MIError(f"token ids must be [batch, seq], got shape {list(ids.shape)}")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            bad = ids[(ids < 0) | (ids >= self.vocab_size)].unique()[:5].tolist()
+            raise TokenizerError(f"token ids {bad} out of vocabulary range [0, {self.vocab_size})")
+        return ids.to(self.device)
+
+    def forward(self, ids: torch.Tensor, hooks: HookSpec | None = None,
+                attention_mask: torch.Tensor | None = None, **kwargs: Any) -> HookCache:
+        """Run the model; `hooks` captures and intervenes. Returns a HookCache (logits always)."""
+        hooks = hooks if hooks is not None else HookSpec()
+        ids = self._check_ids(ids)
+        self.validate(hooks, ids)
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(self.device)
+            if attention_mask.shape != ids.shape and kwargs.get("past") is None:
+                raise MIError(f"attention_mask shape {list(attention_mask.shape)} != ids shape "
+                              f"{list(ids.shape)}")
+        with torch.inference_mode(not torch.is_grad_enabled()):
+            return self.backend.forward(ids, hooks, attention_mask=attention_mask, **kwargs)
+
+    __call__ = forward
+
+    def project_to_vocab(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.backend.project_to_vocab(hidden.to(device=self.device, dtype=self.dtype))
+
+    # -- TransformerLens-style conveniences ----------------------------------------------
+    def _ids(self, x: torch.Tensor | str) -> torch.Tensor:
+        return self.to_tokens(x) if isinstance(x, str) else x
+
+    def run_with_cache(self, ids: torch.Tensor | str,
+                       names_filter: Callable[[str], bool] | Iterable[HookLike] | str | None = None,
+                       attention_mask: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, HookCache]:
+        """(logits, cache) capturing every point (or those `names_filter` accepts)."""
+        points = self.hook_points()
+        if names_filter is None:
+            chosen = [p for p in points if not p.name.endswith("attn.hook_result")]
+        elif callable(names_filter):
+            chosen = [p for p in points if names_filter(p.name)]
+        elif isinstance(names_filter, (str, HookPoint)):
+            chosen = [HookPoint.parse(names_filter)]
+        else:
+            chosen = [HookPoint.parse(n) for n in names_filter]
+        cache = self.forward(self._ids(ids), HookSpec().capture_all(chosen),
+                             attention_mask=attention_mask)
+        return cache.output, cache
+
+    def run_with_hooks(self, ids: torch.Tensor | str,
+                       fwd_hooks: Sequence[tuple[HookLike, Callable[..., Any]]] = (),
+                       attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits with callables ``fn(tensor, hook) -> tensor | None`` applied at each name."""
+        spec = HookSpec()
+        for name, fn in fwd_hooks:
+            spec.intervene(name, fn)
+        return self.forward(self._ids(ids), spec, attention_mask=attention_mask).output
+
+    # -- generation ---------------------------------------------------------------------
+    def generate(self, ids: torch.Tensor | str, max_new_tokens: int = 20, temperature: float = 0.0,
+                 hooks: HookSpec | None = None, attention_mask: torch.Tensor | None = None,
+                 stop_at_eos: bool = True, return_logits: bool = False,
+                 generator: torch.Generator | None = None) -> GenerationResult:
+        """Greedy (temperature 0) or sampled generation with the backend's cache.
+
+        Hooks and interventions apply at every step (prefill and each new token).
+        """
+        ids = self._check_ids(self._ids(ids))
+        hooks = hooks if hooks is not None else HookSpec()
+        new_past = getattr(self.backend, "new_past", None)
+        batch = ids.shape[0]
+        mask = attention_mask.to(self.device) if attention_mask is not None else None
+        past = new_past(batch) if new_past is not None else None
+        eos = getattr(self.backend.tokenizer, "eos_token_id", None) if stop_at_eos else None
+        done = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        new: list[torch.Tensor] = []
+        step_logits: list[torch.Tensor] = []
+        cur = ids
+        for _ in range(max_new_tokens):
+            if past is not None:
+                cache = self.forward(cur, hooks, attention_mask=mask, past=past)
+            else:  # no cache: recompute the whole prefix
+                full = torch.cat([ids] + [t[:, None] for t in new], dim=1)
+                cache = self.forward(full, hooks, attention_mask=mask)
+            logits = cache.output[:, -1, :].float()
+            if return_logits:
+                step_logits.append(logits)
+            nxt = sample_token(logits, temperature, generator)
+            if eos is not None:
+                nxt = torch.where(done, torch.full_like(nxt, eos), nxt)
+                done |= nxt == eos
+            new.append(nxt)
+            cur = nxt[:, None]
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            if eos is not None and bool(done.all()):
+                break
+        new_t = torch.stack(new, dim=1) if new else ids.new_zeros((batch, 0))
+        tok = getattr(self.backend, "tokenizer", None)
+        text = [tok.decode(r.tolist()) for r in new_t] if tok is not None else []
+        return GenerationResult(tokens=torch.cat([ids, new_t], dim=1), new_tokens=new_t,
+                                text=text, step_logits=step_logits if return_logits else None)
+
+    def __repr__(self) -> str:
+        return (f"MIModel(backend={self.backend_name!r}, layers={self.num_layers}, "
+                f"d_model={self.hidden_size}, source={self.source!r})")
+
+
+def sample_token(logits: torch.Tensor, temperature: float = 0.0,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """logits [batch, vocab] -> ids [batch]: argmax at temperature 0, else softmax sampling."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def require_points(model: MIModel, points: Iterable[HookLike]) -> None:
+    """HookError naming the first point `model` lacks (for analyses that need specific points)."""
+    for p in points:
+        if not model.has_hook_point(p):
+            raise HookError(f"this analysis needs hook point {HookPoint.parse(p).name!r}, which "
+                            f"the {model.backend_name} backend does not provide")

@@ -1,0 +1,1 @@
+"""The ``mi`` command line: core subcommands plus those plugins register."""

@@ -1,0 +1,74 @@
+"""``mi``: ordinary CLI conventions — ``--help``, errors on stderr, non-zero exit codes,
+no tracebacks for user errors (set MI_CORE_DEBUG=1 to see them)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+from mi_core import __version__, plugins
+from mi_core.errors import MIError
+
+
+def _cmd_plugins(args: argparse.Namespace) -> int:
+    infos = plugins.plugin_infos()
+    if not infos:
+        print("no mi-core plugins installed (pip install 'mi-core[all]')")
+        return 0
+    for info in infos:
+        print(f"{info.name}  ({info.distribution} {info.version})")
+        for p in info.provides:
+            print(f"    {p}")
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from mi_core.backend import check_compatibility
+
+    report = check_compatibility(args.source)
+    print(report.summary())
+    return 0 if report.supported else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mi", description="mi-core: mechanistic "
+                                     "interpretability of language models")
+    parser.add_argument("--version", action="version", version=f"mi-core {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p = sub.add_parser("plugins", help="list installed plugins, versions and what each provides")
+    p.set_defaults(func=_cmd_plugins)
+    p = sub.add_parser("check", help="say which backend can load a checkpoint (no weights read)")
+    p.add_argument("source", help="hub id, directory or file")
+    p.set_defaults(func=_cmd_check)
+    plugins.get_plugin_manager().hook.mi_register_commands(subparsers=sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    debug = bool(os.environ.get("MI_CORE_DEBUG"))
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if getattr(args, "func", None) is None:
+            parser.print_help()
+            return 2
+        return int(args.func(args) or 0)
+    except MIError as exc:
+        if debug:
+            raise
+        print(f"mi: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("mi: interrupted", file=sys.stderr)
+        return 130
+    except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+        if debug:
+            raise
+        print(f"mi: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,335 @@
+"""Hook points, hook specs and the hook cache: where to look, what to do, what came back.
+
+A backend calls :meth:`HookRun.apply` at every hook point of its forward pass. That one
+function is where intervention semantics live (registration order, dtype/device casting,
+broadcasting, capture-after-intervention), so every backend behaves identically.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any, Callable, Iterable, Iterator, Union
+
+import attrs
+import torch
+
+from mi_core.errors import HookError, InterventionError
+from mi_core.interventions import Intervention, apply_intervention
+from mi_core.state import StateKnockoutSpec, StateSteeringSpec
+
+_LAYER_RE = re.compile(r"^blocks\.(\d+)\.(.+)$")
+
+#: Names accepted on input and mapped to their canonical TransformerLens spelling.
+_ALIASES_GLOBAL = {"hook_final_norm": "ln_final.hook_normalized"}
+_ALIASES_LAYER = {"attn.hook_scores": "attn.hook_attn_scores"}
+
+#: Per-layer suffixes the core knows by name (any backend may add custom points).
+KNOWN_LAYER_SUFFIXES = (
+    "hook_resid_pre", "ln1.hook_scale", "ln1.hook_normalized",
+    "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k",
+    "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z", "attn.hook_result",
+    "hook_attn_out", "hook_resid_mid", "ln2.hook_scale", "ln2.hook_normalized",
+    "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
+    "rwkv.hook_state", "rwkv.hook_decay", "rwkv.hook_effective_attn",
+)
+KNOWN_GLOBAL_NAMES = ("hook_embed", "ln_final.hook_scale", "ln_final.hook_normalized")
+
+
+@attrs.frozen(repr=False)
+class HookPoint:
+    """A named location in a forward pass, in TransformerLens spelling.
+
+    ``HookPoint.parse("blocks.5.attn.hook_pattern") == HookPoint.attn_pattern(5)``.
+    Unknown names are kept verbatim as custom points (``is_custom``).
+    """
+
+    name: str
+    layer: int | None = None
+    suffix: str = ""
+    is_custom: bool = False
+
+    @classmethod
+    def parse(cls, name: "str | HookPoint") -> "HookPoint":
+        if isinstance(name, HookPoint):
+            return name
+        if not isinstance(name, str):
+            raise HookError(f"hook point must be a str or HookPoint, got {type(name).__name__}")
+        return _parse_cached(name)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"HookPoint({self.name!r})"
+
+    # Factories, one per documented point.
+    @classmethod
+    def embed(cls) -> "HookPoint":
+        return cls.parse("hook_embed")
+
+    @classmethod
+    def final_norm(cls) -> "HookPoint":
+        return cls.parse("ln_final.hook_normalized")
+
+    @classmethod
+    def ln_final_scale(cls) -> "HookPoint":
+        return cls.parse("ln_final.hook_scale")
+
+    @classmethod
+    def layer_point(cls, layer: int, suffix: str) -> "HookPoint":
+        return cls.parse(f"blocks.{int(layer)}.{suffix}")
+
+    @classmethod
+    def custom(cls, name: str) -> "HookPoint":
+        return cls(name=name, is_custom=True)
+
+
+def _factory(suffix: str) -> Callable[[type[HookPoint], int], HookPoint]:
+    def make(cls: type[HookPoint], layer: int) -> HookPoint:
+        return cls.layer_point(layer, suffix)
+
+    make.__doc__ = f"``blocks.{{layer}}.{suffix}``"
+    return classmethod(make)  # type: ignore[return-value]
+
+
+for _meth, _suffix in {
+    "resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid", "resid_post": "hook_resid_post",
+    "ln1_scale": "ln1.hook_scale", "ln1_normalized": "ln1.hook_normalized",
+    "ln2_scale": "ln2.hook_scale", "ln2_normalized": "ln2.hook_normalized",
+    "attn_q": "attn.hook_q", "attn_k": "attn.hook_k", "attn_v": "attn.hook_v",
+    "attn_rot_q": "attn.hook_rot_q", "attn_rot_k": "attn.hook_rot_k",
+    "attn_scores": "attn.hook_attn_scores", "attn_pattern": "attn.hook_pattern",
+    "attn_z": "attn.hook_z", "attn_result": "attn.hook_result", "attn_out": "hook_attn_out",
+    "mlp_pre": "mlp.hook_pre", "mlp_post": "mlp.hook_post", "mlp_out": "hook_mlp_out",
+    "rwkv_state": "rwkv.hook_state", "rwkv_decay": "rwkv.hook_decay",
+    "rwkv_effective_attn": "rwkv.hook_effective_attn",
+}.items():
+    setattr(HookPoint, _meth, _factory(_suffix))
+
+_PARSE_CACHE: dict[str, HookPoint] = {}
+
+
+def _parse_cached(name: str) -> HookPoint:
+    hp = _PARSE_CACHE.get(name)
+    if hp is not None:
+        return hp
+    canon = _ALIASES_GLOBAL.get(name, name)
+    m = _LAYER_RE.match(canon)
+    if m:
+        layer, suffix = int(m.group(1)), _ALIASES_LAYER.get(m.group(2), m.group(2))
+        hp = HookPoint(name=f"blocks.{layer}.{suffix}", layer=layer, suffix=suffix,
+                       is_custom=suffix not in KNOWN_LAYER_SUFFIXES)
+    else:
+        hp = HookPoint(name=canon, suffix=canon, is_custom=canon not in KNOWN_GLOBAL_NAMES)
+    if len(_PARSE_CACHE) < 100_000:
+        _PARSE_CACHE[name] = hp
+    return hp
+
+
+HookLike = Union[str, HookPoint]
+InterventionLike = Union[Intervention, Callable[[torch.Tensor, HookPoint], Any]]
+
+
+def hook_name(point: HookLike) -> str:
+    """The canonical name of `point` (aliases resolved)."""
+    return HookPoint.parse(point).name
+
+
+class HookSpec:
+    """What to capture and where to intervene during one forward pass.
+
+    Reusable: it holds no tensors produced by a run. Methods chain:
+    ``HookSpec().capture("blocks.0.hook_resid_post").intervene(hp, mi.Zero())``.
+    """
+
+    __slots__ = ("_captures", "_interventions", "state_knockout", "state_steering")
+
+    def __init__(self) -> None:
+        self._captures: dict[str, HookPoint] = {}
+        self._interventions: dict[str, list[tuple[HookPoint, InterventionLike]]] = {}
+        self.state_knockout: StateKnockoutSpec | None = None
+        self.state_steering: StateSteeringSpec | None = None
+
+    # -- building ---------------------------------------------------------------------
+    def capture(self, point: HookLike) -> "HookSpec":
+        hp = HookPoint.parse(point)
+        self._captures[hp.name] = hp
+        return self
+
+    def capture_all(self, points: Iterable[HookLike]) -> "HookSpec":
+        for p in points:
+            self.capture(p)
+        return self
+
+    def intervene(self, point: HookLike, intervention: InterventionLike) -> "HookSpec":
+        hp = HookPoint.parse(point)
+        if not (isinstance(intervention, Intervention) or callable(intervention)):
+            raise InterventionError(
+                f"intervention at {hp.name} must be an Intervention or a callable "
+                f"(tensor, hook) -> tensor, got {type(intervention).__name__}"
+            )
+        self._interventions.setdefault(hp.name, []).append((hp, intervention))
+        return self
+
+    def set_state_knockout(self, spec: StateKnockoutSpec) -> "HookSpec":
+        self.state_knockout = spec
+        return self
+
+    def set_state_steering(self, spec: StateSteeringSpec) -> "HookSpec":
+        self.state_steering = spec
+        return self
+
+    def extend(self, other: "HookSpec") -> "HookSpec":
+        """Merge `other` into this spec; its interventions come after ours at shared points."""
+        self._captures.update(other._captures)
+        for name, items in other._interventions.items():
+            self._interventions.setdefault(name, []).extend(items)
+        if other.state_knockout is not None:
+            self.state_knockout = other.state_knockout
+        if other.state_steering is not None:
+            self.state_steering = other.state_steering
+        return self
+
+    def copy(self) -> "HookSpec":
+        return HookSpec().extend(self)
+
+    # -- queries ----------------------------------------------------------------------
+    def is_empty(self) -> bool:
+        return not (self._captures or self._interventions or self.state_knockout
+                    or self.state_steering)
+
+    def num_captures(self) -> int:
+        return len(self._captures)
+
+    def num_interventions(self) -> int:
+        return sum(len(v) for v in self._interventions.values())
+
+    def is_captured(self, point: HookLike) -> bool:
+        return hook_name(point) in self._captures
+
+    def has_intervention_at(self, point: HookLike) -> bool:
+        return hook_name(point) in self._interventions
+
+    def touches(self, name: str) -> bool:
+        """Whether `name` (canonical) is captured or intervened on: the backend's fast check."""
+        return name in self._captures or name in self._interventions
+
+    def points(self) -> list[HookPoint]:
+        """Every point this spec names (captures, then intervention-only points)."""
+        seen = dict(self._captures)
+        for name, items in self._interventions.items():
+            seen.setdefault(name, items[0][0])
+        return list(seen.values())
+
+    def interventions_at(self, point: HookLike) -> list[InterventionLike]:
+        return [iv for _, iv in self._interventions.get(hook_name(point), [])]
+
+    def validate(self, available: Iterable[HookPoint], *, num_layers: int | None = None) -> None:
+        """Raise :class:`HookError` for any point the model does not provide.
+
+        The message names the point, the valid layer range and the nearest valid names.
+        """
+        names = {hp.name for hp in available}
+        for hp in self.points():
+            if hp.name in names:
+                continue
+            msg = f"hook point {hp.name!r} is not provided by this model"
+            if hp.layer is not None and num_layers is not None and hp.layer >= num_layers:
+                msg = (f"hook point {hp.name!r}: layer {hp.layer} out of range; "
+                       f"valid layers are 0..{num_layers - 1}")
+            close = difflib.get_close_matches(hp.name, sorted(names), n=3, cutoff=0.6)
+            if close:
+                msg += f"; nearest: {', '.join(close)}"
+            raise HookError(msg)
+        n = num_layers
+        for spec in (self.state_knockout, self.state_steering):
+            if spec is not None and n is not None:
+                spec.validate(n)
+
+    def start(self) -> "HookRun":
+        """Begin one forward pass: returns the object the backend calls at each point."""
+        return HookRun(self)
+
+    def __repr__(self) -> str:
+        return (f"HookSpec(captures={list(self._captures)}, "
+                f"interventions={ {k: len(v) for k, v in self._interventions.items()} })")
+
+
+class HookRun:
+    """The per-forward state: applies interventions and stores captures.
+
+    Backends write ``x = run.apply("blocks.3.hook_resid_post", x)``; when the spec does
+    not touch that point this is one dict lookup and returns `x` unchanged.
+    """
+
+    __slots__ = ("spec", "captures", "_caps", "_ivs")
+
+    def __init__(self, spec: HookSpec) -> None:
+        self.spec = spec
+        self.captures: dict[str, torch.Tensor] = {}
+        self._caps = spec._captures
+        self._ivs = spec._interventions
+
+    def wants(self, name: str) -> bool:
+        return name in self._caps or name in self._ivs
+
+    def apply(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        items = self._ivs.get(name)
+        if items is not None:
+            for hp, iv in items:
+                x = apply_intervention(hp, iv, x)
+        if name in self._caps:
+            self.captures[name] = x
+        return x
+
+    def finish(self, output: torch.Tensor, **extra: Any) -> "HookCache":
+        return HookCache(output, self.captures, **extra)
+
+
+class HookCache:
+    """The result of a forward pass: logits (always) and the captured tensors."""
+
+    def __init__(self, output: torch.Tensor, captures: dict[str, torch.Tensor] | None = None,
+                 **extra: Any) -> None:
+        self.output = output
+        self._captures: dict[str, torch.Tensor] = dict(captures or {})
+        #: backend-specific extras (e.g. ``past`` for generation, final RWKV state)
+        self.extra: dict[str, Any] = extra
+
+    def __getitem__(self, point: HookLike) -> torch.Tensor:
+        return self.require(point)
+
+    def require(self, point: HookLike) -> torch.Tensor:
+        name = hook_name(point)
+        try:
+            return self._captures[name]
+        except KeyError:
+            have = ", ".join(self._captures) or "nothing"
+            raise HookError(f"hook point {name!r} was not captured (captured: {have})") from None
+
+    def get(self, point: HookLike) -> torch.Tensor | None:
+        return self._captures.get(hook_name(point))
+
+    def __contains__(self, point: object) -> bool:
+        if not isinstance(point, (str, HookPoint)):
+            return False
+        return hook_name(point) in self._captures
+
+    def __len__(self) -> int:
+        return len(self._captures)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._captures)
+
+    def keys(self) -> list[str]:
+        return list(self._captures)
+
+    def items(self) -> list[tuple[str, torch.Tensor]]:
+        return list(self._captures.items())
+
+    def num_captures(self) -> int:
+        return len(self._captures)
+
+    def __repr__(self) -> str:
+        return f"HookCache(output={tuple(self.output.shape)}, captures={self.keys()})"

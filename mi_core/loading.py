@@ -1,0 +1,200 @@
+"""Source resolution (hub id / directory / single file) and safetensors helpers.
+
+Nothing here unpickles: weights come from safetensors (memory-mapped) or from formats a
+plugin parses itself (GGUF, NPZ with ``allow_pickle=False``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import torch
+from safetensors import safe_open
+
+from mi_core.errors import ConfigError, WeightLoadError
+
+#: Files a hub download of a model fetches by default; plugins add more via a hook.
+DEFAULT_HUB_PATTERNS = [
+    "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+]
+
+
+def looks_like_hub_id(source: str) -> bool:
+    p = Path(source)
+    if p.exists() or source.startswith((".", "/", "~")) or os.sep + os.sep in source:
+        return False
+    parts = source.split("/")
+    return len(parts) == 2 and all(parts)
+
+
+def resolve_source(source: str | os.PathLike[str], patterns: Iterable[str] | None = None,
+                   revision: str | None = None) -> Path:
+    """A local directory or file as-is; a hub id through ``huggingface_hub.snapshot_download``.
+
+    Only files matching `patterns` are fetched; the HF cache is reused; progress bars are
+    huggingface_hub's own; ``HF_HUB_OFFLINE=1`` serves from the cache only.
+    """
+    s = os.fspath(source)
+    p = Path(s).expanduser()
+    if p.exists():
+        return p
+    if not looks_like_hub_id(s):
+        raise ConfigError(f"model source {s!r} is neither an existing path nor a hub id")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        path = snapshot_download(repo_id=s, revision=revision,
+                                 allow_patterns=list(patterns or DEFAULT_HUB_PATTERNS))
+    except LocalEntryNotFoundError as exc:
+        raise ConfigError(f"hub id {s!r} is not in the local HF cache and the hub cannot be "
+                          f"reached (offline?): {exc}") from exc
+    except Exception as exc:  # network errors, missing repos, ...
+        raise ConfigError(f"could not fetch {s!r} from the hub: {exc}") from exc
+    return Path(path)
+
+
+def read_json(path: Path, what: str = "config") -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{what} file {path} not found") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{what} file {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} file {path} must hold a JSON object")
+    return data
+
+
+def read_config(directory: Path) -> dict[str, Any] | None:
+    p = directory / "config.json"
+    return read_json(p) if p.exists() else None
+
+
+def require_field(config: Mapping[str, Any], key: str, source: str = "config.json") -> Any:
+    """config[key], or a ConfigError naming the field and the file."""
+    if key not in config or config[key] is None:
+        raise ConfigError(f"{source}: required field {key!r} is missing")
+    return config[key]
+
+
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """Parse a safetensors header without reading tensor data; truncation is detected."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                raise WeightLoadError(f"{path}: truncated safetensors file (no header)")
+            (n,) = struct.unpack("<Q", raw)
+            if n > size - 8:
+                raise WeightLoadError(f"{path}: truncated safetensors file (header length {n})")
+            header = json.loads(f.read(n))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise WeightLoadError(f"{path}: unreadable safetensors header: {exc}") from exc
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end > size:
+        raise WeightLoadError(f"{path}: truncated safetensors file: header declares "
+                              f"{8 + n + end} bytes, file has {size}")
+    return header
+
+
+class SafetensorsCheckpoint:
+    """One or more safetensors files (single or sharded via ``*.index.json``), read lazily.
+
+    Tensors are memory-mapped by safetensors; :meth:`get` converts dtype/device only when
+    needed, so peak memory stays near the weights' own size.
+    """
+
+    def __init__(self, files: list[Path]) -> None:
+        if not files:
+            raise WeightLoadError("no safetensors files given")
+        self.files = files
+        self._where: dict[str, Path] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        for f in files:
+            for name, meta in safetensors_header(f).items():
+                if name == "__metadata__":
+                    continue
+                self._where[name] = f
+                self.shapes[name] = tuple(meta["shape"])
+        self._handles: dict[Path, Any] = {}
+
+    @classmethod
+    def from_directory(cls, directory: Path) -> "SafetensorsCheckpoint":
+        index = sorted(directory.glob("*.safetensors.index.json"))
+        if index:
+            data = read_json(index[0], "safetensors index")
+            names = sorted(set(data.get("weight_map", {}).values()))
+            files = [directory / n for n in names]
+            missing = [str(f) for f in files if not f.exists()]
+            if missing:
+                raise WeightLoadError(f"{index[0]}: shard files missing: {', '.join(missing)}")
+            return cls(files)
+        files = sorted(directory.glob("*.safetensors"))
+        if not files:
+            raise WeightLoadError(f"{directory}: no *.safetensors files found")
+        return cls(files)
+
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def _handle(self, f: Path) -> Any:
+        h = self._handles.get(f)
+        if h is None:
+            try:
+                h = safe_open(str(f), framework="pt")
+            except Exception as exc:
+                raise WeightLoadError(f"{f}: cannot open safetensors file: {exc}") from exc
+            self._handles[f] = h
+        return h
+
+    def get(self, name: str, dtype: torch.dtype | None = None,
+            device: torch.device | str | None = None,
+            shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """Load one tensor; `shape` is checked (WeightLoadError names the tensor and file)."""
+        f = self._where.get(name)
+        if f is None:
+            raise WeightLoadError(f"tensor {name!r} not found in {', '.join(map(str, self.files))}")
+        if shape is not None and tuple(self.shapes[name]) != tuple(shape):
+            raise WeightLoadError(f"{f}: tensor {name!r} has shape {list(self.shapes[name])}, "
+                                  f"expected {list(shape)}")
+        try:
+            t = self._handle(f).get_tensor(name)
+        except Exception as exc:
+            raise WeightLoadError(f"{f}: cannot read tensor {name!r}: {exc}") from exc
+        if dtype is not None or device is not None:
+            t = t.to(dtype=dtype or t.dtype, device=device or t.device)
+        return t
+
+    def check(self, expected: Mapping[str, tuple[int, ...]], optional: Iterable[str] = ()) -> None:
+        """Raise one WeightLoadError listing every missing and every mis-shaped tensor."""
+        opt = set(optional)
+        missing = [n for n in expected if n not in self._where and n not in opt]
+        wrong = [f"{n}: {list(self.shapes[n])} != expected {list(s)}"
+                 for n, s in expected.items() if n in self._where and tuple(self.shapes[n]) != tuple(s)]
+        if missing or wrong:
+            parts = []
+            if missing:
+                parts.append("missing tensors: " + ", ".join(missing))
+            if wrong:
+                parts.append("mis-shaped tensors: " + "; ".join(wrong))
+            raise WeightLoadError(f"{', '.join(map(str, self.files))}: " + " | ".join(parts))
+
+
+def tensor_names_of(directory: Path) -> tuple[list[str], dict[str, tuple[int, ...]]]:
+    """Tensor names and shapes of the safetensors in `directory` (headers only); empty if none."""
+    try:
+        ckpt = SafetensorsCheckpoint.from_directory(directory)
+    except WeightLoadError:
+        return [], {}
+    return ckpt.names(), dict(ckpt.shapes)

@@ -1,0 +1,157 @@
+"""The plugin manager: entry points of group ``mi_core``, loaded lazily on first use.
+
+``MI_CORE_PLUGINS=rwkv,transformer`` restricts which entry points load (by name);
+unset or empty loads them all. Built-in plugins are ordinary entry points too.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+from typing import Any
+
+import attrs
+import pluggy
+
+from mi_core import hookspecs
+from mi_core.errors import PluginError
+from mi_core.registry import BackendSpec, DictionaryFormat, TokenizerSpec
+
+ENTRY_POINT_GROUP = "mi_core"
+ENV_VAR = "MI_CORE_PLUGINS"
+
+
+@attrs.define
+class PluginInfo:
+    name: str
+    distribution: str
+    version: str
+    module: str
+    provides: list[str] = attrs.field(factory=list)
+
+
+_pm: pluggy.PluginManager | None = None
+_infos: list[PluginInfo] = []
+
+
+def _allowed() -> set[str] | None:
+    raw = os.environ.get(ENV_VAR, "").strip()
+    if not raw:
+        return None
+    return {p.strip() for p in raw.split(",") if p.strip()}
+
+
+def get_plugin_manager() -> pluggy.PluginManager:
+    """The process-wide PluginManager("mi_core"), loading entry points on first call."""
+    global _pm
+    if _pm is None:
+        pm = pluggy.PluginManager("mi_core")
+        pm.add_hookspecs(hookspecs)
+        allowed = _allowed()
+        infos: list[PluginInfo] = []
+        for ep in md.entry_points(group=ENTRY_POINT_GROUP):
+            if allowed is not None and ep.name not in allowed:
+                continue
+            if pm.has_plugin(ep.name):
+                continue
+            try:
+                plugin = ep.load()
+            except Exception as exc:  # a broken third-party plugin must not break the core
+                raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to load: {exc}") from exc
+            pm.register(plugin, name=ep.name)
+            dist = getattr(ep, "dist", None)
+            infos.append(PluginInfo(name=ep.name, distribution=dist.name if dist else "?",
+                                    version=dist.version if dist else "?", module=ep.value))
+        _infos[:] = infos
+        _pm = pm
+    return _pm
+
+
+def register_plugin(plugin: Any, name: str) -> None:
+    """Register an in-process plugin object (tests, notebooks) as if it were an entry point."""
+    pm = get_plugin_manager()
+    pm.register(plugin, name=name)
+    _infos.append(PluginInfo(name=name, distribution="(in-process)", version="-",
+                             module=getattr(plugin, "__name__", repr(plugin))))
+
+
+def unregister_plugin(name: str) -> None:
+    pm = get_plugin_manager()
+    plugin = pm.get_plugin(name)
+    if plugin is not None:
+        pm.unregister(plugin)
+    _infos[:] = [i for i in _infos if i.name != name]
+
+
+def reset_plugins() -> None:
+    """Forget the loaded plugins (the next use reloads them, honouring MI_CORE_PLUGINS)."""
+    global _pm
+    _pm = None
+    _infos.clear()
+
+
+def _collect(results: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for r in results:
+        if r is None:
+            continue
+        out.extend(r if isinstance(r, (list, tuple)) else [r])
+    return out
+
+
+def _hook_plugin_names(hook: Any) -> list[tuple[str, Any]]:
+    pm = get_plugin_manager()
+    out = []
+    for impl in hook.get_hookimpls():
+        out.append((pm.get_name(impl.plugin) or "?", impl.function))
+    return out
+
+
+def backends() -> dict[str, BackendSpec]:
+    pm = get_plugin_manager()
+    specs = _collect(pm.hook.mi_register_backends())
+    return {s.name: s for s in specs}
+
+
+def dictionary_formats() -> list[DictionaryFormat]:
+    return _collect(get_plugin_manager().hook.mi_register_dictionary_formats())
+
+
+def tokenizer_specs() -> list[TokenizerSpec]:
+    return _collect(get_plugin_manager().hook.mi_register_tokenizers())
+
+
+def hub_file_patterns() -> list[str]:
+    return _collect(get_plugin_manager().hook.mi_hub_file_patterns())
+
+
+def call_per_plugin(hookname: str, **kwargs: Any) -> list[tuple[str, Any]]:
+    """Call hook `hookname` on each plugin separately: [(plugin name, result)]."""
+    pm = get_plugin_manager()
+    hook = getattr(pm.hook, hookname)
+    return [(name, fn(**kwargs)) for name, fn in _hook_plugin_names(hook)]
+
+
+def plugin_infos() -> list[PluginInfo]:
+    """Installed plugins with versions and what each provides (for ``mi plugins``)."""
+    pm = get_plugin_manager()
+    out = []
+    for info in _infos:
+        plugin = pm.get_plugin(info.name)
+        provides: list[str] = []
+        if plugin is not None:
+            for hookname, label in (("mi_register_backends", "backend"),
+                                    ("mi_register_dictionary_formats", "dictionary format"),
+                                    ("mi_register_tokenizers", "tokenizer")):
+                fn = getattr(plugin, hookname, None)
+                if fn is not None:
+                    provides += [f"{label} {x.name}" for x in _collect([fn()])]
+            if getattr(plugin, "mi_register_commands", None) is not None:
+                provides.append("cli commands")
+            if getattr(plugin, "mi_default_model", None) is not None:
+                provides.append("default model")
+            extra = getattr(plugin, "mi_plugin_info", None)
+            if extra is not None:
+                provides += list((extra() or {}).get("provides", []))
+        out.append(attrs.evolve(info, provides=provides))
+    return out

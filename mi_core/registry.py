@@ -1,0 +1,109 @@
+"""The records plugins register: backends, detections, dictionary formats, tokenizers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import attrs
+
+if TYPE_CHECKING:
+    import torch
+
+    from mi_core.backend import MIBackend
+    from mi_core.tokenizer import MITokenizer
+
+
+@attrs.define
+class ModelSource:
+    """A resolved checkpoint, as detection sees it: no weights are read.
+
+    `path` is a directory or a single file; `config` the parsed ``config.json`` (None when
+    there is none, e.g. a GGUF file); `tensor_names` from the safetensors headers.
+    """
+
+    path: Path
+    config: dict[str, Any] | None = None
+    tensor_names: list[str] = attrs.field(factory=list)
+    tensor_shapes: dict[str, tuple[int, ...]] = attrs.field(factory=dict)
+
+    @property
+    def is_file(self) -> bool:
+        return self.path.is_file()
+
+
+@attrs.define
+class Detection:
+    """A backend's answer to "can you load this?"; score 0 means no."""
+
+    backend: str
+    score: float
+    reason: str
+    missing: list[str] = attrs.field(factory=list)
+    unexpected: list[str] = attrs.field(factory=list)
+    plugin: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.score > 0
+
+
+@attrs.define
+class BackendSpec:
+    """A backend a plugin provides. `load(source, device, dtype) -> MIBackend`."""
+
+    name: str
+    load: "Callable[[ModelSource, torch.device, torch.dtype], MIBackend]"
+    description: str = ""
+
+
+@attrs.define
+class DictionaryFormat:
+    """A dictionary file format. `detect(path) -> Detection`; `load(path, device, dtype)`.
+
+    `looks_for` is what the format expects on disk, shown when nothing matches.
+    """
+
+    name: str
+    detect: "Callable[[Path], Detection]"
+    load: "Callable[[Path, torch.device, torch.dtype], Any]"
+    looks_for: str = ""
+    hub_patterns: list[str] = attrs.field(factory=list)
+
+
+@attrs.define
+class TokenizerSpec:
+    """A tokenizer loader. `detect(dir) -> bool`; `load(dir) -> MITokenizer`."""
+
+    name: str
+    detect: "Callable[[Path], bool]"
+    load: "Callable[[Path], MITokenizer]"
+
+
+@attrs.define
+class CompatibilityReport:
+    """What every plugin said about a checkpoint, without loading its weights."""
+
+    source: str
+    model_type: str | None
+    supported: bool
+    backend: str | None
+    detections: list[Detection] = attrs.field(factory=list)
+
+    @property
+    def best(self) -> Detection | None:
+        ok = [d for d in self.detections if d.ok]
+        return max(ok, key=lambda d: d.score) if ok else None
+
+    def summary(self) -> str:
+        lines = [f"{self.source}: model_type={self.model_type!r}, "
+                 f"{'supported by ' + str(self.backend) if self.supported else 'NOT supported'}"]
+        for d in sorted(self.detections, key=lambda d: -d.score):
+            lines.append(f"  [{d.plugin or '?'}:{d.backend}] score={d.score:.2f}: {d.reason}")
+            if d.missing:
+                lines.append(f"      missing tensors: {', '.join(d.missing[:20])}"
+                             + (" ..." if len(d.missing) > 20 else ""))
+            if d.unexpected:
+                lines.append(f"      unexpected tensors: {', '.join(d.unexpected[:20])}"
+                             + (" ..." if len(d.unexpected) > 20 else ""))
+        return "\n".join(lines)

@@ -1,0 +1,66 @@
+"""RWKV-style recurrent state interventions (specs only; backends that own a state apply them)."""
+
+from __future__ import annotations
+
+import attrs
+
+from mi_core.errors import InterventionError
+
+
+@attrs.define
+class _StateSpecBase:
+    positions: list[int] = attrs.field(factory=list)
+    #: None means every layer.
+    target_layers: list[int] | None = None
+
+    def position(self, pos: int) -> "_StateSpecBase":
+        self.positions.append(int(pos))
+        return self
+
+    def layer(self, layer: int) -> "_StateSpecBase":
+        self.target_layers = [int(layer)]
+        return self
+
+    def layers(self, layers: list[int]) -> "_StateSpecBase":
+        self.target_layers = [int(x) for x in layers]
+        return self
+
+    def layer_range(self, start: int, end: int) -> "_StateSpecBase":
+        """Inclusive range, as in the seed crate."""
+        if end < start:
+            raise InterventionError(f"layer_range({start}, {end}): end must be >= start")
+        self.target_layers = list(range(int(start), int(end) + 1))
+        return self
+
+    def applies_to(self, layer: int) -> bool:
+        return self.target_layers is None or layer in self.target_layers
+
+    def validate(self, num_layers: int, seq_len: int | None = None) -> None:
+        for lay in self.target_layers or []:
+            if not 0 <= lay < num_layers:
+                raise InterventionError(
+                    f"{type(self).__name__}: layer {lay} out of range [0, {num_layers - 1}]"
+                )
+        if seq_len is not None:
+            for p in self.positions:
+                if not -seq_len <= p < seq_len:
+                    raise InterventionError(
+                        f"{type(self).__name__}: position {p} out of range for seq_len {seq_len}"
+                    )
+
+
+@attrs.define
+class StateKnockoutSpec(_StateSpecBase):
+    """Skip the key-value write into the recurrent state at `positions` (default: all layers)."""
+
+
+@attrs.define
+class StateSteeringSpec(_StateSpecBase):
+    """Scale the key-value write at `positions` by `scale` (0 = knockout, 1 = no-op)."""
+
+    scale: float = 1.0
+
+    def __init__(self, scale: float = 1.0, positions: list[int] | None = None,
+                 target_layers: list[int] | None = None) -> None:
+        self.__attrs_init__(positions=list(positions or []), target_layers=target_layers,
+                            scale=float(scale))
