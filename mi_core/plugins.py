@@ -154,4 +154,4 @@ def plugin_infos() -> list[PluginInfo]:
             if extra is not None:
                 provides += list((extra() or {}).get("provides", []))
         out.append(attrs.evolve(info, provides=provides))
-    return out
+    return sorted(out, key=lambda i: i.name)

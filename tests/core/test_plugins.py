@@ -1,0 +1,111 @@
+"""Plugin discovery through entry points, MI_CORE_PLUGINS, auto-detection, compatibility."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import mi_core as mi
+from mi_core import plugins
+from mi_core.hookspecs import hookimpl
+from tests.core.conftest import toy_reference
+
+
+def test_builtin_and_third_party_plugins_are_discovered_through_entry_points() -> None:
+    names = {i.name for i in plugins.plugin_infos()}
+    assert {"transformer", "rwkv", "sae", "clt", "probing", "toy"} <= names
+    toy = next(i for i in plugins.plugin_infos() if i.name == "toy")
+    assert toy.distribution == "mi-toy-backend" and toy.version == "0.1.0"
+    assert "backend toy" in toy.provides
+
+
+def test_mi_core_plugins_env_var_restricts_what_loads() -> None:
+    code = "from mi_core import plugins; print(sorted(i.name for i in plugins.plugin_infos()))"
+    env = dict(os.environ, MI_CORE_PLUGINS="toy,rwkv")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "['rwkv', 'toy']"
+
+
+def test_importing_mi_core_loads_no_plugin() -> None:
+    code = ("import sys, mi_core; from mi_core import plugins; "
+            "print(plugins._pm is None, any(m.startswith('mi_toy') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "True False"
+
+
+def test_third_party_backend_is_auto_detected_and_runs_a_hooked_forward(toy_dir, toy_weights) -> None:
+    model = mi.MIModel.from_pretrained(toy_dir)
+    assert model.backend_name == "toy" and model.num_layers == 3
+    ids = torch.tensor([[1, 2, 3]])
+    cache = model.forward(ids, mi.HookSpec().capture("blocks.2.hook_resid_post"))
+    ref = toy_reference(toy_weights, ids)
+    assert (cache["blocks.2.hook_resid_post"] - ref["blocks.2.hook_resid_post"]).abs().max() < 1e-6
+
+
+def test_no_match_raises_unsupported_model_error_listing_every_reason(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "banana"}))
+    with pytest.raises(mi.UnsupportedModelError) as err:
+        mi.MIModel.from_pretrained(tmp_path)
+    msg = str(err.value)
+    assert "model_type 'banana' is not 'toy-mlp'" in msg
+    assert "[toy:toy]" in msg
+
+
+def test_check_compatibility_reads_no_weights(toy_dir: Path, monkeypatch) -> None:
+    from mi_core import loading
+
+    def boom(*a, **k):
+        raise AssertionError("weights were read")
+
+    monkeypatch.setattr(loading.SafetensorsCheckpoint, "get", boom)
+    report = mi.check_compatibility(toy_dir)
+    assert report.supported and report.backend == "toy" and report.model_type == "toy-mlp"
+    assert report.best is not None and report.best.plugin == "toy"
+
+
+def test_detection_reports_missing_tensors(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({"embed": torch.zeros(2, 2)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "toy-mlp", "vocab_size": 2, "d_model": 2, "n_layers": 1}))
+    report = mi.check_compatibility(tmp_path)
+    toy = next(d for d in report.detections if d.backend == "toy")
+    assert not report.supported and toy.missing == ["unembed"]
+    assert "missing tensors: unembed" in report.summary()
+
+
+def test_explicit_backend_that_is_not_installed_is_an_error(toy_dir: Path) -> None:
+    with pytest.raises(mi.UnsupportedModelError, match="backend 'nope' is not installed"):
+        mi.MIModel.from_pretrained(toy_dir, backend="nope")
+
+
+class _InProcessPlugin:
+    """A plugin registered at run time (no entry point) that outbids the toy backend."""
+
+    @hookimpl
+    def mi_detect_backend(self, source):
+        return mi.Detection("toy", 0.1, "low-confidence second opinion")
+
+    @hookimpl
+    def mi_register_tokenizers(self):
+        return [mi.TokenizerSpec("never", detect=lambda d: False, load=lambda d: None)]
+
+
+def test_best_detection_wins_and_in_process_plugins_take_part(toy_dir: Path) -> None:
+    plugins.register_plugin(_InProcessPlugin(), name="second-opinion")
+    try:
+        report = mi.check_compatibility(toy_dir)
+        scores = sorted(d.score for d in report.detections if d.backend == "toy")
+        assert scores == [0.1, 1.0] and report.best.plugin == "toy"
+        assert any(s.name == "never" for s in plugins.tokenizer_specs())
+    finally:
+        plugins.unregister_plugin("second-opinion")

@@ -1,0 +1,1 @@
+"""mi-toy-backend: the example third-party plugin of docs/PLUGINS.md."""
