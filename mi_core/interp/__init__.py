@@ -1,0 +1,51 @@
+"""The analysis layer: knockout and ablation, steering, logit lens, activation patching,
+residual decomposition / direct logit attribution, static circuits and head detection,
+recurrent feedback. Everything speaks only to MIModel, HookSpec and HookCache, so it works
+for any backend that provides the hook points an analysis needs (a HookError names the
+first missing one)."""
+
+from mi_core.interp._common import MetricError
+from mi_core.interp.circuits import (
+    CompositionScores, FactoredMatrix, HeadDetectionResult, composition_scores, detect_heads,
+    detection_pattern, head_scores, ov_circuit, qk_circuit, repeated_random_tokens,
+)
+from mi_core.interp.decomposition import (
+    LogitAttribution, accumulated_resid, apply_ln_to_stack, decompose_resid,
+    decomposition_points, direct_logit_attribution, logit_attrs, run_for_decomposition,
+    stack_head_results,
+)
+from mi_core.interp.knockout import (
+    AblationResult, ChangedToken, KnockoutSpec, ablation_result, create_knockout_mask,
+    kl_divergence, knockout_hooks, mean_ablation_hooks, resample_ablation_hooks, run_knockout,
+    run_with_ablation,
+)
+from mi_core.interp.logit_lens import (
+    LayerPrediction, LogitLensAnalysis, LogitLensResult, TokenPrediction,
+)
+from mi_core.interp.patching import (
+    PatchingResult, attribution_patching, logit_diff_metric, normalize_metric, patching_grid,
+)
+from mi_core.interp.recurrent import (
+    RecurrentFeedbackEntry, RecurrentPassSpec, forward_recurrent, generate_recurrent,
+)
+from mi_core.interp.steering import (
+    DoseResponseCurve, DoseResponsePoint, SteeringCalibration, SteeringResult, SteeringSpec,
+    apply_steering, contrastive_steering_vector, dose_response, steering_hooks,
+)
+
+__all__ = [
+    "AblationResult", "ChangedToken", "CompositionScores", "DoseResponseCurve",
+    "DoseResponsePoint", "FactoredMatrix", "HeadDetectionResult", "KnockoutSpec",
+    "LayerPrediction", "LogitAttribution", "LogitLensAnalysis", "LogitLensResult",
+    "MetricError", "PatchingResult", "RecurrentFeedbackEntry", "RecurrentPassSpec",
+    "SteeringCalibration", "SteeringResult", "SteeringSpec", "TokenPrediction",
+    "ablation_result", "accumulated_resid", "apply_ln_to_stack", "apply_steering",
+    "attribution_patching", "composition_scores", "contrastive_steering_vector",
+    "create_knockout_mask", "decompose_resid", "decomposition_points", "detect_heads",
+    "detection_pattern", "direct_logit_attribution", "dose_response", "forward_recurrent",
+    "generate_recurrent", "head_scores", "kl_divergence", "knockout_hooks", "logit_attrs",
+    "logit_diff_metric", "mean_ablation_hooks", "normalize_metric", "ov_circuit",
+    "patching_grid", "qk_circuit", "repeated_random_tokens", "resample_ablation_hooks",
+    "run_for_decomposition", "run_knockout", "run_with_ablation", "stack_head_results",
+    "steering_hooks",
+]

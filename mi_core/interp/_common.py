@@ -1,0 +1,103 @@
+"""Small helpers shared by the analyses: inputs, positions, progress bars."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Iterable, Sequence, TypeVar
+
+import torch
+
+from mi_core.errors import InterventionError, MIError
+
+T = TypeVar("T")
+
+
+class MetricError(MIError):
+    """A metric cannot be normalised (clean and corrupted values are equal) or is not a scalar."""
+
+
+def as_ids(model: Any, prompt: "str | torch.Tensor | Sequence[int]") -> torch.Tensor:
+    """A prompt (text or ids) as LongTensor [batch, seq] on the model's device."""
+    if isinstance(prompt, str):
+        return model.to_tokens(prompt)
+    ids = torch.as_tensor(prompt, dtype=torch.long)
+    if ids.dim() == 1:
+        ids = ids.unsqueeze(0)
+    return ids.to(model.device)
+
+
+def norm_position(pos: int, seq: int, what: str = "position") -> int:
+    """Resolve a possibly negative position; InterventionError when out of range."""
+    p = pos + seq if pos < 0 else pos
+    if not 0 <= p < seq:
+        raise InterventionError(f"{what} {pos} out of range for a sequence of {seq} tokens "
+                                f"(valid: {-seq}..{seq - 1})")
+    return p
+
+
+def norm_positions(positions: Iterable[int] | None, seq: int, what: str = "position") -> list[int]:
+    if positions is None:
+        return list(range(seq))
+    return [norm_position(int(p), seq, what) for p in positions]
+
+
+def check_layers(layers: Iterable[int] | None, n_layers: int) -> list[int]:
+    from mi_core.errors import HookError
+
+    if layers is None:
+        return list(range(n_layers))
+    out = []
+    for layer in layers:
+        layer = int(layer)
+        if not 0 <= layer < n_layers:
+            raise HookError(f"layer {layer} out of range; valid layers are 0..{n_layers - 1}")
+        out.append(layer)
+    return out
+
+
+def check_heads(heads: Iterable[int] | None, n_heads: int) -> list[int]:
+    if heads is None:
+        return list(range(n_heads))
+    out = []
+    for h in heads:
+        h = int(h)
+        if not 0 <= h < n_heads:
+            raise InterventionError(f"head {h} out of range; valid heads are 0..{n_heads - 1}")
+        out.append(h)
+    return out
+
+
+def progress(it: Iterable[T], desc: str, total: int | None = None, enabled: bool | None = None
+             ) -> Iterable[T]:
+    """tqdm over `it` when stderr is a terminal (or `enabled`), else `it` unchanged."""
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return it
+    from tqdm.auto import tqdm
+
+    return tqdm(it, desc=desc, total=total, leave=False)
+
+
+def token_str(model: Any, token_id: int) -> str:
+    tok = getattr(model.backend, "tokenizer", None)
+    if tok is None:
+        return f"<{token_id}>"
+    try:
+        return tok.decode([int(token_id)])
+    except MIError:
+        return f"<{token_id}>"
+
+
+def resolve_token(model: Any, token: "int | str") -> int:
+    """A token id, or the single token a string encodes to (TokenizerError otherwise)."""
+    from mi_core.errors import TokenizerError
+
+    if isinstance(token, int):
+        if not 0 <= token < model.vocab_size:
+            raise TokenizerError(f"token id {token} out of vocabulary range [0, {model.vocab_size})")
+        return token
+    ids = model.tokenizer.encode(token, add_special_tokens=False)
+    if len(ids) != 1:
+        raise TokenizerError(f"{token!r} is {len(ids)} tokens {ids}, expected exactly one")
+    return int(ids[0])

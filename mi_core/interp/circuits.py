@@ -1,0 +1,288 @@
+"""Static circuit analysis from the weights (QK / OV circuits, composition) and head
+detection from attention patterns (previous-token, duplicate-token, induction).
+
+Weights come from ``model.backend.get_weight(name, layer)`` in TransformerLens names and
+shapes (W_Q [H, D, dh], W_K / W_V [H_kv, D, dh], W_O [H, dh, D]); with grouped-query
+attention, query head ``h`` uses kv head ``h // (H / H_kv)``. Norm weights are not folded
+in unless ``fold_ln=True`` (then ``ln1.w`` scales the rows of W_Q, W_K and W_V).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import attrs
+import torch
+
+from mi_core.backend import MIModel, require_points
+from mi_core.errors import HookError, MIError
+from mi_core.hooks import HookPoint, HookSpec
+from mi_core.interp._common import as_ids, check_heads, check_layers, progress
+
+
+class FactoredMatrix:
+    """The product ``A @ B`` (A [..., m, k], B [..., k, n]) kept as its two factors.
+
+    Norms, singular values and eigenvalues are computed from k x k matrices; the m x n
+    product is only built by :attr:`AB` (explicitly asked for).
+    """
+
+    def __init__(self, A: torch.Tensor, B: torch.Tensor) -> None:
+        if A.shape[-1] != B.shape[-2]:
+            raise MIError(f"FactoredMatrix: inner dimensions differ, A {list(A.shape)} "
+                          f"and B {list(B.shape)}")
+        self.A, self.B = A, B
+        self._svd: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        batch = torch.broadcast_shapes(self.A.shape[:-2], self.B.shape[:-2])
+        return (*batch, self.A.shape[-2], self.B.shape[-1])
+
+    @property
+    def ldim(self) -> int:
+        return self.A.shape[-2]
+
+    @property
+    def rdim(self) -> int:
+        return self.B.shape[-1]
+
+    @property
+    def mdim(self) -> int:
+        return self.A.shape[-1]
+
+    @property
+    def AB(self) -> torch.Tensor:
+        """The full product [..., m, n] (materialised)."""
+        return self.A @ self.B
+
+    @property
+    def BA(self) -> torch.Tensor:
+        """The small product B @ A [..., k, k] (needs m == n)."""
+        return self.B @ self.A
+
+    @property
+    def T(self) -> "FactoredMatrix":
+        return FactoredMatrix(self.B.transpose(-1, -2), self.A.transpose(-1, -2))
+
+    def __matmul__(self, other: "torch.Tensor | FactoredMatrix") -> "FactoredMatrix":
+        if isinstance(other, FactoredMatrix):
+            return FactoredMatrix(self.A, (self.B @ other.A) @ other.B) if self.mdim <= other.mdim \
+                else FactoredMatrix(self.A @ (self.B @ other.A), other.B)
+        return FactoredMatrix(self.A, self.B @ other)
+
+    def __rmatmul__(self, other: torch.Tensor) -> "FactoredMatrix":
+        return FactoredMatrix(other @ self.A, self.B)
+
+    def svd(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Compact SVD (U [..., m, k], S [..., k], Vh [..., k, n]) with ``U diag(S) Vh = AB``,
+        from the SVDs of the factors (never the m x n product)."""
+        if self._svd is None:
+            Ua, Sa, Vha = torch.linalg.svd(self.A, full_matrices=False)
+            Ub, Sb, Vhb = torch.linalg.svd(self.B, full_matrices=False)
+            mid = (Sa[..., :, None] * Vha) @ (Ub * Sb[..., None, :])  # [..., k, k]
+            Um, Sm, Vhm = torch.linalg.svd(mid, full_matrices=False)
+            self._svd = (Ua @ Um, Sm, Vhm @ Vhb)
+        return self._svd
+
+    @property
+    def S(self) -> torch.Tensor:
+        return self.svd()[1]
+
+    def norm(self) -> torch.Tensor:
+        """Frobenius norm [...]."""
+        return self.S.pow(2).sum(-1).sqrt()
+
+    def eigenvalues(self) -> torch.Tensor:
+        """Eigenvalues of the square AB (complex, [..., k]): the non-zero ones equal BA's."""
+        if self.ldim != self.rdim:
+            raise MIError(f"eigenvalues need a square matrix, got {self.shape}")
+        return torch.linalg.eigvals(self.BA)
+
+    def get_corner(self, k: int = 3) -> torch.Tensor:
+        """The top-left k x k block of AB (computed from k rows / columns only)."""
+        return self.A[..., :k, :] @ self.B[..., :, :k]
+
+    def __repr__(self) -> str:
+        return f"FactoredMatrix(shape={self.shape}, inner={self.mdim})"
+
+
+def _kv_index(model: MIModel, heads: list[int]) -> list[int]:
+    rep = model.num_heads // model.num_kv_heads
+    return [h // rep for h in heads]
+
+
+def _w(model: MIModel, name: str, layer: int) -> torch.Tensor:
+    get = getattr(model.backend, "get_weight", None)
+    if get is None:
+        raise HookError(f"the {model.backend_name} backend has no get_weight(); {name} is needed")
+    return get(name, layer).float()
+
+
+def _ln1(model: MIModel, layer: int, fold_ln: bool) -> torch.Tensor | None:
+    return _w(model, "ln1.w", layer) if fold_ln else None
+
+
+def qk_circuit(model: MIModel, layer: int, heads: Sequence[int] | None = None,
+               fold_ln: bool = False) -> FactoredMatrix:
+    """``W_Q[h] @ W_K[h].T``: [heads, D, D] (factored, inner d_head): query-side residual x
+    key-side residual -> attention score (before RoPE and the 1/sqrt(d_head) scaling)."""
+    (layer,) = check_layers([layer], model.num_layers)
+    hs = check_heads(heads, model.num_heads)
+    wq = _w(model, "W_Q", layer)[hs]
+    wk = _w(model, "W_K", layer)[_kv_index(model, hs)]
+    w = _ln1(model, layer, fold_ln)
+    if w is not None:
+        wq, wk = wq * w[:, None], wk * w[:, None]
+    return FactoredMatrix(wq, wk.transpose(-1, -2))
+
+
+def ov_circuit(model: MIModel, layer: int, heads: Sequence[int] | None = None,
+               fold_ln: bool = False) -> FactoredMatrix:
+    """``W_V[h] @ W_O[h]``: [heads, D, D] (factored): what a head writes for what it reads."""
+    (layer,) = check_layers([layer], model.num_layers)
+    hs = check_heads(heads, model.num_heads)
+    wv = _w(model, "W_V", layer)[_kv_index(model, hs)]
+    w = _ln1(model, layer, fold_ln)
+    if w is not None:
+        wv = wv * w[:, None]
+    return FactoredMatrix(wv, _w(model, "W_O", layer)[hs])
+
+
+@attrs.define
+class CompositionScores:
+    """scores[l1, h1, l2, h2] = ||W_A(l1,h1) @ W_B(l2,h2)||_F / (||W_A|| ||W_B||) for l1 < l2
+    (0 elsewhere); ``kind`` is "q", "k" or "v" (TransformerLens' definition)."""
+
+    kind: str
+    scores: torch.Tensor
+
+    def top(self, k: int = 10) -> list[tuple[int, int, int, int, float]]:
+        flat = self.scores.flatten()
+        L, H = self.scores.shape[:2]
+        idx = flat.topk(min(k, flat.numel())).indices
+        out = []
+        for i in idx.tolist():
+            l1, r = divmod(i, H * L * H)
+            h1, r = divmod(r, L * H)
+            l2, h2 = divmod(r, H)
+            out.append((l1, h1, l2, h2, float(flat[i])))
+        return out
+
+
+def _r_factor(m: torch.Tensor) -> torch.Tensor:
+    # ||Q R X||_F = ||R X||_F for orthonormal Q: norms of products use only the small R.
+    return torch.linalg.qr(m, mode="r").R
+
+
+def composition_scores(model: MIModel, kind: str = "k", fold_ln: bool = False,
+                       show_progress: bool | None = None) -> CompositionScores:
+    """Q-, K- or V-composition of every earlier head's OV circuit with every later head's
+    QK (q: ``OV1 @ QK2``, k: ``OV1 @ QK2.T``) or OV (v: ``OV1 @ OV2``) circuit."""
+    if kind not in ("q", "k", "v"):
+        raise MIError(f"composition kind must be 'q', 'k' or 'v', got {kind!r}")
+    L, H = model.num_layers, model.num_heads
+    ov = [ov_circuit(model, i, fold_ln=fold_ln) for i in range(L)]
+    if kind == "v":
+        right = ov
+    else:
+        qk = [qk_circuit(model, i, fold_ln=fold_ln) for i in range(L)]
+        right = qk if kind == "q" else [m.T for m in qk]
+    # OV1 = A1 B1 (A1 [D,dh] of the reading side, B1 [dh,D]); right = A2 B2.
+    ra1 = [_r_factor(m.A) for m in ov]  # [H, dh, dh]
+    n1 = [m.norm() for m in ov]  # [H]
+    rb2 = [_r_factor(m.B.transpose(-1, -2)) for m in right]  # [H, dh, dh]
+    n2 = [m.norm() for m in right]
+    scores = torch.zeros(L, H, L, H)
+    for l1 in progress(range(L), f"{kind}-composition", enabled=show_progress):
+        for l2 in range(l1 + 1, L):
+            mid = ov[l1].B[:, None] @ right[l2].A[None]  # [H1, H2, dh, dh]
+            prod = ra1[l1][:, None] @ mid @ rb2[l2][None].transpose(-1, -2)
+            num = prod.flatten(-2).norm(dim=-1)
+            scores[l1, :, l2, :] = num / (n1[l1][:, None] * n2[l2][None, :])
+    return CompositionScores(kind, scores)
+
+
+# -- head detection --------------------------------------------------------------------
+
+HEAD_KINDS = ("previous_token", "duplicate_token", "induction")
+
+
+def detection_pattern(kind: str, tokens: torch.Tensor) -> torch.Tensor:
+    """The ideal attention pattern [seq, seq] (bool) of a head of `kind` on `tokens` [seq]."""
+    s = tokens.shape[0]
+    q = torch.arange(s)[:, None]
+    k = torch.arange(s)[None, :]
+    if kind == "previous_token":
+        return k == q - 1
+    same = (tokens[:, None] == tokens[None, :]) & (k < q)
+    if kind == "duplicate_token":
+        return same
+    if kind == "induction":
+        # attend to the token right after an earlier occurrence of the current token
+        out = torch.zeros(s, s, dtype=torch.bool)
+        out[:, 1:] = same[:, :-1] & (k[:, 1:] < q)
+        return out
+    raise MIError(f"unknown head kind {kind!r}; one of {HEAD_KINDS}")
+
+
+def head_scores(pattern: torch.Tensor, ideal: torch.Tensor) -> torch.Tensor:
+    """pattern [batch, heads, q, k], ideal [batch, q, k] -> [heads]: the attention mass on the
+    ideal edges, averaged over the query rows that have at least one ideal edge."""
+    ideal = ideal.to(pattern.dtype)
+    rows = ideal.sum(-1) > 0  # [batch, q]
+    mass = (pattern * ideal[:, None]).sum(-1)  # [batch, heads, q]
+    n = rows.sum().clamp_min(1)
+    return (mass * rows[:, None]).sum((0, 2)) / n
+
+
+@attrs.define
+class HeadDetectionResult:
+    """scores[kind] = [layers, heads] tensor; ``top(kind)`` lists the best heads."""
+
+    scores: dict[str, torch.Tensor]
+    num_tokens: int
+
+    def top(self, kind: str, k: int = 5) -> list[tuple[int, int, float]]:
+        s = self.scores[kind]
+        idx = s.flatten().topk(min(k, s.numel())).indices.tolist()
+        return [(i // s.shape[1], i % s.shape[1], float(s.flatten()[i])) for i in idx]
+
+    def heads_above(self, kind: str, threshold: float) -> list[tuple[int, int, float]]:
+        s = self.scores[kind]
+        return [(int(a), int(b), float(s[a, b])) for a, b in (s > threshold).nonzero().tolist()]
+
+
+def repeated_random_tokens(model: MIModel, length: int = 20, batch: int = 4, seed: int = 0,
+                           low: int = 1000) -> torch.Tensor:
+    """[batch, 1 + 2 * length]: BOS (when the tokenizer has one) + random tokens repeated once.
+
+    Tokens are drawn from ``[low, vocab)`` so special tokens are avoided.
+    """
+    g = torch.Generator().manual_seed(seed)
+    low = min(low, model.vocab_size // 2)
+    r = torch.randint(low, model.vocab_size, (batch, length), generator=g)
+    ids = torch.cat([r, r], 1)
+    bos = getattr(getattr(model.backend, "tokenizer", None), "bos_token_id", None)
+    if bos is not None:
+        ids = torch.cat([torch.full((batch, 1), bos), ids], 1)
+    return ids.to(model.device)
+
+
+def detect_heads(model: MIModel, ids: Any | None = None, kinds: Sequence[str] = HEAD_KINDS,
+                 layers: Sequence[int] | None = None, show_progress: bool | None = None
+                 ) -> HeadDetectionResult:
+    """Score every head for each kind on `ids` (default: repeated random tokens, where
+    induction and duplicate heads are visible). BOS is never counted as an ideal target."""
+    ids = repeated_random_tokens(model) if ids is None else as_ids(model, ids)
+    layers = check_layers(layers, model.num_layers)
+    points = [HookPoint.attn_pattern(i) for i in layers]
+    require_points(model, points)
+    ideals = {k: torch.stack([detection_pattern(k, row.cpu()) for row in ids]) for k in kinds}
+    scores = {k: torch.zeros(model.num_layers, model.num_heads) for k in kinds}
+    cache = model.forward(ids, HookSpec().capture_all(points))
+    for i, hp in zip(progress(layers, "heads", enabled=show_progress), points):
+        pat = cache.require(hp).float().cpu()
+        for k in kinds:
+            scores[k][i] = head_scores(pat, ideals[k])
+    return HeadDetectionResult(scores, int(ids.shape[1]))

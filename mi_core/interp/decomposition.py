@@ -1,0 +1,184 @@
+"""Residual-stream decomposition and direct logit attribution (DLA).
+
+The final residual is a sum: ``resid_post[L-1] = resid_pre[0] + sum_i attn_out[i] + mlp_out[i]``,
+and ``attn_out[i] = sum_h z[i, h] @ W_O[i, h] + b_O[i]``. Given the final norm's scale
+captured on the run (``ln_final.hook_scale``), the final norm is affine in its input, so
+each component's contribution to the logits is well defined:
+``attr(c) = unembed(norm(c) - norm(0))`` with ``norm(x) = backend.final_norm(x, scale)``.
+The constant ``unembed(norm(0)) + b_U`` is the remainder that makes the attributions sum
+to the logits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import attrs
+import torch
+
+from mi_core.backend import MIModel, require_points
+from mi_core.errors import HookError
+from mi_core.hooks import HookCache, HookPoint, HookSpec
+from mi_core.interp._common import as_ids, norm_position, resolve_token, token_str
+
+
+def decomposition_points(model: MIModel, heads: bool = False) -> list[HookPoint]:
+    """The points a decomposition needs (capture them, then call the functions below)."""
+    pts = [HookPoint.resid_pre(0), HookPoint.ln_final_scale()]
+    for i in range(model.num_layers):
+        pts += [HookPoint.resid_mid(i), HookPoint.attn_out(i), HookPoint.mlp_out(i),
+                HookPoint.resid_post(i)]
+        if heads:
+            pts.append(HookPoint.attn_z(i))
+    return pts
+
+
+def run_for_decomposition(model: MIModel, prompt: Any, heads: bool = False) -> HookCache:
+    """Forward `prompt` capturing every point the decomposition needs."""
+    pts = decomposition_points(model, heads)
+    require_points(model, pts)
+    return model.forward(as_ids(model, prompt), HookSpec().capture_all(pts))
+
+
+def accumulated_resid(cache: HookCache, num_layers: int, incl_mid: bool = False
+                      ) -> tuple[torch.Tensor, list[str]]:
+    """The residual stream before layer 0 and after each layer: [n, batch, seq, d_model].
+
+    Labels: "0_pre", then "i_mid" (when `incl_mid`) and "i_post" per layer.
+    """
+    parts, labels = [cache.require(HookPoint.resid_pre(0))], ["0_pre"]
+    for i in range(num_layers):
+        if incl_mid:
+            parts.append(cache.require(HookPoint.resid_mid(i)))
+            labels.append(f"{i}_mid")
+        parts.append(cache.require(HookPoint.resid_post(i)))
+        labels.append(f"{i}_post")
+    return torch.stack(parts), labels
+
+
+def decompose_resid(cache: HookCache, num_layers: int) -> tuple[torch.Tensor, list[str]]:
+    """The final residual split into "embed" (resid_pre 0), "{i}_attn" and "{i}_mlp":
+    [2 * num_layers + 1, batch, seq, d_model]; the components sum to ``resid_post[L-1]``."""
+    parts, labels = [cache.require(HookPoint.resid_pre(0))], ["embed"]
+    for i in range(num_layers):
+        parts += [cache.require(HookPoint.attn_out(i)), cache.require(HookPoint.mlp_out(i))]
+        labels += [f"{i}_attn", f"{i}_mlp"]
+    return torch.stack(parts), labels
+
+
+def stack_head_results(model: MIModel, cache: HookCache, layers: Sequence[int] | None = None,
+                       include_bias: bool = True) -> tuple[torch.Tensor, list[str]]:
+    """Per-head attention outputs ``z[:, :, h] @ W_O[h]``: [n_layers * heads (+ biases), batch,
+    seq, d_model], labels "L{i}H{h}" (and "L{i}_bias" for ``b_O`` when the model has one).
+
+    Uses ``attn.hook_result`` when captured, else ``attn.hook_z`` and ``W_O`` from the
+    backend (``get_weight``). Per layer, heads + bias sum to ``hook_attn_out`` for models
+    without an attention post-norm.
+    """
+    layers = range(model.num_layers) if layers is None else layers
+    parts: list[torch.Tensor] = []
+    labels: list[str] = []
+    for i in layers:
+        res = cache.get(HookPoint.attn_result(i))
+        if res is None:
+            z = cache.require(HookPoint.attn_z(i))  # [b, s, h, dh]
+            w_o = _weight(model, "W_O", i).to(z.dtype)  # [h, dh, d]
+            res = torch.einsum("bshe,hed->bshd", z, w_o)
+        for h in range(res.shape[2]):
+            parts.append(res[:, :, h])
+            labels.append(f"L{i}H{h}")
+        if include_bias:
+            b = _weight(model, "b_O", i, optional=True)
+            if b is not None:
+                parts.append(b.to(res.dtype).expand_as(res[:, :, 0]))
+                labels.append(f"L{i}_bias")
+    return torch.stack(parts), labels
+
+
+def _weight(model: MIModel, name: str, layer: int | None, optional: bool = False
+            ) -> torch.Tensor | None:
+    get = getattr(model.backend, "get_weight", None)
+    if get is None:
+        if optional:
+            return None
+        raise HookError(f"the {model.backend_name} backend has no get_weight(); {name} is needed")
+    try:
+        w = get(name, layer)
+    except Exception:
+        if optional:
+            return None
+        raise
+    return w
+
+
+def apply_ln_to_stack(model: MIModel, stack: torch.Tensor, cache: HookCache,
+                      position: int | None = None) -> torch.Tensor:
+    """Each component through the final norm as it acted on this run: linear part only.
+
+    stack [n, batch, seq, d] (or [n, batch, d] with `position` given) -> same shape. Uses the
+    captured ``ln_final.hook_scale`` [batch, seq, 1]; the affine offset ``norm(0)`` is removed
+    so the results add up: ``sum(apply_ln_to_stack(c)) + norm(0) == norm(sum(c))``.
+    """
+    scale = cache.require(HookPoint.ln_final_scale())
+    if position is not None:
+        scale = scale[:, position]
+    norm = model.backend.final_norm
+    return norm(stack, scale=scale) - norm(torch.zeros_like(stack[:1]), scale=scale)
+
+
+@attrs.define
+class LogitAttribution:
+    """Direct logit attribution at one position: one value per component, plus the constant
+    remainder (final-norm offset and unembedding bias); ``sum(values) + remainder == logit``
+    (or logit difference when `incorrect` was given)."""
+
+    labels: list[str]
+    values: list[float]
+    token: int
+    token_str: str
+    incorrect: int | None
+    position: int
+    remainder: float
+    total: float
+
+    def top(self, k: int = 10) -> list[tuple[str, float]]:
+        order = sorted(range(len(self.values)), key=lambda i: -abs(self.values[i]))
+        return [(self.labels[i], self.values[i]) for i in order[:k]]
+
+
+def logit_attrs(model: MIModel, stack: torch.Tensor, cache: HookCache, token: int,
+                incorrect: int | None = None, position: int = -1) -> torch.Tensor:
+    """Contribution of each component to the logit of `token` (minus `incorrect`'s):
+    stack [n, batch, seq, d] -> [n, batch]."""
+    seq = stack.shape[2]
+    p = norm_position(position, seq)
+    normed = apply_ln_to_stack(model, stack[:, :, p], cache, p)  # [n, b, d]
+    logits = model.backend.unembed(normed) - model.backend.unembed(torch.zeros_like(normed[:1]))
+    out = logits[..., token]
+    if incorrect is not None:
+        out = out - logits[..., incorrect]
+    return out
+
+
+def direct_logit_attribution(model: MIModel, prompt: Any, token: int | str | None = None,
+                             incorrect: int | str | None = None, position: int = -1,
+                             per_head: bool = False) -> LogitAttribution:
+    """DLA for `prompt` at `position` over embed / each attention layer (or each head with
+    `per_head`) / each MLP. `token` defaults to the model's top-1 prediction."""
+    cache = run_for_decomposition(model, prompt, heads=per_head)
+    p = norm_position(position, cache.output.shape[1])
+    tok = int(cache.output[0, p].argmax()) if token is None else resolve_token(model, token)
+    inc = None if incorrect is None else resolve_token(model, incorrect)
+    if per_head:
+        emb = cache.require(HookPoint.resid_pre(0))[None]
+        heads, hl = stack_head_results(model, cache)
+        mlps = torch.stack([cache.require(HookPoint.mlp_out(i)) for i in range(model.num_layers)])
+        stack = torch.cat([emb, heads, mlps])
+        labels = ["embed"] + hl + [f"{i}_mlp" for i in range(model.num_layers)]
+    else:
+        stack, labels = decompose_resid(cache, model.num_layers)
+    vals = logit_attrs(model, stack, cache, tok, inc, p)[:, 0].float()
+    logits = cache.output[0, p].float()
+    total = float(logits[tok] - (logits[inc] if inc is not None else 0.0))
+    return LogitAttribution(labels, vals.tolist(), tok, token_str(model, tok), inc, p,
+                            total - float(vals.sum()), total)

@@ -1,0 +1,182 @@
+"""Activation patching: which activations carry the difference between a clean and a
+corrupted prompt?
+
+For each (layer, position) — or (layer, head) via ``attn.hook_z`` — the corrupted prompt is
+run with that one activation replaced by its clean value, and a metric of the logits is
+normalised: 0 = corrupted behaviour, 1 = clean behaviour. The patched variants of one layer
+run as one batch. :func:`attribution_patching` is the first-order (gradient) approximation
+of the same grid: ``grad_corrupted(metric) . (clean - corrupted)``, from one forward and one
+backward pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import attrs
+import torch
+
+from mi_core.backend import MIModel, require_points
+from mi_core.errors import InterventionError
+from mi_core.hooks import HookPoint, HookSpec
+from mi_core.interp._common import MetricError, as_ids, check_layers, norm_position, progress
+from mi_core.interventions import Add
+
+#: patch kind -> hook suffix
+PATCH_KINDS = {"resid_pre": "hook_resid_pre", "attn_out": "hook_attn_out",
+               "mlp_out": "hook_mlp_out", "resid_post": "hook_resid_post", "z": "attn.hook_z"}
+
+Metric = Callable[[torch.Tensor], torch.Tensor]
+
+
+def logit_diff_metric(correct: int, incorrect: int, position: int = -1) -> Metric:
+    """logits [batch, seq, vocab] -> [batch]: logit(correct) - logit(incorrect) at `position`."""
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        return logits[:, position, correct] - logits[:, position, incorrect]
+    return metric
+
+
+def normalize_metric(value: torch.Tensor | float, clean: float, corrupted: float) -> torch.Tensor:
+    """(value - corrupted) / (clean - corrupted); MetricError when clean == corrupted."""
+    denom = clean - corrupted
+    if abs(denom) < 1e-8:
+        raise MetricError(f"the metric is the same on the clean and corrupted prompts "
+                          f"({clean:.6g}); it cannot be normalised (choose a metric that "
+                          f"differs, e.g. a logit difference between the two answers)")
+    return (torch.as_tensor(value, dtype=torch.float32) - corrupted) / denom
+
+
+@attrs.define
+class PatchingResult:
+    """A patching grid [layers, positions or heads]: normalised metric (0 corrupted, 1 clean)."""
+
+    kind: str
+    method: str  # "exact" or "attribution"
+    grid: torch.Tensor
+    layers: list[int]
+    columns: list[str]  # position tokens ("3:' Paris'") or head labels ("H5")
+    clean_metric: float
+    corrupted_metric: float
+
+    def top(self, k: int = 5) -> list[tuple[int, str, float]]:
+        """The `k` cells with the largest |value|: (layer, column, value)."""
+        flat = self.grid.flatten()
+        idx = flat.abs().topk(min(k, flat.numel())).indices
+        n = self.grid.shape[1]
+        return [(self.layers[int(i) // n], self.columns[int(i) % n], float(flat[i])) for i in idx]
+
+
+def _pair(model: MIModel, clean: Any, corrupted: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    c, k = as_ids(model, clean), as_ids(model, corrupted)
+    if c.shape != k.shape or c.shape[0] != 1:
+        raise InterventionError(f"patching needs a clean and a corrupted prompt of the same token "
+                                f"length (one each): got shapes {list(c.shape)} and {list(k.shape)}")
+    return c, k
+
+
+def _metric_values(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
+    v = metric(logits)
+    v = torch.as_tensor(v)
+    if v.dim() == 0:
+        v = v[None]
+    if v.shape != (logits.shape[0],):
+        raise MetricError(f"the metric must return one value per batch row ({logits.shape[0]}), "
+                          f"got shape {list(v.shape)}")
+    return v.float()
+
+
+def _columns(model: MIModel, kind: str, ids: torch.Tensor, positions: list[int]) -> list[str]:
+    if kind == "z":
+        return [f"H{h}" for h in range(model.num_heads)]
+    try:
+        toks = model.to_str_tokens(ids[0])
+    except Exception:
+        toks = [str(t) for t in ids[0].tolist()]
+    return [f"{p}:{toks[p]!r}" for p in positions]
+
+
+def patching_grid(model: MIModel, clean: Any, corrupted: Any, metric: Metric,
+                  kind: str = "resid_pre", layers: Sequence[int] | None = None,
+                  positions: Sequence[int] | None = None, batch_size: int = 64,
+                  show_progress: bool | None = None) -> PatchingResult:
+    """Exact activation patching over (layer x position), or (layer x head) for ``kind="z"``.
+
+    `metric`: logits [batch, seq, vocab] -> [batch]. Raises InterventionError for prompts of
+    different token length, MetricError when the metric does not differ between them.
+    """
+    if kind not in PATCH_KINDS:
+        raise InterventionError(f"unknown patch kind {kind!r}; one of {sorted(PATCH_KINDS)}")
+    c_ids, k_ids = _pair(model, clean, corrupted)
+    seq = c_ids.shape[1]
+    layers = check_layers(layers, model.num_layers)
+    pos = [norm_position(p, seq) for p in (positions if positions is not None else range(seq))]
+    points = [HookPoint.layer_point(i, PATCH_KINDS[kind]) for i in layers]
+    require_points(model, points)
+    clean_cache = model.forward(c_ids, HookSpec().capture_all(points))
+    m_clean = float(_metric_values(metric, clean_cache.output)[0])
+    m_corr = float(_metric_values(metric, model.forward(k_ids).output)[0])
+    normalize_metric(0.0, m_clean, m_corr)  # fail early on a constant metric
+    cols = list(range(model.num_heads)) if kind == "z" else pos
+    grid = torch.zeros(len(layers), len(cols))
+    for li, (layer, hp) in enumerate(progress(list(zip(layers, points)), f"patch {kind}",
+                                             enabled=show_progress)):
+        src = clean_cache.require(hp)
+        for start in range(0, len(cols), batch_size):
+            chunk = cols[start:start + batch_size]
+
+            def patch(x: torch.Tensor, hook: HookPoint, chunk: list[int] = chunk,
+                      src: torch.Tensor = src) -> torch.Tensor:
+                x = x.clone()
+                for row, col in enumerate(chunk):
+                    if kind == "z":
+                        x[row, :, col] = src[0, :, col]
+                    else:
+                        x[row, col] = src[0, col]
+                return x
+
+            out = model.forward(k_ids.expand(len(chunk), -1), HookSpec().intervene(hp, patch)).output
+            grid[li, start:start + len(chunk)] = normalize_metric(
+                _metric_values(metric, out), m_clean, m_corr)
+    return PatchingResult(kind, "exact", grid, layers, _columns(model, kind, c_ids, pos),
+                          m_clean, m_corr)
+
+
+def attribution_patching(model: MIModel, clean: Any, corrupted: Any, metric: Metric,
+                         kind: str = "resid_pre", layers: Sequence[int] | None = None,
+                         positions: Sequence[int] | None = None) -> PatchingResult:
+    """The linear approximation of :func:`patching_grid` (same grid, same normalisation):
+    ``grad of metric at the corrupted run . (clean - corrupted activation)``.
+
+    Needs a backend whose forward is differentiable (gradients flow through hook points).
+    """
+    if kind not in PATCH_KINDS:
+        raise InterventionError(f"unknown patch kind {kind!r}; one of {sorted(PATCH_KINDS)}")
+    c_ids, k_ids = _pair(model, clean, corrupted)
+    seq = c_ids.shape[1]
+    layers = check_layers(layers, model.num_layers)
+    pos = [norm_position(p, seq) for p in (positions if positions is not None else range(seq))]
+    points = [HookPoint.layer_point(i, PATCH_KINDS[kind]) for i in layers]
+    require_points(model, points)
+    clean_cache = model.forward(c_ids, HookSpec().capture_all(points))
+    corr_cache = model.forward(k_ids, HookSpec().capture_all(points))
+    m_clean = float(_metric_values(metric, clean_cache.output)[0])
+    m_corr = float(_metric_values(metric, corr_cache.output)[0])
+    # Zero-valued leaves added at each point: d(metric)/d(leaf) = d(metric)/d(activation).
+    deltas = [torch.zeros_like(corr_cache.require(hp), dtype=torch.float32, requires_grad=True)
+              for hp in points]
+    spec = HookSpec()
+    for hp, d in zip(points, deltas):
+        spec.intervene(hp, Add(d))
+    with torch.enable_grad():
+        out = model.forward(k_ids, spec).output
+        m = _metric_values(metric, out)[0]
+        grads = torch.autograd.grad(m, deltas, allow_unused=True)
+    rows = []
+    for hp, g in zip(points, grads):
+        diff = (clean_cache.require(hp) - corr_cache.require(hp)).float()
+        g = torch.zeros_like(diff) if g is None else g.float()
+        prod = (g * diff)[0]
+        rows.append(prod.sum((0, 2)) if kind == "z" else prod.sum(-1)[pos])
+    grid = normalize_metric(torch.stack(rows).detach() + m_corr, m_clean, m_corr)
+    return PatchingResult(kind, "attribution", grid, layers, _columns(model, kind, c_ids, pos),
+                          m_clean, m_corr)

@@ -1,0 +1,266 @@
+"""Steering: change attention (post-softmax, renormalised) or add a direction to the residual
+stream, measure the effect, and sweep the strength (dose-response).
+
+Attention steering uses :class:`mi_core.Steer` at ``blocks.{i}.attn.hook_pattern``: the
+selected edges (query -> key) are multiplied by ``scale`` (or set to ``value``) and each row
+is renormalised to sum to 1. Residual steering uses :class:`mi_core.Add` of
+``strength * direction`` at a residual point (default ``hook_resid_pre``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import attrs
+import torch
+
+from mi_core.backend import MIModel, require_points
+from mi_core.errors import InterventionError
+from mi_core.hooks import HookPoint, HookSpec
+from mi_core.interp._common import (
+    as_ids, check_heads, check_layers, norm_position, norm_positions, progress, resolve_token,
+)
+from mi_core.interp.knockout import kl_divergence
+from mi_core.interventions import Add, Steer
+
+
+def _tuple(v: Sequence[int] | None) -> tuple[int, ...] | None:
+    return None if v is None else tuple(int(x) for x in v)
+
+
+@attrs.define
+class SteeringSpec:
+    """One steering intervention. Build with :meth:`attention` or :meth:`residual`.
+
+    kind "attention": ``layers`` x ``heads`` (None = all), edges ``from_positions`` (queries,
+    None = all) x ``to_positions`` (keys); ``scale`` multiplies them or ``value`` sets them.
+    kind "residual": ``direction`` [d_model] times ``strength`` added at ``point`` (a layer
+    suffix, e.g. "hook_resid_pre") of each layer in ``layers``, at ``from_positions``
+    (None = all positions).
+    """
+
+    kind: str
+    layers: tuple[int, ...] = attrs.field(converter=lambda v: tuple(int(x) for x in v))
+    heads: tuple[int, ...] | None = attrs.field(default=None, converter=_tuple)
+    from_positions: tuple[int, ...] | None = attrs.field(default=None, converter=_tuple)
+    to_positions: tuple[int, ...] | None = attrs.field(default=None, converter=_tuple)
+    scale: float = 1.0
+    value: float | None = None
+    direction: torch.Tensor | None = None
+    strength: float = 1.0
+    point: str = "hook_resid_pre"
+
+    @classmethod
+    def attention(cls, layers: Sequence[int], to_positions: Sequence[int],
+                  from_positions: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+                  scale: float = 1.0, value: float | None = None) -> "SteeringSpec":
+        return cls("attention", layers, heads, from_positions, to_positions, scale, value)
+
+    @classmethod
+    def residual(cls, layers: Sequence[int], direction: torch.Tensor, strength: float = 1.0,
+                 positions: Sequence[int] | None = None, point: str = "hook_resid_pre"
+                 ) -> "SteeringSpec":
+        return cls("residual", layers, None, positions, None, direction=direction,
+                   strength=strength, point=point)
+
+    def with_strength(self, s: float) -> "SteeringSpec":
+        """The same spec at dose `s`: residual strength, or attention scale (value if set)."""
+        if self.kind == "residual":
+            return attrs.evolve(self, strength=s)
+        if self.value is not None:
+            return attrs.evolve(self, value=s)
+        return attrs.evolve(self, scale=s)
+
+
+def steering_hooks(model: MIModel, spec: SteeringSpec, seq_len: int,
+                   hooks: HookSpec | None = None) -> HookSpec:
+    """The HookSpec applying `spec` to a prompt of `seq_len` tokens."""
+    layers = check_layers(spec.layers, model.num_layers)
+    hooks = hooks if hooks is not None else HookSpec()
+    if spec.kind == "attention":
+        points = [HookPoint.attn_pattern(i) for i in layers]
+        require_points(model, points)
+        heads = check_heads(spec.heads, model.num_heads)
+        if spec.to_positions is None:
+            raise InterventionError("attention steering needs to_positions (the keys)")
+        qs = norm_positions(spec.from_positions, seq_len, "query position")
+        ks = norm_positions(spec.to_positions, seq_len, "key position")
+        mask = torch.zeros(1, model.num_heads, seq_len, seq_len, dtype=torch.bool)
+        sel = torch.zeros(seq_len, seq_len, dtype=torch.bool)
+        sel[torch.tensor(qs)[:, None], torch.tensor(ks)[None, :]] = True
+        sel &= torch.ones(seq_len, seq_len, dtype=torch.bool).tril()  # never create future edges
+        mask[0, heads] = sel
+        for hp in points:
+            hooks.intervene(hp, Steer(mask.to(model.device), scale=spec.scale, value=spec.value))
+        return hooks
+    if spec.kind == "residual":
+        if spec.direction is None:
+            raise InterventionError("residual steering needs a direction [d_model]")
+        d = spec.direction.reshape(-1)
+        if d.shape[0] != model.hidden_size:
+            raise InterventionError(f"steering direction has {d.shape[0]} elements, the model's "
+                                    f"d_model is {model.hidden_size}")
+        points = [HookPoint.layer_point(i, spec.point) for i in layers]
+        require_points(model, points)
+        vec = torch.zeros(1, seq_len, model.hidden_size, dtype=torch.float32)
+        ps = norm_positions(spec.from_positions, seq_len, "position")
+        vec[0, ps] = spec.strength * d.float().cpu()
+        for hp in points:
+            hooks.intervene(hp, Add(vec.to(model.device)))
+        return hooks
+    raise InterventionError(f"unknown steering kind {spec.kind!r} (attention or residual)")
+
+
+@attrs.define
+class SteeringResult:
+    """Baseline vs steered next-token logits [vocab] at ``position``, with the attention the
+    query rows pay to the target keys (mean over steered layers/heads) when measured."""
+
+    baseline_logits: torch.Tensor
+    steered_logits: torch.Tensor
+    position: int
+    baseline_attention: float | None = None
+    steered_attention: float | None = None
+
+    def kl_divergence(self) -> float:
+        """KL(baseline || steered) in nats."""
+        return kl_divergence(self.baseline_logits, self.steered_logits)
+
+    def logit_diff(self, token: int) -> float:
+        """steered - baseline logit of `token`."""
+        return float(self.steered_logits[token] - self.baseline_logits[token])
+
+    def prob(self, token: int, steered: bool = True) -> float:
+        lg = self.steered_logits if steered else self.baseline_logits
+        return float(torch.softmax(lg.float(), -1)[token])
+
+    def top_token(self, steered: bool = True) -> int:
+        return int((self.steered_logits if steered else self.baseline_logits).argmax())
+
+
+def _attention_to_targets(model: MIModel, cache: Any, spec: SteeringSpec, seq: int) -> float:
+    heads = check_heads(spec.heads, model.num_heads)
+    qs = norm_positions(spec.from_positions, seq, "query position")
+    ks = norm_positions(spec.to_positions, seq, "key position")
+    vals = []
+    for i in check_layers(spec.layers, model.num_layers):
+        pat = cache.require(HookPoint.attn_pattern(i))[0].float()  # [heads, q, k]
+        vals.append(pat[heads][:, qs][:, :, ks].sum(-1).mean())
+    return float(torch.stack(vals).mean())
+
+
+def apply_steering(model: MIModel, prompt: Any, spec: SteeringSpec, position: int = -1
+                   ) -> SteeringResult:
+    """Run `prompt` with and without `spec`; for attention steering also measure the
+    attention mass the query rows put on the target keys (mean over layers and heads)."""
+    ids = as_ids(model, prompt)
+    seq = ids.shape[1]
+    p = norm_position(position, seq)
+    cap = HookSpec()
+    if spec.kind == "attention":
+        cap.capture_all(HookPoint.attn_pattern(i) for i in check_layers(spec.layers, model.num_layers))
+    base = model.forward(ids, cap)
+    steered = model.forward(ids, steering_hooks(model, spec, seq, cap.copy()))
+    res = SteeringResult(base.output[0, p].float().cpu(), steered.output[0, p].float().cpu(), p)
+    if spec.kind == "attention":
+        res.baseline_attention = _attention_to_targets(model, base, spec, seq)
+        res.steered_attention = _attention_to_targets(model, steered, spec, seq)
+    return res
+
+
+@attrs.define
+class SteeringCalibration:
+    """The unsteered attention from the query rows to the target keys, per layer (mean over
+    heads), so doses can be given as multiples of what the model does on its own."""
+
+    layers: list[int]
+    attention: list[float]
+    mean_attention: float
+
+    @classmethod
+    def measure(cls, model: MIModel, prompt: Any, spec: SteeringSpec) -> "SteeringCalibration":
+        ids = as_ids(model, prompt)
+        layers = check_layers(spec.layers, model.num_layers)
+        require_points(model, [HookPoint.attn_pattern(i) for i in layers])
+        cache = model.forward(ids, HookSpec().capture_all(HookPoint.attn_pattern(i) for i in layers))
+        per = [_attention_to_targets(model, cache, attrs.evolve(spec, layers=(i,)), ids.shape[1])
+               for i in layers]
+        return cls(layers, per, float(sum(per) / len(per)))
+
+    def value_for_multiple(self, k: float) -> float:
+        """The post-softmax value that sets each target edge to `k` x the baseline mean."""
+        return k * self.mean_attention
+
+
+@attrs.define
+class DoseResponsePoint:
+    strength: float
+    kl_divergence: float
+    top_token: int
+    target_prob: float | None = None
+    target_logit_diff: float | None = None
+    steered_attention: float | None = None
+
+
+@attrs.define
+class DoseResponseCurve:
+    """The effect of one steering spec over a sweep of strengths (see :func:`dose_response`)."""
+
+    kind: str
+    target_token: int | None
+    baseline_prob: float | None
+    points: list[DoseResponsePoint]
+
+    def strengths(self) -> list[float]:
+        return [p.strength for p in self.points]
+
+    def kls(self) -> list[float]:
+        return [p.kl_divergence for p in self.points]
+
+    def target_probs(self) -> list[float | None]:
+        return [p.target_prob for p in self.points]
+
+
+def dose_response(model: MIModel, prompt: Any, spec: SteeringSpec, strengths: Sequence[float],
+                  target: int | str | None = None, position: int = -1,
+                  show_progress: bool | None = None) -> DoseResponseCurve:
+    """Apply ``spec.with_strength(s)`` for each `s` and record KL, top token and the target's
+    probability / logit change."""
+    tgt = None if target is None else resolve_token(model, target)
+    pts = []
+    base_prob = None
+    for s in progress(list(strengths), "dose", enabled=show_progress):
+        r = apply_steering(model, prompt, spec.with_strength(float(s)), position)
+        if tgt is not None:
+            base_prob = r.prob(tgt, steered=False)
+        pts.append(DoseResponsePoint(float(s), r.kl_divergence(), r.top_token(),
+                                     None if tgt is None else r.prob(tgt),
+                                     None if tgt is None else r.logit_diff(tgt),
+                                     r.steered_attention))
+    return DoseResponseCurve(spec.kind, tgt, base_prob, pts)
+
+
+def contrastive_steering_vector(model: MIModel, positive: Sequence[str] | Any,
+                                negative: Sequence[str] | Any, layer: int,
+                                point: str = "hook_resid_pre", position: int | str = -1,
+                                normalize: bool = False) -> torch.Tensor:
+    """mean(activation on positive prompts) - mean(activation on negative prompts) [d_model]
+    at ``blocks.{layer}.{point}``, read at `position` (an index, or "mean" over positions).
+
+    Prompts are run one at a time, so lengths may differ.
+    """
+    (layer,) = check_layers([layer], model.num_layers)
+    hp = HookPoint.layer_point(layer, point)
+    require_points(model, [hp])
+
+    def mean_act(prompts: Sequence[Any]) -> torch.Tensor:
+        if not len(prompts):
+            raise InterventionError("contrastive steering needs at least one prompt per side")
+        acc = []
+        for pr in prompts:
+            a = model.forward(as_ids(model, pr), HookSpec().capture(hp)).require(hp)[0].float()
+            acc.append(a.mean(0) if position == "mean" else a[norm_position(int(position), a.shape[0])])
+        return torch.stack(acc).mean(0)
+
+    v = mean_act(list(positive)) - mean_act(list(negative))
+    return v / v.norm().clamp_min(1e-12) if normalize else v

@@ -1,0 +1,1 @@
+"""Utilities for the analyses: PCA, token positions, memory reports, masks, plots."""
