@@ -10,11 +10,12 @@ import importlib.metadata as md
 import os
 from typing import Any
 
+import warnings
+
 import attrs
 import pluggy
 
 from mi_core import hookspecs
-from mi_core.errors import PluginError
 from mi_core.registry import BackendSpec, DictionaryFormat, TokenizerSpec
 
 ENTRY_POINT_GROUP = "mi_core"
@@ -28,6 +29,12 @@ class PluginInfo:
     version: str
     module: str
     provides: list[str] = attrs.field(factory=list)
+    #: why the plugin failed to load (it is then skipped, with a warning), else None
+    error: str | None = None
+
+
+class PluginLoadWarning(UserWarning):
+    """A plugin's entry point could not be imported; it was skipped."""
 
 
 _pm: pluggy.PluginManager | None = None
@@ -54,14 +61,17 @@ def get_plugin_manager() -> pluggy.PluginManager:
                 continue
             if pm.has_plugin(ep.name):
                 continue
+            dist = getattr(ep, "dist", None)
+            info = PluginInfo(name=ep.name, distribution=dist.name if dist else "?",
+                              version=dist.version if dist else "?", module=ep.value)
             try:
                 plugin = ep.load()
-            except Exception as exc:  # a broken third-party plugin must not break the core
-                raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to load: {exc}") from exc
-            pm.register(plugin, name=ep.name)
-            dist = getattr(ep, "dist", None)
-            infos.append(PluginInfo(name=ep.name, distribution=dist.name if dist else "?",
-                                    version=dist.version if dist else "?", module=ep.value))
+                pm.register(plugin, name=ep.name)
+            except Exception as exc:  # a broken plugin must not take the others down: warn, skip
+                info.error = f"{type(exc).__name__}: {exc}"
+                warnings.warn(f"mi-core plugin {ep.name!r} ({ep.value}) failed to load and is "
+                              f"skipped: {info.error}", PluginLoadWarning, stacklevel=2)
+            infos.append(info)
         _infos[:] = infos
         _pm = pm
     return _pm

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from typing import Sequence
 
 from mi_core import __version__, plugins
@@ -19,6 +20,8 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         return 0
     for info in infos:
         print(f"{info.name}  ({info.distribution} {info.version})")
+        if info.error:
+            print(f"    FAILED TO LOAD: {info.error}")
         for p in info.provides:
             print(f"    {p}")
     return 0
@@ -42,12 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="say which backend can load a checkpoint (no weights read)")
     p.add_argument("source", help="hub id, directory or file")
     p.set_defaults(func=_cmd_check)
+    __import__("mi_core.cli.analysis", fromlist=["register"]).register(sub)
     plugins.get_plugin_manager().hook.mi_register_commands(subparsers=sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     debug = bool(os.environ.get("MI_CORE_DEBUG"))
+    warnings.simplefilter("default")
+    warnings.formatwarning = lambda msg, cat, *a, **k: f"mi: warning: {msg}\n"
     try:
         parser = build_parser()
         args = parser.parse_args(argv)

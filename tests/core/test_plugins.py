@@ -109,3 +109,18 @@ def test_best_detection_wins_and_in_process_plugins_take_part(toy_dir: Path) -> 
         assert any(s.name == "never" for s in plugins.tokenizer_specs())
     finally:
         plugins.unregister_plugin("second-opinion")
+
+
+def test_a_plugin_that_fails_to_import_is_skipped_with_a_warning_naming_it(tmp_path: Path) -> None:
+    info = tmp_path / "mi_broken-0.0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mi-broken\nVersion: 0.0.1\n")
+    (info / "entry_points.txt").write_text("[mi_core]\nbroken = mi_no_such_module.plugin\n")
+    code = ("import warnings; warnings.simplefilter('always')\n"
+            "from mi_core import plugins\n"
+            "infos = {i.name: i for i in plugins.plugin_infos()}\n"
+            "print(infos['broken'].error.split(':')[0], 'toy' in plugins.backends())")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "ModuleNotFoundError True", out.stderr
+    assert "plugin 'broken' (mi_no_such_module.plugin) failed to load" in out.stderr
