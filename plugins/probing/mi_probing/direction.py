@@ -1,0 +1,135 @@
+"""From a probe to a steering direction in model space, and its dose-response.
+
+A probe scores standardised activations: ``logit = sum_j coef_j (x_j - mean_j) / scale_j + b``.
+Its gradient with respect to the raw activation x is ``coef / scale``, so that (not ``coef``)
+is the model-space direction that moves the probe's logit fastest per unit of norm; the
+mean shift cancels out of a direction. Adding ``alpha * u`` (u the unit direction) changes
+the probe's logit by ``alpha * |coef / scale|`` at the probed point.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import attrs
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from mi_core.backend import MIModel
+from mi_core.hooks import HookCache, HookLike, HookPoint, HookSpec
+from mi_core.interventions import Add
+from mi_probing.errors import ProbingError
+from mi_probing.probes import ProbeResult
+
+
+def model_space_weights(probe: ProbeResult) -> np.ndarray:
+    """coef / scale: the probe's weights on raw activations, [outputs, n_features]."""
+    return np.asarray(probe.coef, dtype=float) / np.asarray(probe.scale, dtype=float)
+
+
+def probe_direction(probe: ProbeResult, target: Any = None) -> torch.Tensor:
+    """Unit vector [*feature_shape] (float32) in model space along which the probe's
+    evidence for `target` grows fastest.
+
+    Binary: toward ``classes[1]`` by default (``target=classes[0]`` flips it).
+    Multiclass: `target` is required; the direction is ``w_target - mean_k w_k`` (softmax is
+    unchanged by a shift shared by all classes, so this is the part that favours `target`).
+    Regression: toward larger targets.
+    """
+    w = model_space_weights(probe)
+    if probe.task == "regression":
+        if target is not None:
+            raise ProbingError("a regression probe has one direction; do not pass target")
+        vec = w[0]
+    elif probe.task == "binary":
+        if target is None or target == probe.classes[1]:
+            vec = w[0]
+        elif target == probe.classes[0]:
+            vec = -w[0]
+        else:
+            raise ProbingError(f"target {target!r} is not a class of the probe at "
+                               f"{probe.hook} (classes: {probe.classes})")
+    else:
+        if target not in probe.classes:
+            raise ProbingError(f"a multiclass probe needs target= one of {probe.classes}, "
+                               f"got {target!r}")
+        vec = w[probe.classes.index(target)] - w.mean(axis=0)
+    norm = float(np.linalg.norm(vec))
+    if not np.isfinite(norm) or norm == 0.0:
+        raise ProbingError(f"probe at {probe.hook} has zero weights; no direction to take")
+    return torch.tensor(vec / norm, dtype=torch.float32).reshape(probe.feature_shape)
+
+
+def steering_hooks(direction: torch.Tensor, hook: HookLike, scale: float,
+                   hooks: HookSpec | None = None) -> HookSpec:
+    """``Add(scale * direction)`` at `hook` (every position), added to `hooks` or a new spec.
+
+    `direction` [*feature_shape] broadcasts over [batch, seq, *feature_shape].
+    """
+    spec = hooks if hooks is not None else HookSpec()
+    return spec.intervene(HookPoint.parse(hook), Add(float(scale) * direction))
+
+
+def steer_with_probe(probe: ProbeResult, scale: float, target: Any = None,
+                     hooks: HookSpec | None = None) -> HookSpec:
+    """Steering spec along `probe`'s direction at the point the probe was trained on."""
+    if not probe.hook:
+        raise ProbingError("this probe has no hook point; use steering_hooks(direction, hook, ...)")
+    return steering_hooks(probe_direction(probe, target), probe.hook, scale, hooks)
+
+
+#: A response read from one forward pass: (cache, attention_mask [batch, seq]) -> [batch].
+Metric = Callable[[HookCache, torch.Tensor], torch.Tensor]
+
+
+def last_token_logit_diff(pos_token: int, neg_token: int) -> Metric:
+    """Metric: logit(pos_token) - logit(neg_token) at each prompt's last real token."""
+
+    def metric(cache: HookCache, mask: torch.Tensor) -> torch.Tensor:
+        last = mask.sum(dim=1) - 1
+        logits = cache.output[torch.arange(mask.shape[0]), last.to(cache.output.device)]
+        return (logits[:, pos_token] - logits[:, neg_token]).float()
+
+    metric.__name__ = f"logit[{pos_token}] - logit[{neg_token}] at last token"
+    return metric
+
+
+@attrs.define
+class DoseResponse:
+    """Mean (and std over prompts) of a metric for each steering scale."""
+
+    hook: str
+    metric: str
+    scales: list[float]
+    mean: list[float]
+    std: list[float]
+    n_prompts: int
+
+
+def dose_response(model: MIModel, texts: Sequence[str], direction: torch.Tensor,
+                  hook: HookLike, scales: Sequence[float], metric: Metric,
+                  batch_size: int = 16, progress: bool | None = None) -> DoseResponse:
+    """Steer with ``Add(scale * direction)`` at `hook` for each scale; measure `metric`.
+
+    Prompts are right-padded (see :mod:`mi_probing.collect`); `metric` receives the cache
+    and the attention mask and returns one value per prompt.
+    """
+    if not texts:
+        raise ProbingError("dose_response needs at least one prompt")
+    hp = HookPoint.parse(hook)
+    tok = model.tokenizer
+    pad_id = tok.eos_token_id if tok.eos_token_id is not None else 0
+    batches = [model.to_tokens_padded(list(texts[i:i + batch_size]), side="right", pad_id=pad_id)
+               for i in range(0, len(texts), batch_size)]
+    means, stds = [], []
+    for scale in tqdm(list(scales), desc="dose-response", unit="scale",
+                      disable=None if progress is None else not progress):
+        spec = steering_hooks(direction, hp, scale)
+        vals = torch.cat([metric(model.forward(ids, spec, attention_mask=mask), mask).cpu()
+                          for ids, mask in batches])
+        means.append(float(vals.mean()))
+        stds.append(float(vals.std(unbiased=False)))
+    return DoseResponse(hook=hp.name, metric=getattr(metric, "__name__", "metric"),
+                        scales=[float(s) for s in scales], mean=means, std=stds,
+                        n_prompts=len(texts))
