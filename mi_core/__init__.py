@@ -18,6 +18,15 @@ from mi_core.errors import (
 )
 from mi_core.hooks import HookCache, HookPoint, HookRun, HookSpec
 from mi_core.interventions import Add, Intervention, Knockout, Replace, Scale, Steer, Zero
+from mi_core.interp import (
+    AblationResult, DoseResponseCurve, DoseResponsePoint, FactoredMatrix, KnockoutSpec,
+    LogitLensAnalysis, LogitLensResult, PatchingResult, RecurrentFeedbackEntry,
+    RecurrentPassSpec, SteeringCalibration, SteeringResult, SteeringSpec, TokenPrediction,
+    apply_steering, create_knockout_mask, forward_recurrent, generate_recurrent, kl_divergence,
+)
+from mi_core.util.memory import MemoryReport, MemorySnapshot
+from mi_core.util.pca import PcaResult, pca
+from mi_core.util.positions import PositionConversion, convert_positions
 from mi_core.registry import (
     BackendSpec,
     CompatibilityReport,
@@ -41,4 +50,11 @@ __all__ = [
     "StateKnockoutSpec", "StateSteeringSpec", "Steer", "TokenizerError", "TokenizerSpec",
     "UnsupportedModelError", "WeightLoadError", "Zero", "check_compatibility", "from_json",
     "load_dictionary", "sample_token", "to_json",
+    # analysis layer (mi_core.interp, mi_core.util)
+    "AblationResult", "DoseResponseCurve", "DoseResponsePoint", "FactoredMatrix",
+    "KnockoutSpec", "LogitLensAnalysis", "LogitLensResult", "PatchingResult",
+    "RecurrentFeedbackEntry", "RecurrentPassSpec", "SteeringCalibration", "SteeringResult",
+    "SteeringSpec", "TokenPrediction", "apply_steering", "create_knockout_mask",
+    "forward_recurrent", "generate_recurrent", "kl_divergence", "MemoryReport",
+    "MemorySnapshot", "PcaResult", "pca", "PositionConversion", "convert_positions",
 ]
