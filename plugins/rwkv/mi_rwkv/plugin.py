@@ -4,9 +4,71 @@ from __future__ import annotations
 
 from typing import Any
 
+from mi_core.errors import UnsupportedModelError
 from mi_core.hookspecs import hookimpl
+from mi_core.registry import BackendSpec, Detection, ModelSource, TokenizerSpec
+
+from mi_rwkv.config import rwkv_version
+from mi_rwkv.loading import load_rwkv6, load_rwkv7
+from mi_rwkv.tokenizer import VOCAB_FILE, detect_world_vocab, load_world_vocab
+
+#: Tensors whose presence identifies each format (checked at detection, no weights read).
+_MARKERS = {
+    6: ("rwkv.embeddings.weight", "rwkv.blocks.0.attention.time_maa_x",
+        "rwkv.blocks.0.attention.time_faaaa", "rwkv.ln_out.weight"),
+    7: ("model.embeddings.weight", "model.layers.0.attn.k_k", "model.layers.0.attn.r_k",
+        "model.norm.weight"),
+}
 
 
 @hookimpl
 def mi_plugin_info() -> dict[str, Any]:
-    return {"provides": []}
+    return {"provides": ["backend:rwkv6", "backend:rwkv7", "tokenizer:rwkv-world"]}
+
+
+@hookimpl
+def mi_register_backends() -> list[BackendSpec]:
+    return [
+        BackendSpec("rwkv6", load_rwkv6, "RWKV-6 (Finch), HF format (rwkv.blocks.*)"),
+        BackendSpec("rwkv7", load_rwkv7, "RWKV-7 (Goose), flash-linear-attention format (model.layers.*)"),
+    ]
+
+
+@hookimpl
+def mi_detect_backend(source: ModelSource) -> list[Detection]:
+    if source.path.is_file():
+        return []
+    try:
+        version = rwkv_version(source.config, source.tensor_names)
+    except UnsupportedModelError as exc:
+        return [Detection("rwkv6", 0.0, str(exc))]
+    if version is None:
+        return []
+    name = f"rwkv{version}"
+    names = set(source.tensor_names)
+    missing = [m for m in _MARKERS[version] if m not in names]
+    if not names:
+        return [Detection(name, 0.0, f"model_type {name!r} but no safetensors tensors found")]
+    if missing:
+        return [Detection(name, 0.0, f"RWKV-{version} config but the tensor names do not match "
+                                     "the expected format", missing=missing)]
+    if version == 6 and source.config:
+        try:
+            hidden, head = int(source.config["hidden_size"]), int(source.config.get("head_size") or 64)
+        except (KeyError, TypeError, ValueError) as exc:
+            return [Detection(name, 0.0, f"config.json: bad or missing field: {exc}")]
+        if hidden % head:
+            return [Detection(name, 0.0, f"head size {head} does not divide hidden size {hidden}")]
+    return [Detection(name, 1.0, f"RWKV-{version} checkpoint (model_type and tensor names)")]
+
+
+@hookimpl
+def mi_register_tokenizers() -> list[TokenizerSpec]:
+    return [TokenizerSpec("rwkv-world", detect_world_vocab, load_world_vocab)]
+
+
+@hookimpl
+def mi_hub_file_patterns() -> list[str]:
+    return [VOCAB_FILE]
+
+

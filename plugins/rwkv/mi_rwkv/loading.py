@@ -1,0 +1,134 @@
+"""Checkpoint loading: HF-format RWKV-6 and fla-format RWKV-7 safetensors (never pickles)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from mi_core.errors import ConfigError, UnsupportedModelError, WeightLoadError
+from mi_core.loading import SafetensorsCheckpoint, read_config
+from mi_core.registry import ModelSource
+
+from mi_rwkv.config import RwkvConfig, parse_v6, parse_v7, rwkv_version
+from mi_rwkv.model import RwkvBackend
+from mi_rwkv.v6 import V6Layer, v6_expected_shapes
+from mi_rwkv.v7 import V7Layer, v7_expected_shapes
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Shape without leading singleton axes ((1, 1, C) and (C,) are the same vector)."""
+    s = tuple(shape)
+    while len(s) > 1 and s[0] == 1:
+        s = s[1:]
+    return s
+
+
+def _check(ckpt: SafetensorsCheckpoint, expected: dict[str, tuple[int, ...]]) -> None:
+    """One WeightLoadError listing every missing and every mis-shaped tensor."""
+    missing = [n for n in expected if n not in ckpt]
+    wrong = [f"{n}: {list(ckpt.shapes[n])} != expected {list(s)}" for n, s in expected.items()
+             if n in ckpt and _squeezed(ckpt.shapes[n]) != _squeezed(s)]
+    if missing or wrong:
+        parts = ([f"missing tensors: {', '.join(missing)}"] if missing else []) + \
+                ([f"mis-shaped tensors: {'; '.join(wrong)}"] if wrong else [])
+        raise WeightLoadError(f"{', '.join(map(str, ckpt.files))}: " + " | ".join(parts))
+
+
+def _open(src: ModelSource, version: int) -> tuple[SafetensorsCheckpoint, dict, Path]:
+    path = src.path if src.path.is_dir() else src.path.parent
+    cfg = src.config if src.config is not None else read_config(path)
+    if cfg is None:
+        raise ConfigError(f"{path}: no config.json")
+    ckpt = SafetensorsCheckpoint.from_directory(path)
+    found = rwkv_version(cfg, ckpt.names())
+    if found != version:
+        raise UnsupportedModelError(f"{path}: model_type {cfg.get('model_type')!r} is not "
+                                    f"RWKV-{version}")
+    return ckpt, cfg, path
+
+
+def _get(ckpt: SafetensorsCheckpoint, device: torch.device, dtype: torch.dtype
+         ) -> Callable[[str], torch.Tensor]:
+    return lambda name: ckpt.get(name, dtype=dtype, device=device)
+
+
+def _head(ckpt: SafetensorsCheckpoint, cfg: RwkvConfig, names: tuple[str, ...],
+          embed: torch.Tensor, get: Callable[[str], torch.Tensor]) -> torch.Tensor:
+    for n in names:
+        if n in ckpt:
+            w = get(n)
+            if tuple(w.shape) != (cfg.vocab_size, cfg.hidden_size):
+                raise WeightLoadError(f"tensor {n!r} has shape {list(w.shape)}, expected "
+                                      f"{[cfg.vocab_size, cfg.hidden_size]}")
+            return w
+    if cfg.tie_word_embeddings:
+        return embed
+    raise WeightLoadError(f"{', '.join(map(str, ckpt.files))}: missing tensors: {names[0]} "
+                          "(and tie_word_embeddings is false)")
+
+
+def load_rwkv6(src: ModelSource, device: torch.device, dtype: torch.dtype) -> RwkvBackend:
+    """An HF-format RWKV-6 directory (``rwkv.blocks.{i}.attention.*``) as a backend."""
+    ckpt, raw, path = _open(src, 6)
+    cfg = parse_v6(raw, ckpt.shapes, str(path / "config.json"))
+    c, h, d = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+    expected = {"rwkv.embeddings.weight": (cfg.vocab_size, c), "rwkv.blocks.0.pre_ln.weight": (c,),
+                "rwkv.blocks.0.pre_ln.bias": (c,), "rwkv.ln_out.weight": (c,), "rwkv.ln_out.bias": (c,)}
+    for i in range(cfg.num_layers):
+        expected.update(v6_expected_shapes(f"rwkv.blocks.{i}.", c, h, d, cfg.intermediate_size,
+                                           cfg.time_mix_rank, cfg.time_decay_rank))
+    _check(ckpt, expected)
+    get = _get(ckpt, device, dtype)
+    layers = []
+    for i in range(cfg.num_layers):
+        p = f"rwkv.blocks.{i}."
+        w = {n[len(p):]: get(n) for n in expected if n.startswith(p)}
+        layers.append(V6Layer(w, h, d, cfg.group_norm_eps))
+    embed = get("rwkv.embeddings.weight")
+    return RwkvBackend("rwkv6", cfg, layers, embed,
+                       (get("rwkv.blocks.0.pre_ln.weight"), get("rwkv.blocks.0.pre_ln.bias")),
+                       (get("rwkv.ln_out.weight"), get("rwkv.ln_out.bias")),
+                       _head(ckpt, cfg, ("head.weight",), embed, get), device, dtype)
+
+
+def load_rwkv7(src: ModelSource, device: torch.device, dtype: torch.dtype) -> RwkvBackend:
+    """An fla-format RWKV-7 directory (``model.layers.{i}.attn.*``) as a backend.
+
+    Older checkpoints that store the six lerp coefficients as one ``attn.x_x`` (6, C)
+    (order r, w, k, v, a, g) are migrated on load.
+    """
+    ckpt, raw, path = _open(src, 7)
+    cfg = parse_v7(raw, ckpt.shapes, str(path / "config.json"))
+    c, h, d = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+    expected = {"model.embeddings.weight": (cfg.vocab_size, c), "model.layers.0.pre_norm.weight": (c,),
+                "model.layers.0.pre_norm.bias": (c,), "model.norm.weight": (c,), "model.norm.bias": (c,)}
+    legacy: set[int] = set()
+    for i in range(cfg.num_layers):
+        block = v7_expected_shapes(f"model.layers.{i}.", i, c, h, d, cfg.intermediate_size,
+                                   cfg.decay_rank, cfg.a_rank, cfg.v_rank, cfg.gate_rank)
+        xx = f"model.layers.{i}.attn.x_x"
+        if xx in ckpt and f"model.layers.{i}.attn.x_r" not in ckpt:
+            legacy.add(i)
+            for n in "rwkvag":
+                del block[f"model.layers.{i}.attn.x_{n}"]
+            block[xx] = (6, c)
+        expected.update(block)
+    _check(ckpt, expected)
+    get = _get(ckpt, device, dtype)
+    layers = []
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        w = {n[len(p):]: get(n) for n in expected if n.startswith(p)}
+        if i in legacy:
+            x6 = w.pop("attn.x_x")
+            for j, n in enumerate("rwkvag"):
+                w[f"attn.x_{n}"] = x6[j]
+        layers.append(V7Layer(w, i, h, d, cfg.group_norm_eps))
+    embed = get("model.embeddings.weight")
+    return RwkvBackend("rwkv7", cfg, layers, embed,
+                       (get("model.layers.0.pre_norm.weight"), get("model.layers.0.pre_norm.bias")),
+                       (get("model.norm.weight"), get("model.norm.bias")),
+                       _head(ckpt, cfg, ("lm_head.weight", "model.lm_head.weight"), embed, get),
+                       device, dtype)
