@@ -1,3 +1,8 @@
-"""mi-clt: Cross-layer transcoders and attribution graphs for mi-core (circuit-tracer format)."""
+"""mi-clt: cross-layer transcoders (circuit-tracer format), interventions and attribution graphs."""
+
+from mi_clt.clt import CrossLayerTranscoder
+from mi_clt.format import read_clt_layout
 
 __version__ = "0.1.0"
+
+__all__ = ["CrossLayerTranscoder", "read_clt_layout", "__version__"]

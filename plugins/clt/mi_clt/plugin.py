@@ -2,11 +2,43 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import torch
+
 from mi_core.hookspecs import hookimpl
+from mi_core.registry import Detection, DictionaryFormat
+
+_LOOKS_FOR = ("a directory with W_enc_{i}.safetensors + W_dec_{i}.safetensors (circuit-tracer "
+              "CLT), layer_{i}.safetensors (transcoder set), or a config.yaml with model_kind")
+
+
+def _detect(path: Path) -> Detection:
+    from mi_clt.format import detect_layout
+
+    kind = detect_layout(Path(path))
+    if kind is None:
+        return Detection("clt", 0.0, "no W_enc_0.safetensors, layer_0.safetensors or "
+                                     "config.yaml model_kind")
+    return Detection("clt", 0.9, f"circuit-tracer layout: {kind}")
+
+
+def _load(path: Path, device: torch.device, dtype: torch.dtype) -> Any:
+    from mi_clt.clt import CrossLayerTranscoder
+
+    return CrossLayerTranscoder.load(path, device, dtype)
+
+
+@hookimpl
+def mi_register_dictionary_formats() -> list[DictionaryFormat]:
+    return [DictionaryFormat(name="circuit-tracer-clt", detect=_detect, load=_load,
+                             looks_for=_LOOKS_FOR,
+                             hub_patterns=["config.yaml", "W_enc_*.safetensors",
+                                           "W_dec_*.safetensors", "layer_*.safetensors"])]
 
 
 @hookimpl
 def mi_plugin_info() -> dict[str, Any]:
-    return {"provides": []}
+    return {"provides": ["dictionary format circuit-tracer-clt (CLTs, transcoder sets, "
+                         "Gemma Scope 2)", "attribution graphs"]}
