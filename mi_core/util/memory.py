@@ -32,7 +32,8 @@ class MemorySnapshot:
     @classmethod
     def now(cls) -> "MemorySnapshot":
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-        snap = cls(time.time(), _rss_bytes(), peak)
+        rss = _rss_bytes()
+        snap = cls(time.time(), rss, max(peak, rss))  # peak is sampled first: keep it >= rss
         if torch.cuda.is_available():
             snap.cuda_allocated_bytes = int(torch.cuda.memory_allocated())
             snap.cuda_reserved_bytes = int(torch.cuda.memory_reserved())
