@@ -66,3 +66,37 @@ class TinyBackend:
 
 def tiny_model(**kw: Any) -> MIModel:
     return MIModel(TinyBackend(**kw), source="tiny")
+
+
+def write_saelens_sae(folder: "Path", hook: str, d_in: int, d_sae: int, *, arch: str = "standard",
+                      hook_out: str | None = None, d_out: int | None = None, seed: int = 0,
+                      extra: dict[str, Any] | None = None, scale: float = 0.3) -> "Path":
+    """A random-weight SAELens 6.x folder (cfg.json + sae_weights.safetensors), by hand."""
+    import json
+
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    d_o = d_out or d_in
+    w = {"W_enc": torch.randn(d_in, d_sae, generator=g) * scale,
+         "W_dec": torch.randn(d_sae, d_o, generator=g) * scale,
+         "b_enc": torch.randn(d_sae, generator=g) * scale, "b_dec": torch.randn(d_o, generator=g) * scale}
+    if "jumprelu" in arch:
+        w["threshold"] = torch.rand(d_sae, generator=g) * scale
+    meta: dict[str, Any] = {"hook_name": hook, "model_name": "tiny", "sae_lens_version": "6.54.0"}
+    if hook_out:
+        meta["hook_name_out"] = hook_out
+    cfg: dict[str, Any] = {"architecture": arch, "d_in": d_in, "d_sae": d_sae, "dtype": "float32",
+                           "device": "cpu", "apply_b_dec_to_input": d_out is None,
+                           "normalize_activations": "none",
+                           "reshape_activations": "hook_z" if hook.endswith("hook_z") else "none",
+                           "metadata": meta, **(extra or {})}
+    if d_out is not None:
+        cfg["d_out"] = d_out
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "cfg.json").write_text(json.dumps(cfg))
+    save_file(w, str(folder / "sae_weights.safetensors"))
+    return folder
+
+
+from pathlib import Path  # noqa: E402  (used in annotations above)
