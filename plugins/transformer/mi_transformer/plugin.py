@@ -4,9 +4,68 @@ from __future__ import annotations
 
 from typing import Any
 
+from mi_core.errors import MIError
 from mi_core.hookspecs import hookimpl
+from mi_core.registry import BackendSpec, Detection, ModelSource
+
+from mi_transformer.config import FAMILY_PARSERS, auto_config
+from mi_transformer.weights import check_tensors
+
+BACKEND = "transformer"
 
 
 @hookimpl
 def mi_plugin_info() -> dict[str, Any]:
-    return {"provides": []}
+    return {"provides": [f"backend:{BACKEND}"] + [f"family:{f}" for f in FAMILY_PARSERS]}
+
+
+@hookimpl
+def mi_register_backends() -> list[BackendSpec]:
+    from mi_transformer.loader import load_backend
+
+    return [BackendSpec(name=BACKEND, load=load_backend,
+                        description="generic decoder-only transformer: "
+                                    + ", ".join(FAMILY_PARSERS) + ", LLaMA-like auto-config, GGUF")]
+
+
+@hookimpl
+def mi_detect_backend(source: ModelSource) -> Detection:
+    """Known model_type: 0.9; LLaMA-like unknown type whose tensors all match: 0.5;
+    anything else: 0 with the missing / unexpected tensor lists."""
+    path = source.path
+    if source.is_file:
+        if path.suffix.lower() == ".gguf":
+            return Detection(BACKEND, 0.9, "GGUF file (LLaMA-family architectures)")
+        return Detection(BACKEND, 0.0, f"{path.name}: single files must be .gguf")
+    cfg = source.config
+    if cfg is None:
+        return Detection(BACKEND, 0.0, "no config.json")
+    mt = cfg.get("model_type")
+    if mt in FAMILY_PARSERS:
+        return Detection(BACKEND, 0.9, f"model_type {mt!r} is a supported family")
+    try:
+        ac = auto_config(cfg, "config.json", source.tensor_names)
+    except (MIError, TypeError, ValueError) as exc:
+        return Detection(BACKEND, 0.0, f"model_type {mt!r} unknown and config not LLaMA-like: {exc}")
+    if not source.tensor_shapes:
+        return Detection(BACKEND, 0.0, f"model_type {mt!r} unknown and no safetensors to inspect")
+    chk = check_tensors(ac, source.tensor_shapes)
+    if chk.ok:
+        return Detection(BACKEND, 0.5, f"model_type {mt!r} unknown; config and tensors are "
+                                       f"LLaMA-like (auto-config)")
+    why = "; ".join(chk.misshaped[:3]) if chk.misshaped else ""
+    return Detection(BACKEND, 0.0, f"model_type {mt!r} unknown and its tensors do not match a "
+                                   f"LLaMA-like layout" + (f" ({why})" if why else ""),
+                     missing=chk.missing, unexpected=chk.unexpected)
+
+
+@hookimpl
+def mi_default_model() -> str | None:
+    """The embedded SmolLM2 GGUF, when mi_transformer.gguf can find it."""
+    try:
+        from mi_transformer import gguf
+
+        path = gguf.default_model_path()
+    except Exception:  # gguf module / package not available, or model not installed
+        return None
+    return str(path) if path is not None else None

@@ -1,0 +1,163 @@
+"""Grouped-query self-attention with RoPE, masks, soft-capping and a KV cache.
+
+Two paths, same numbers: the *explicit* path materialises scores and pattern (so they can be
+captured or intervened on, and soft-capping applied); the *fast* path calls
+``torch.nn.functional.scaled_dot_product_attention``. A layer takes the explicit path only
+when a hook needs its scores/pattern, when it soft-caps, or when forced.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from mi_core.hooks import HookRun
+
+from mi_transformer.norm import Norm
+from mi_transformer.rope import apply_rope
+
+NEG_INF = float("-inf")
+
+
+@attrs.define(eq=False)
+class AttnWeights:
+    """Projections in torch.nn.Linear layout; fused checkpoints give row-views (no copy)."""
+
+    w_q: torch.Tensor  # [heads * d_head, d_model]
+    w_k: torch.Tensor  # [kv_heads * d_head, d_model]
+    w_v: torch.Tensor  # [kv_heads * d_head, d_model]
+    w_o: torch.Tensor  # [d_model, heads * d_head]
+    b_q: torch.Tensor | None = None
+    b_k: torch.Tensor | None = None
+    b_v: torch.Tensor | None = None
+    b_o: torch.Tensor | None = None
+    q_norm: Norm | None = None  # per-head RMS norm of q/k before RoPE (Qwen3, Gemma 3)
+    k_norm: Norm | None = None
+
+
+@attrs.define(eq=False)
+class AttnNames:
+    """Hook names of one layer's attention, built once at load."""
+
+    q: str
+    k: str
+    v: str
+    rot_q: str
+    rot_k: str
+    scores: str
+    pattern: str
+    z: str
+    result: str
+    q_scale: str
+    k_scale: str
+
+
+class Masks:
+    """Attention masks for one forward call, built once per distinct sliding window.
+
+    Key slot j is visible from query slot i (absolute cache slots) when j <= i, j > i - window
+    and key j is not padding. The diagonal is always visible, so padded query rows stay
+    finite (their outputs are never read at real positions).
+    """
+
+    def __init__(self, key_valid: torch.Tensor | None, offset: int, seq: int,
+                 device: torch.device) -> None:
+        self.key_valid = key_valid  # [batch, offset + seq] bool, or None (no padding)
+        self.offset, self.seq, self.device = offset, seq, device
+        self._bool: dict[int | None, torch.Tensor | None] = {}
+        self._add: dict[tuple[int | None, torch.dtype], torch.Tensor] = {}
+
+    def allowed(self, window: int | None) -> torch.Tensor:
+        """bool [batch or 1, 1, seq, offset + seq]."""
+        q = torch.arange(self.offset, self.offset + self.seq, device=self.device)[:, None]
+        k = torch.arange(self.offset + self.seq, device=self.device)[None, :]
+        ok = k <= q
+        if window is not None:
+            ok = ok & (k > q - window)
+        ok = ok[None, None]
+        if self.key_valid is not None:
+            ok = (ok & self.key_valid[:, None, None, :]) | (k == q)[None, None]
+        return ok
+
+    def sdpa_mask(self, window: int | None) -> torch.Tensor | None:
+        """bool mask for SDPA, or None when `is_causal` (offset 0) / no mask (1 query) suffices."""
+        if window not in self._bool:
+            trivial = self.key_valid is None and (
+                window is None or self.offset + self.seq <= window) and (
+                self.offset == 0 or self.seq == 1)
+            self._bool[window] = None if trivial else self.allowed(window)
+        return self._bool[window]
+
+    def additive(self, window: int | None, dtype: torch.dtype) -> torch.Tensor:
+        """0 / -inf float mask [batch or 1, 1, seq, offset + seq] for the explicit path."""
+        key = (window, dtype)
+        if key not in self._add:
+            zero = torch.zeros((), dtype=dtype, device=self.device)
+            self._add[key] = torch.where(self.allowed(window), zero,
+                                         torch.full((), NEG_INF, dtype=dtype, device=self.device))
+        return self._add[key]
+
+
+def safe_softmax(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim; a row that is all -inf gives zeros, not NaN."""
+    return torch.softmax(scores, dim=-1).nan_to_num(0.0)
+
+
+def attention(w: AttnWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              masks: Masks, window: int | None, run: HookRun, n: AttnNames, *,
+              num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+              softcap: float | None, explicit: bool | None,
+              cache_update: Callable[[torch.Tensor, torch.Tensor],
+                                     tuple[torch.Tensor, torch.Tensor]] | None = None
+              ) -> torch.Tensor:
+    """x [batch, seq, d_model] (already normalised) -> attention output [batch, seq, d_model].
+
+    `explicit`: True/False forces a path, None picks (explicit iff scores/pattern are hooked);
+    a soft-capping layer is always explicit. `cache_update(k, v)` appends this call's rotated keys and values
+    [batch, kv_heads, seq, d_head] to the cache and returns the full ones.
+    """
+    b, s, _ = x.shape
+    q = F.linear(x, w.w_q, w.b_q).view(b, s, num_heads, head_dim)
+    k = F.linear(x, w.w_k, w.b_k).view(b, s, num_kv_heads, head_dim)
+    v = F.linear(x, w.w_v, w.b_v).view(b, s, num_kv_heads, head_dim)
+    if w.q_norm is not None and w.k_norm is not None:
+        q = w.q_norm(q, run, n.q_scale)
+        k = w.k_norm(k, run, n.k_scale)
+    q = run.apply(n.q, q)  # [b, s, heads, d_head], before RoPE
+    k = run.apply(n.k, k)
+    v = run.apply(n.v, v)
+    q = run.apply(n.rot_q, apply_rope(q, cos, sin))
+    k = run.apply(n.rot_k, apply_rope(k, cos, sin))
+
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, h, s, d]
+    if cache_update is not None:
+        k, v = cache_update(k, v)
+    if softcap is not None:  # SDPA cannot soft-cap: the explicit path even when "sdpa" is forced
+        explicit = True
+    elif explicit is None:
+        explicit = run.wants(n.scores) or run.wants(n.pattern)
+    groups = num_heads // num_kv_heads
+    if explicit:
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [b, h, s_q, s_k]
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        scores = run.apply(n.scores, scores + masks.additive(window, scores.dtype))
+        pattern = run.apply(n.pattern, safe_softmax(scores))
+        z = torch.matmul(pattern, v)
+    else:
+        mask = masks.sdpa_mask(window)
+        z = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale, enable_gqa=groups > 1,
+            is_causal=mask is None and q.shape[2] > 1 and q.shape[2] == k.shape[2])
+    z = run.apply(n.z, z.transpose(1, 2))  # [b, s, heads, d_head]
+    if run.wants(n.result):
+        w_o = w.w_o.view(-1, num_heads, head_dim)  # [d_model, heads, d_head]
+        result = run.apply(n.result, torch.einsum("bshd,mhd->bshm", z, w_o))
+        out = result.sum(dim=2)
+        return out + w.b_o if w.b_o is not None else out
+    return F.linear(z.reshape(b, s, num_heads * head_dim), w.w_o, w.b_o)

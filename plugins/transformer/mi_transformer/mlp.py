@@ -1,0 +1,51 @@
+"""The MLP: gated (separate or fused gate/up) or plain, with hooks in neuron space (d_mlp)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from mi_core.hooks import HookRun
+
+from mi_transformer.config import Activation, MlpLayout
+
+ACTIVATIONS: dict[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
+    Activation.SILU: F.silu,
+    Activation.GELU_TANH: lambda x: F.gelu(x, approximate="tanh"),
+    Activation.GELU: F.gelu,
+}
+
+
+@attrs.define(eq=False)
+class MlpWeights:
+    """Weights in torch.nn.Linear layout ([out, in]).
+
+    Gated: `w_in` is the gate, `w_up` the up projection (for a fused checkpoint both are
+    row-views of the one stored tensor, no copy). Plain: `w_in` is c_fc, `w_up` None.
+    """
+
+    layout: MlpLayout
+    w_in: torch.Tensor  # [d_mlp, d_model]
+    w_out: torch.Tensor  # [d_model, d_mlp]
+    w_up: torch.Tensor | None = None  # [d_mlp, d_model]
+    b_in: torch.Tensor | None = None
+    b_up: torch.Tensor | None = None
+    b_out: torch.Tensor | None = None
+
+
+def mlp(w: MlpWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor],
+        run: HookRun, pre_name: str, post_name: str) -> torch.Tensor:
+    """x [batch, seq, d_model] -> [batch, seq, d_model].
+
+    ``mlp.hook_pre`` is the gate pre-activation (gated) or c_fc output (plain);
+    ``mlp.hook_post`` is act(gate) * up (gated) or act(pre) (plain), both [batch, seq, d_mlp].
+    """
+    pre = run.apply(pre_name, F.linear(x, w.w_in, w.b_in))
+    post = act(pre)
+    if w.w_up is not None:
+        post = post * F.linear(x, w.w_up, w.b_up)
+    post = run.apply(post_name, post)
+    return F.linear(post, w.w_out, w.b_out)

@@ -1,0 +1,340 @@
+"""The one generic decoder-only forward pass, config-driven, with every hook point.
+
+Reading order: :class:`TransformerBackend.forward` (embed -> blocks -> final norm -> logits),
+then :meth:`TransformerBackend._block` (pre-norm attention and MLP, optional post-norms).
+Nothing here checks a family name; every difference is an axis of :class:`TransformerConfig`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Sequence
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from mi_core.errors import MIError, WeightLoadError
+from mi_core.hooks import HookCache, HookPoint, HookRun, HookSpec
+from mi_core.tokenizer import MITokenizer
+
+from mi_transformer.attention import AttnNames, Masks, attention
+from mi_transformer.config import TransformerConfig
+from mi_transformer.mlp import ACTIVATIONS, mlp
+from mi_transformer.rope import cos_sin, inv_freq
+from mi_transformer.weights import LayerWeights, Weights
+
+BetweenLayers = Callable[[int, int, torch.Tensor], torch.Tensor]
+
+
+@attrs.define(eq=False)
+class LayerNames:
+    """Every hook name of one layer, built once at load (no string formatting per forward)."""
+
+    resid_pre: str
+    ln1_scale: str
+    ln1_normalized: str
+    attn: AttnNames
+    ln1_post_scale: str
+    ln1_post_normalized: str
+    attn_out: str
+    resid_mid: str
+    ln2_scale: str
+    ln2_normalized: str
+    mlp_pre: str
+    mlp_post: str
+    ln2_post_scale: str
+    ln2_post_normalized: str
+    mlp_out: str
+    resid_post: str
+
+    @classmethod
+    def of(cls, i: int) -> "LayerNames":
+        p = f"blocks.{i}."
+        a = p + "attn."
+        return cls(
+            resid_pre=p + "hook_resid_pre", ln1_scale=p + "ln1.hook_scale",
+            ln1_normalized=p + "ln1.hook_normalized",
+            attn=AttnNames(q=a + "hook_q", k=a + "hook_k", v=a + "hook_v", rot_q=a + "hook_rot_q",
+                           rot_k=a + "hook_rot_k", scores=a + "hook_attn_scores",
+                           pattern=a + "hook_pattern", z=a + "hook_z", result=a + "hook_result",
+                           q_scale=a + "q_ln.hook_scale", k_scale=a + "k_ln.hook_scale"),
+            ln1_post_scale=p + "ln1_post.hook_scale",
+            ln1_post_normalized=p + "ln1_post.hook_normalized",
+            attn_out=p + "hook_attn_out", resid_mid=p + "hook_resid_mid",
+            ln2_scale=p + "ln2.hook_scale", ln2_normalized=p + "ln2.hook_normalized",
+            mlp_pre=p + "mlp.hook_pre", mlp_post=p + "mlp.hook_post",
+            ln2_post_scale=p + "ln2_post.hook_scale",
+            ln2_post_normalized=p + "ln2_post.hook_normalized",
+            mlp_out=p + "hook_mlp_out", resid_post=p + "hook_resid_post")
+
+    def in_order(self, post_norms: bool, qk_norm: bool) -> list[str]:
+        a = self.attn
+        out = [self.resid_pre, self.ln1_scale, self.ln1_normalized]
+        out += [a.q_scale, a.k_scale] if qk_norm else []
+        out += [a.q, a.k, a.v, a.rot_q, a.rot_k, a.scores, a.pattern, a.z, a.result]
+        out += [self.ln1_post_scale, self.ln1_post_normalized] if post_norms else []
+        out += [self.attn_out, self.resid_mid, self.ln2_scale, self.ln2_normalized,
+                self.mlp_pre, self.mlp_post]
+        out += [self.ln2_post_scale, self.ln2_post_normalized] if post_norms else []
+        out += [self.mlp_out, self.resid_post]
+        return out
+
+
+class KVCache:
+    """Rotated keys and values per *schedule step* (not per layer: a layer run twice by a
+    `layer_schedule` has two slots), plus the attention mask seen so far.
+
+    Every key is kept (no rolling window), so sliding-window layers stay exact at any length.
+    """
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.keys: dict[int, torch.Tensor] = {}  # step -> [batch, kv_heads, length, d_head]
+        self.values: dict[int, torch.Tensor] = {}
+        self.length = 0  # cached positions (slots)
+        self.mask: torch.Tensor | None = None  # [batch, length] bool, None = no padding
+        self.schedule: tuple[int, ...] | None = None
+
+    def updater(self, step: int) -> Callable[[torch.Tensor, torch.Tensor],
+                                             tuple[torch.Tensor, torch.Tensor]]:
+        def update(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            if step in self.keys:
+                k = torch.cat([self.keys[step], k], dim=2)
+                v = torch.cat([self.values[step], v], dim=2)
+            self.keys[step], self.values[step] = k, v
+            return k, v
+        return update
+
+
+class TransformerBackend:
+    """A loaded decoder-only transformer (the MIBackend the ``transformer`` plugin returns)."""
+
+    name = "transformer"
+
+    def __init__(self, config: TransformerConfig, weights: Weights, device: torch.device,
+                 dtype: torch.dtype, tokenizer: MITokenizer | None = None) -> None:
+        self.config = config
+        self.w = weights
+        self.device, self.dtype = device, dtype
+        self.tokenizer = tokenizer
+        self.num_layers = config.num_layers
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.hidden_size = config.hidden_size
+        self.vocab_size = config.vocab_size
+        self.d_head = config.head_dim
+        self.d_mlp = config.intermediate_size
+        self.max_positions = config.max_positions
+        self.act = ACTIVATIONS[config.activation]
+        self.names = [LayerNames.of(i) for i in range(config.num_layers)]
+        self.inv_freqs = [inv_freq(r, config.rot_dim).to(device) for r in config.ropes]
+        self._warned_long = False
+
+    # -- hook points -------------------------------------------------------------------
+    def hook_points(self) -> list[HookPoint]:
+        c = self.config
+        names = ["hook_embed"]
+        for n in self.names:
+            names += n.in_order(c.post_norms, c.qk_norm)
+        names += ["ln_final.hook_scale", "ln_final.hook_normalized"]
+        return [HookPoint.parse(n) for n in names]
+
+    def hook_shape(self, point: HookPoint | str, batch: int, seq: int) -> tuple[int, ...] | None:
+        """Shape of the activation at `point` for ids [batch, seq] (key length -1: any)."""
+        hp = HookPoint.parse(point)
+        c = self.config
+        suffix = hp.suffix
+        d, h, kv, hd = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        if suffix.endswith("hook_scale"):
+            heads = {"attn.q_ln.hook_scale": h, "attn.k_ln.hook_scale": kv}.get(suffix)
+            return (batch, seq, heads, 1) if heads else (batch, seq, 1)
+        table: dict[str, tuple[int, ...]] = {
+            "attn.hook_q": (batch, seq, h, hd), "attn.hook_rot_q": (batch, seq, h, hd),
+            "attn.hook_z": (batch, seq, h, hd),
+            "attn.hook_k": (batch, seq, kv, hd), "attn.hook_rot_k": (batch, seq, kv, hd),
+            "attn.hook_v": (batch, seq, kv, hd),
+            "attn.hook_attn_scores": (batch, h, seq, -1), "attn.hook_pattern": (batch, h, seq, -1),
+            "attn.hook_result": (batch, seq, h, d),
+            "mlp.hook_pre": (batch, seq, c.intermediate_size),
+            "mlp.hook_post": (batch, seq, c.intermediate_size),
+        }
+        return table.get(suffix, (batch, seq, d))
+
+    # -- generation --------------------------------------------------------------------
+    def new_past(self, batch_size: int) -> KVCache:
+        return KVCache(batch_size)
+
+    # -- forward -----------------------------------------------------------------------
+    def forward(self, ids: torch.Tensor, hooks: HookSpec,
+                attention_mask: torch.Tensor | None = None, past: KVCache | None = None,
+                layer_schedule: Sequence[int] | None = None,
+                between_layers: BetweenLayers | None = None,
+                attn_impl: str | None = None, **_: Any) -> HookCache:
+        """ids [batch, seq] -> HookCache with logits [batch, seq, vocab].
+
+        attention_mask: [batch, seq] (or [batch, cached + seq] with `past`), 1 = real token;
+        positions are its cumulative sum, so left/right padding give each row the positions
+        it would have alone. past: a :meth:`new_past` cache, extended in place.
+        layer_schedule: layer indices to run in order (repeats allowed; default all once).
+        between_layers(step, layer, resid) -> resid: called after each scheduled layer.
+        attn_impl: "explicit" / "sdpa" forces an attention path (default: automatic).
+        """
+        c, w = self.config, self.w
+        run = hooks.start()
+        batch, seq = ids.shape
+        schedule = tuple(range(c.num_layers)) if layer_schedule is None else tuple(layer_schedule)
+        self._check_schedule(schedule, past)
+        offset = past.length if past is not None else 0
+        positions, key_valid = self._positions(batch, seq, offset, attention_mask, past)
+        masks = Masks(key_valid, offset, seq, ids.device)
+        rope = [cos_sin(inv, positions, self.dtype) for inv in self.inv_freqs]
+        explicit = {None: None, "explicit": True, "sdpa": False}[attn_impl]
+
+        x = F.embedding(ids, w.embed)
+        if c.embedding_scale is not None:
+            x = x * torch.tensor(c.embedding_scale, dtype=x.dtype)
+        x = run.apply("hook_embed", x)
+        for step, layer in enumerate(schedule):
+            cos, sin = rope[c.layer_rope[layer]]
+            update = past.updater(step) if past is not None else None
+            x = self._block(layer, x, run, cos, sin, masks, explicit, update)
+            if between_layers is not None:
+                x = between_layers(step, layer, x)
+        x = w.final_norm(x, run, "ln_final.hook_scale", "ln_final.hook_normalized")
+        logits = self.unembed(x)
+        if past is not None:
+            past.length += seq
+        return run.finish(logits, past=past)
+
+    def _block(self, i: int, x: torch.Tensor, run: HookRun, cos: torch.Tensor,
+               sin: torch.Tensor, masks: Masks, explicit: bool | None,
+               cache_update: Callable[..., Any] | None) -> torch.Tensor:
+        """One pre-norm block: x [batch, seq, d_model] -> [batch, seq, d_model]."""
+        c, lw, n = self.config, self.w.layers[i], self.names[i]
+        x = run.apply(n.resid_pre, x)
+        h = lw.ln1(x, run, n.ln1_scale, n.ln1_normalized)
+        a = attention(lw.attn, h, cos, sin, masks, c.layer_windows[i], run, n.attn,
+                      num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                      scale=c.attn_scale, softcap=c.attn_softcap, explicit=explicit,
+                      cache_update=cache_update)
+        if lw.ln1_post is not None:
+            a = lw.ln1_post(a, run, n.ln1_post_scale, n.ln1_post_normalized)
+        x = run.apply(n.resid_mid, x + run.apply(n.attn_out, a))
+        h = lw.ln2(x, run, n.ln2_scale, n.ln2_normalized)
+        m = mlp(lw.mlp, h, self.act, run, n.mlp_pre, n.mlp_post)
+        if lw.ln2_post is not None:
+            m = lw.ln2_post(m, run, n.ln2_post_scale, n.ln2_post_normalized)
+        return run.apply(n.resid_post, x + run.apply(n.mlp_out, m))
+
+    def _check_schedule(self, schedule: tuple[int, ...], past: KVCache | None) -> None:
+        bad = [i for i in schedule if not 0 <= i < self.num_layers]
+        if bad:
+            raise MIError(f"layer_schedule has layers {bad} outside 0..{self.num_layers - 1}")
+        if past is not None:
+            if past.schedule is not None and past.schedule != schedule:
+                raise MIError(f"layer_schedule {list(schedule)} differs from the one this "
+                              f"KV cache was built with {list(past.schedule)}")
+            past.schedule = schedule
+
+    def _positions(self, batch: int, seq: int, offset: int, mask: torch.Tensor | None,
+                   past: KVCache | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(positions [batch, seq], key validity [batch, offset + seq] or None if no padding)."""
+        device = self.device
+        if mask is not None and mask.shape[1] == seq and offset > 0:  # mask of the new tokens only
+            prev = past.mask if past is not None and past.mask is not None else \
+                torch.ones((batch, offset), dtype=torch.bool, device=device)
+            mask = torch.cat([prev, mask.to(torch.bool)], dim=1)
+        if mask is None and past is not None and past.mask is not None:
+            mask = torch.cat([past.mask, torch.ones((batch, seq), dtype=torch.bool,
+                                                    device=device)], dim=1)
+        if mask is not None:
+            if tuple(mask.shape) != (batch, offset + seq):
+                raise MIError(f"attention_mask has shape {list(mask.shape)}; expected "
+                              f"{[batch, seq]} or {[batch, offset + seq]} (cached + new)")
+            mask = mask.to(device=device, dtype=torch.bool)
+            positions = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, offset:]
+            if bool(mask.all()):
+                mask = None
+        else:
+            positions = torch.arange(offset, offset + seq, device=device).expand(batch, seq)
+        if past is not None:
+            past.mask = mask
+        top = offset + seq
+        if self.max_positions is not None and top > self.max_positions and not self._warned_long:
+            self._warned_long = True
+            warnings.warn(f"sequence reaches position {top}, beyond the model's "
+                          f"max_position_embeddings {self.max_positions}: RoPE is extrapolated "
+                          f"and results may degrade", stacklevel=3)
+        return positions, mask
+
+    # -- pieces for analyses (logit lens, attribution) ---------------------------------
+    def final_norm(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        """The final norm of x [..., d_model]; `scale` [..., 1] replaces the computed divisor."""
+        return self.w.final_norm(x, scale=scale)
+
+    def unembed(self, normalized: torch.Tensor) -> torch.Tensor:
+        """[..., d_model] (after the final norm) -> logits [..., vocab], soft-capped if configured."""
+        logits = F.linear(normalized, self.w.lm_head)
+        cap = self.config.final_softcap
+        return torch.tanh(logits / cap) * cap if cap is not None else logits
+
+    def project_to_vocab(self, x: torch.Tensor) -> torch.Tensor:
+        """Residual stream [..., d_model] -> logits [..., vocab] (the logit lens)."""
+        return self.unembed(self.final_norm(x))
+
+    def get_weight(self, name: str, layer: int | None = None) -> torch.Tensor:
+        """A weight in TransformerLens naming and layout (a view where possible).
+
+        Global: W_E [vocab, d_model], W_U [d_model, vocab], ln_final.w / ln_final.b.
+        Per layer: W_Q [heads, d_model, d_head], W_K / W_V [kv_heads, d_model, d_head],
+        W_O [heads, d_head, d_model], b_Q [heads, d_head], b_K / b_V [kv_heads, d_head],
+        b_O [d_model], W_in / W_gate / W_up [d_model, d_mlp] (W_in is the gate when gated),
+        W_out [d_mlp, d_model], b_in / b_up / b_out, ln1.w / ln1.b / ln2.w / ln2.b
+        (as stored: not folded into the next weights; Gemma's gain is 1 + w).
+        """
+        c, w = self.config, self.w
+        if name == "W_E":
+            return w.embed
+        if name == "W_U":
+            return w.lm_head.T
+        if name in ("ln_final.w", "ln_final.b"):
+            return self._need(w.final_norm.weight if name.endswith("w") else w.final_norm.bias,
+                              name, None)
+        if layer is None or not 0 <= layer < c.num_layers:
+            raise WeightLoadError(f"weight {name!r} needs a layer in 0..{c.num_layers - 1}, "
+                                  f"got {layer}")
+        lw: LayerWeights = w.layers[layer]
+        a, m = lw.attn, lw.mlp
+        h, kv, hd, d = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
+        heads = lambda t, n: t.view(n, hd, d).transpose(1, 2)  # noqa: E731  [n, d_model, d_head]
+        getters: dict[str, Callable[[], torch.Tensor | None]] = {
+            "W_Q": lambda: heads(a.w_q, h), "W_K": lambda: heads(a.w_k, kv),
+            "W_V": lambda: heads(a.w_v, kv),
+            "W_O": lambda: a.w_o.view(d, h, hd).permute(1, 2, 0),
+            "b_Q": lambda: None if a.b_q is None else a.b_q.view(h, hd),
+            "b_K": lambda: None if a.b_k is None else a.b_k.view(kv, hd),
+            "b_V": lambda: None if a.b_v is None else a.b_v.view(kv, hd),
+            "b_O": lambda: a.b_o,
+            "W_in": lambda: m.w_in.T, "b_in": lambda: m.b_in,
+            "W_gate": lambda: m.w_in.T if m.w_up is not None else None,
+            "W_up": lambda: None if m.w_up is None else m.w_up.T, "b_up": lambda: m.b_up,
+            "W_out": lambda: m.w_out.T, "b_out": lambda: m.b_out,
+            "ln1.w": lambda: lw.ln1.weight, "ln1.b": lambda: lw.ln1.bias,
+            "ln2.w": lambda: lw.ln2.weight, "ln2.b": lambda: lw.ln2.bias,
+        }
+        if name not in getters:
+            raise WeightLoadError(f"unknown weight name {name!r}; known: W_E, W_U, ln_final.w, "
+                                  f"ln_final.b, {', '.join(getters)}")
+        return self._need(getters[name](), name, layer)
+
+    def _need(self, t: torch.Tensor | None, name: str, layer: int | None) -> torch.Tensor:
+        if t is None:
+            where = f" at layer {layer}" if layer is not None else ""
+            raise WeightLoadError(f"this {self.config.model_type} model has no {name}{where}")
+        return t
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"TransformerBackend({c.model_type}, layers={c.num_layers}, d_model="
+                f"{c.hidden_size}, heads={c.num_heads}/{c.num_kv_heads})")

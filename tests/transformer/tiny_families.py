@@ -1,0 +1,39 @@
+"""Tiny test model families (configs only); conftest.py builds and caches the checkpoints.
+
+A module of its own (not conftest) so that tests can import the names for parametrisation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+HIDDEN, LAYERS, HEADS, KV_HEADS, VOCAB, D_MLP = 64, 3, 4, 2, 128, 96
+WINDOW = 5  # sliding window shorter than the test prompts (seq 12..24)
+
+_COMMON: dict[str, Any] = dict(hidden_size=HIDDEN, intermediate_size=D_MLP, num_hidden_layers=LAYERS,
+                               num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+                               vocab_size=VOCAB, max_position_embeddings=64,
+                               pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+
+#: name -> (model_type, config overrides). Every family of issue 3, with the variants it names.
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("llama", {}),
+    "llama3_rope": ("llama", {"rope_scaling": _LLAMA3_ROPE, "rope_theta": 10000.0}),
+    "llama_linear_rope": ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    "qwen2_untied": ("qwen2", {"tie_word_embeddings": False}),
+    "qwen2_tied": ("qwen2", {"tie_word_embeddings": True}),
+    "qwen3": ("qwen3", {"head_dim": 16}),
+    "gemma": ("gemma", {"head_dim": 16}),
+    "gemma2": ("gemma2", {"head_dim": 16, "sliding_window": WINDOW, "query_pre_attn_scalar": 8,
+                          "attn_logit_softcapping": 2.0, "final_logit_softcapping": 5.0}),
+    "gemma3_text": ("gemma3_text", {"head_dim": 16, "sliding_window": WINDOW,
+                                    "query_pre_attn_scalar": 8,
+                                    "layer_types": ["sliding_attention", "full_attention",
+                                                    "sliding_attention"]}),
+    "phi3": ("phi3", {}),
+    "starcoder2": ("starcoder2", {}),
+    "mistral": ("mistral", {"sliding_window": WINDOW}),
+}
