@@ -138,8 +138,112 @@ def make_gemma_scope_2_clt() -> None:
               str(OUT / "gs2_clt_ref.safetensors"))
 
 
+VOCAB = ["<s>"] + [f"w{i}" for i in range(63)]
+PROMPT_IDS = [0, 5, 17, 9, 33, 21, 40, 12]  # BOS first: circuit-tracer keeps it as-is
+
+
+def _tiny_llama(d: Path):
+    """A tiny random LLaMA saved with transformers, and a word-level tokenizer for it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    cfg = LlamaConfig(vocab_size=len(VOCAB), hidden_size=16, intermediate_size=32,
+                      num_hidden_layers=L, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
+                      initializer_range=0.3, tie_word_embeddings=False, bos_token_id=0,
+                      eos_token_id=0, pad_token_id=0, hidden_act="silu")
+    torch.manual_seed(5)
+    hf = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # non-trivial norm gains
+        for n, p in hf.named_parameters():
+            if "norm" in n:
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+    hf.save_pretrained(str(d), safe_serialization=True)
+    tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<s>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="<s>",
+                                  pad_token="<s>", unk_token="<s>")
+    tok.save_pretrained(str(d))
+    from transformers import AutoTokenizer
+
+    return hf, AutoTokenizer.from_pretrained(str(d))  # TransformerLens wants name_or_path
+
+
+def _tl_replacement_model(hf, tok, clt):
+    """circuit-tracer's TransformerLens replacement model with the HF weights, converted by
+    TransformerLens' own LLaMA converter (no hub access)."""
+    from circuit_tracer.replacement_model.replacement_model_transformerlens import (
+        TransformerLensReplacementModel)
+    from transformer_lens import HookedTransformerConfig
+    from transformer_lens.pretrained.weight_conversions.llama import convert_llama_weights
+
+    c = hf.config
+    cfg = HookedTransformerConfig(
+        d_model=c.hidden_size, d_head=c.hidden_size // c.num_attention_heads,
+        n_heads=c.num_attention_heads, d_mlp=c.intermediate_size, n_layers=c.num_hidden_layers,
+        n_ctx=c.max_position_embeddings, eps=c.rms_norm_eps, d_vocab=c.vocab_size,
+        act_fn="silu", n_key_value_heads=c.num_key_value_heads, normalization_type="RMS",
+        positional_embedding_type="rotary", rotary_adjacent_pairs=False,
+        rotary_dim=c.hidden_size // c.num_attention_heads, rotary_base=c.rope_theta,
+        final_rms=True, gated_mlp=True, dtype=torch.float32, device="cpu",
+        model_name="tiny-llama", original_architecture="LlamaForCausalLM")
+    model = TransformerLensReplacementModel(cfg, tokenizer=tok)
+    model.load_and_process_state_dict(convert_llama_weights(hf, cfg), fold_ln=False,
+                                      center_writing_weights=False, center_unembed=False,
+                                      fold_value_biases=False, refactor_factored_attn_matrices=False)
+    model._configure_replacement_model(clt)
+    return model
+
+
 def make_attribution(out: Path) -> None:
-    raise NotImplementedError
+    from circuit_tracer import attribute
+    from circuit_tracer.graph import compute_graph_scores, prune_graph
+    from circuit_tracer.transcoder.cross_layer_transcoder import CrossLayerTranscoder, load_clt
+
+    md = out / "tiny_llama"
+    if md.exists():
+        shutil.rmtree(md)
+    hf, tok = _tiny_llama(md)
+    # A random JumpReLU CLT for it, saved with circuit-tracer's saver then re-loaded lazily.
+    g = torch.Generator().manual_seed(6)
+    clt = CrossLayerTranscoder(L, F, D, activation_function="jump_relu", lazy_decoder=False,
+                               device=torch.device("cpu"), dtype=torch.float32)
+    with torch.no_grad():
+        clt.W_enc.copy_(torch.randn(L, F, D, generator=g) / D ** 0.5)
+        clt.b_enc.copy_(torch.randn(L, F, generator=g) * 0.1)
+        clt.b_dec.copy_(torch.randn(L, D, generator=g) * 0.05)
+        for i in range(L):
+            clt.W_dec[i].copy_(torch.randn(F, L - i, D, generator=g) / F ** 0.5)
+        clt.activation_function.threshold.copy_(torch.rand(L, 1, F, generator=g) * 0.5)
+    cd = out / "attr_clt"
+    clt.to_safetensors(str(cd))
+    (cd / "config.yaml").write_text(yaml.safe_dump({
+        "model_kind": "cross_layer_transcoder", "feature_input_hook": "hook_resid_mid",
+        "feature_output_hook": "hook_mlp_out"}))
+    clt = load_clt(str(cd), device=torch.device("cpu"), dtype=torch.float32)
+
+    model = _tl_replacement_model(hf, tok, clt)
+    ids = torch.tensor(PROMPT_IDS)
+    with torch.no_grad():  # the conversion is faithful: TL logits == HF logits
+        diff = (model(ids[None]) - hf(ids[None]).logits).abs().max().item()
+    assert diff < 1e-4, diff
+    graph = attribute(ids, model, max_n_logits=5, desired_logit_prob=0.8, batch_size=16)
+    node_mask, edge_mask, cum = prune_graph(graph, node_threshold=0.8, edge_threshold=0.98)
+    replacement, completeness = compute_graph_scores(graph)
+    save_file({"adjacency": graph.adjacency_matrix.contiguous(),
+               "active_features": graph.active_features.contiguous(),
+               "activation_values": graph.activation_values.contiguous(),
+               "selected_features": graph.selected_features.contiguous(),
+               "logit_tokens": graph.logit_token_ids.contiguous(),
+               "logit_probabilities": graph.logit_probabilities.contiguous(),
+               "input_tokens": ids, "node_mask": node_mask.contiguous(),
+               "edge_mask": edge_mask.contiguous(), "cumulative_scores": cum.contiguous()},
+              str(out / "attr_ref.safetensors"))
+    (out / "attr_ref.json").write_text(json.dumps({
+        "circuit_tracer_version": __import__("circuit_tracer").__version__,
+        "node_threshold": 0.8, "edge_threshold": 0.98, "max_n_logits": 5,
+        "desired_logit_prob": 0.8, "replacement_score": replacement,
+        "completeness_score": completeness, "tl_vs_hf_logit_max_abs_diff": diff}, indent=2))
 
 
 def main() -> int:
