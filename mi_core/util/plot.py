@@ -37,9 +37,15 @@ def _save(fig: Any, path: str | Path) -> Path:
     return path
 
 
+def _printable(label: str) -> str:
+    """Tick labels: control characters escaped (fonts have no glyph for them)."""
+    return label if label.isprintable() else repr(label)[1:-1]
+
+
 def _heatmap(ax: Any, data: torch.Tensor, xlabels: Sequence[str], ylabels: Sequence[str],
              cmap: str, center: bool) -> Any:
     d = data.detach().float().cpu().numpy()
+    xlabels, ylabels = [_printable(x) for x in xlabels], [_printable(y) for y in ylabels]
     kw: dict[str, Any] = {"cmap": cmap, "aspect": "auto", "interpolation": "nearest"}
     if center:
         m = float(abs(d).max()) or 1.0

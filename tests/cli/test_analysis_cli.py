@@ -1,0 +1,98 @@
+"""The analysis subcommands, end to end through ``mi_core.cli.main.main`` on the fake model
+(the loader is replaced; the real-model run is in tests/cli/test_demo_smollm2.py)."""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+import mi_core as mi
+from mi_core.cli import analysis
+from mi_core.cli.main import main
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "interp"))
+from fake_backend import fake_model  # noqa: E402
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    m = fake_model()
+    monkeypatch.setattr(analysis, "load_model", lambda model, device="cpu": m)
+    return m
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_demo_prints_top5_lens_and_knockout_and_writes_json(fake, tmp_path, capsys):
+    out = tmp_path / "demo.json"
+    assert main(["demo", "--prompt", "hello there", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "top next tokens" in text and "logit lens" in text and "KL(baseline" in text
+    r = mi.from_json(out, analysis.DemoResult)
+    assert len(r.top_next) == 5 and len(r.logit_lens_top1) == fake.num_layers
+    top = fake.forward(fake.to_tokens("hello there")).output[0, -1].argmax()
+    assert r.top_next[0].token_id == int(top)
+    assert r.logit_lens_top1[-1][1] == r.top_next[0].token  # last lens layer == output
+
+
+def test_demo_without_default_model_fails_on_stderr(monkeypatch, capsys):
+    monkeypatch.setattr(analysis, "default_model_path", lambda: None)
+    assert main(["demo"]) == 1
+    err = capsys.readouterr().err
+    assert "no default model is available" in err and "Traceback" not in err
+
+
+def test_run_with_unloadable_model_is_a_clean_error(tmp_path, capsys):
+    bad = tmp_path / "empty"
+    bad.mkdir()
+    assert main(["run", "--model", str(bad), "--prompt", "x"]) == 1
+    assert "mi: error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,cls", [
+    (["logit-lens", "--mid", "--target", "a"], mi.LogitLensResult),
+    (["knockout", "--layers", "0-1", "--from", "-1", "--to", "0,1"], mi.AblationResult),
+    (["patch", "--corrupt", "jello", "--correct", "a", "--incorrect", "b"], mi.PatchingResult),
+    (["patch", "--corrupt", "jello", "--correct", "a", "--incorrect", "b", "--kind", "z",
+      "--method", "attribution"], mi.PatchingResult),
+    (["attention", "--layer", "1", "--head", "2"], analysis.AttentionResult),
+    (["steer", "--layers", "0,2", "--strengths", "0,1,3", "--target", "a"], mi.DoseResponseCurve),
+    (["heads", "--length", "5", "--batch", "2"], mi.interp.HeadDetectionResult),
+])
+def test_each_command_writes_json_and_a_png(fake, tmp_path, capsys, argv, cls):
+    js, png = tmp_path / "r.json", tmp_path / "r.png"
+    prompt = [] if argv[0] == "heads" else ["--prompt", "hello"]
+    assert main(argv + prompt + ["--json", str(js), "--plot", str(png)]) == 0
+    assert capsys.readouterr().out.strip()
+    mi.from_json(js, cls)
+    w, h = png_size(png)
+    assert w >= 300 and h >= 200
+
+
+def test_plot_to_html_is_one_file(fake, tmp_path):
+    html = tmp_path / "lens.html"
+    assert main(["logit-lens", "--prompt", "hi", "--plot", str(html)]) == 0
+    assert "data:image/png;base64," in html.read_text()
+    assert not (tmp_path / "lens.png").exists()
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["knockout", "--prompt", "hi", "--to", "9"], "out of range"),
+    (["knockout", "--prompt", "hi", "--heads", "8", "--to", "0"], "head 8 out of range"),
+    (["attention", "--prompt", "hi", "--layer", "7"], "layer 7 out of range"),
+    (["patch", "--prompt", "hi", "--corrupt", "hello", "--correct", "a", "--incorrect", "b"],
+     "same token length"),
+    (["patch", "--prompt", "hi", "--corrupt", "ho"], "--correct"),
+])
+def test_bad_input_is_a_one_line_error(fake, capsys, argv, msg):
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err
