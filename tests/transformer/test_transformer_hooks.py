@@ -1,0 +1,181 @@
+"""Hook points: documented shapes, capture, every intervention kind, and the semantics other
+code relies on (frozen norms / attention via Replace, outputs feeding the residual)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mi_core as mi
+from mi_core.errors import InterventionError
+
+SEQ = 10
+
+
+def _all_points(model: mi.MIModel) -> list[mi.HookPoint]:
+    return model.hook_points()
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2", "qwen3", "starcoder2"])
+def test_every_hook_point_is_captured_with_its_documented_shape(tiny, make_ids, name):
+    model = tiny(name).load()
+    ids = make_ids(2, SEQ)
+    points = _all_points(model)
+    cache = model.forward(ids, mi.HookSpec().capture_all(points))
+    assert len(cache) == len(points)
+    for hp in points:
+        want = tuple(SEQ if s == -1 else s for s in model.backend.hook_shape(hp, 2, SEQ))
+        assert tuple(cache[hp].shape) == want, hp.name
+
+
+def test_documented_shapes_in_tl_conventions(llama_model, make_ids):
+    ids = make_ids(2, SEQ)
+    be = llama_model.backend
+    b, s, h, kv, hd, d = 2, SEQ, be.num_heads, be.num_kv_heads, be.d_head, be.hidden_size
+    expect = {
+        "blocks.1.attn.hook_q": (b, s, h, hd), "blocks.1.attn.hook_k": (b, s, kv, hd),
+        "blocks.1.attn.hook_v": (b, s, kv, hd), "blocks.1.attn.hook_rot_q": (b, s, h, hd),
+        "blocks.1.attn.hook_attn_scores": (b, h, s, s), "blocks.1.attn.hook_pattern": (b, h, s, s),
+        "blocks.1.attn.hook_z": (b, s, h, hd), "blocks.1.attn.hook_result": (b, s, h, d),
+        "blocks.1.ln1.hook_scale": (b, s, 1), "blocks.1.mlp.hook_pre": (b, s, be.d_mlp),
+        "blocks.1.mlp.hook_post": (b, s, be.d_mlp), "hook_final_norm": (b, s, d),
+    }
+    cache = llama_model.forward(ids, mi.HookSpec().capture_all(expect))
+    for name, shape in expect.items():
+        assert tuple(cache[name].shape) == shape, name
+
+
+def test_identity_replace_at_every_point_keeps_the_logits(llama_model, make_ids):
+    ids = make_ids(2, SEQ)
+    base = llama_model.forward(ids, mi.HookSpec().capture_all(_all_points(llama_model)))
+    for hp in _all_points(llama_model):
+        out = llama_model.forward(ids, mi.HookSpec().intervene(hp, mi.Replace(base[hp].clone())))
+        assert (out.output - base.output).abs().max().item() < 1e-4, hp.name
+
+
+@pytest.mark.parametrize("kind", ["add", "scale", "zero", "callable"])
+def test_every_intervention_kind_changes_the_logits_at_every_point(llama_model, make_ids, kind):
+    ids = make_ids(2, SEQ)
+    base = llama_model.forward(ids).output
+    g = torch.Generator().manual_seed(0)
+    for hp in _all_points(llama_model):
+        if hp.layer is not None and hp.layer != 1:  # one layer is enough; all kinds of point
+            continue
+        shape = tuple(SEQ if s == -1 else s for s in llama_model.backend.hook_shape(hp, 2, SEQ))
+        iv = {"add": lambda: mi.Add(torch.randn(shape, generator=g)),
+              "scale": lambda: mi.Scale(0.5),
+              "zero": lambda: mi.Zero(),
+              "callable": lambda: (lambda t, hook: t * 0.5 + 0.1)}[kind]()
+        if kind == "zero" and hp.suffix.endswith("hook_scale"):
+            iv = mi.Scale(2.0)  # a zero divisor is not a meaningful intervention
+        out = llama_model.forward(ids, mi.HookSpec().intervene(hp, iv)).output
+        assert torch.isfinite(out).all(), hp.name
+        assert (out - base).abs().max().item() > 1e-4, (kind, hp.name)
+
+
+def test_hook_result_sums_over_heads_to_the_attention_output(llama_model, make_ids):
+    ids = make_ids(2, SEQ)
+    cache = llama_model.forward(ids, mi.HookSpec().capture("blocks.0.attn.hook_result")
+                                .capture("blocks.0.hook_attn_out"))
+    total = cache["blocks.0.attn.hook_result"].sum(dim=2)
+    assert (total - cache["blocks.0.hook_attn_out"]).abs().max().item() < 1e-5
+
+
+def test_hook_result_is_only_computed_when_requested(llama_model, make_ids, monkeypatch):
+    import mi_transformer.attention as attn
+
+    def boom(*a, **k):
+        raise AssertionError("per-head result computed without being requested")
+
+    monkeypatch.setattr(attn.torch, "einsum", boom)
+    cache = llama_model.forward(make_ids(1, SEQ), mi.HookSpec().capture("blocks.0.attn.hook_z"))
+    assert "blocks.0.attn.hook_result" not in cache
+
+
+def test_knockout_of_all_keys_gives_zero_not_nan(llama_model, make_ids):
+    ids = make_ids(2, SEQ)
+    mask = torch.full((SEQ, SEQ), float("-inf"))
+    hooks = (mi.HookSpec().intervene("blocks.0.attn.hook_attn_scores", mi.Knockout(mask))
+             .capture("blocks.0.attn.hook_z").capture("blocks.0.attn.hook_pattern"))
+    cache = llama_model.forward(ids, hooks)
+    assert torch.isfinite(cache.output).all()
+    assert cache["blocks.0.attn.hook_pattern"].abs().max().item() == 0.0
+    assert cache["blocks.0.attn.hook_z"].abs().max().item() == 0.0
+
+
+def test_knockout_of_one_edge_renormalises_the_rest(llama_model, make_ids):
+    ids = make_ids(1, SEQ)
+    pat = "blocks.1.attn.hook_pattern"
+    before = llama_model.forward(ids, mi.HookSpec().capture(pat))[pat]
+    mask = torch.zeros(SEQ, SEQ)
+    mask[-1, 0] = float("-inf")
+    after = llama_model.forward(ids, mi.HookSpec().intervene("blocks.1.attn.hook_scores",
+                                                             mi.Knockout(mask)).capture(pat))[pat]
+    row = before[0, :, -1].clone()
+    row[:, 0] = 0
+    assert (after[0, :, -1] - row / row.sum(-1, keepdim=True)).abs().max().item() < 1e-6
+
+
+def test_replacing_the_norm_scale_freezes_the_norm(llama_model, make_ids):
+    """A Replace at ln*.hook_scale is the divisor actually used (attribution freezes norms so)."""
+    ids = make_ids(2, SEQ)
+    names = ("blocks.1.ln2.hook_scale", "blocks.1.ln2.hook_normalized")
+    base = llama_model.forward(ids, mi.HookSpec().capture_all(names))
+    doubled = mi.HookSpec().intervene(names[0], mi.Replace(2 * base[names[0]])).capture(names[1])
+    out = llama_model.forward(ids, doubled)
+    assert (out[names[1]] - base[names[1]] / 2).abs().max().item() < 1e-6
+
+
+def test_replacing_the_pattern_freezes_attention(llama_model, make_ids):
+    """z is computed from the pattern returned by the hook (explicit path uses it)."""
+    ids, other = make_ids(1, SEQ, seed=1), make_ids(1, SEQ, seed=2)
+    pat, v, z = "blocks.1.attn.hook_pattern", "blocks.1.attn.hook_v", "blocks.1.attn.hook_z"
+    p_other = llama_model.forward(other, mi.HookSpec().capture(pat))[pat]
+    cache = llama_model.forward(ids, mi.HookSpec().intervene(pat, mi.Replace(p_other))
+                                .capture(v).capture(z))
+    groups = llama_model.num_heads // llama_model.num_kv_heads
+    vv = cache[v].repeat_interleave(groups, dim=2).transpose(1, 2)  # [b, h, s, d]
+    want = torch.matmul(p_other, vv).transpose(1, 2)
+    assert (cache[z] - want).abs().max().item() < 1e-5
+
+
+def test_attn_out_and_mlp_out_interventions_feed_the_residual(llama_model, make_ids):
+    ids = make_ids(2, SEQ)
+    hooks = (mi.HookSpec().intervene("blocks.1.hook_mlp_out", mi.Zero())
+             .intervene("blocks.1.hook_attn_out", mi.Zero())
+             .capture("blocks.1.hook_resid_pre").capture("blocks.1.hook_resid_post"))
+    cache = llama_model.forward(ids, hooks)
+    assert torch.equal(cache["blocks.1.hook_resid_pre"], cache["blocks.1.hook_resid_post"])
+
+
+def test_gated_mlp_hooks_are_neuron_space_gate_and_act_times_up(llama_model, make_ids):
+    ids = make_ids(1, SEQ)
+    names = ["blocks.0.ln2.hook_normalized", "blocks.0.mlp.hook_pre", "blocks.0.mlp.hook_post",
+             "blocks.0.hook_mlp_out"]
+    c = llama_model.forward(ids, mi.HookSpec().capture_all(names))
+    x = c[names[0]]
+    be = llama_model.backend
+    assert (c[names[1]] - x @ be.get_weight("W_gate", 0)).abs().max().item() < 1e-5
+    want_post = F.silu(c[names[1]]) * (x @ be.get_weight("W_up", 0))
+    assert (c[names[2]] - want_post).abs().max().item() < 1e-5
+    assert (c[names[3]] - c[names[2]] @ be.get_weight("W_out", 0)).abs().max().item() < 1e-5
+
+
+def test_post_norm_models_apply_the_post_norm_before_attn_out(tiny, make_ids):
+    model = tiny("gemma2").load()
+    names = ["blocks.0.ln1_post.hook_normalized", "blocks.0.hook_attn_out"]
+    c = model.forward(make_ids(1, SEQ), mi.HookSpec().capture_all(names))
+    assert torch.equal(c[names[0]], c[names[1]])
+
+
+def test_wrongly_shaped_operand_is_rejected_before_compute(llama_model, make_ids):
+    with pytest.raises(InterventionError, match="blocks.0.hook_resid_post"):
+        llama_model.forward(make_ids(2, SEQ),
+                            mi.HookSpec().intervene("blocks.0.hook_resid_post",
+                                                    mi.Add(torch.zeros(SEQ, 7))))
+
+
+def test_unknown_layer_is_an_error_before_compute(llama_model, make_ids):
+    with pytest.raises(mi.HookError, match="out of range"):
+        llama_model.forward(make_ids(1, SEQ), mi.HookSpec().capture("blocks.9.hook_resid_post"))
