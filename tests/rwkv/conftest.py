@@ -1,0 +1,50 @@
+"""Fixtures: tiny random RWKV-6 / RWKV-7 checkpoints (2 layers, hidden 128, head size 64)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import rwkv_ckpt  # noqa: E402
+
+import mi_core as mi  # noqa: E402
+
+LAYERS, HIDDEN, HEAD, VOCAB = 2, 128, 64, 300
+
+
+@pytest.fixture(scope="session")
+def v6_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("rwkv6")
+    return rwkv_ckpt.write_checkpoint(d, rwkv_ckpt.v6_tensors(LAYERS, HIDDEN, HEAD, VOCAB),
+                                      rwkv_ckpt.v6_config(LAYERS, HIDDEN, HEAD, VOCAB))
+
+
+@pytest.fixture(scope="session")
+def v7_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("rwkv7")
+    return rwkv_ckpt.write_checkpoint(d, rwkv_ckpt.v7_tensors(LAYERS, HIDDEN, HEAD, VOCAB),
+                                      rwkv_ckpt.v7_config(LAYERS, HIDDEN, HEAD, VOCAB))
+
+
+@pytest.fixture(scope="session")
+def v6_model(v6_dir: Path) -> mi.MIModel:
+    return mi.MIModel.from_pretrained(v6_dir)
+
+
+@pytest.fixture(scope="session")
+def v7_model(v7_dir: Path) -> mi.MIModel:
+    return mi.MIModel.from_pretrained(v7_dir)
+
+
+@pytest.fixture(params=["v6", "v7"])
+def model(request: pytest.FixtureRequest) -> mi.MIModel:
+    return request.getfixturevalue(f"{request.param}_model")
+
+
+def random_ids(batch: int, seq: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
