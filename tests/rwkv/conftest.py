@@ -48,3 +48,13 @@ def model(request: pytest.FixtureRequest) -> mi.MIModel:
 
 def random_ids(batch: int, seq: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="session")
+def world_vocab() -> Path:
+    """The real World vocabulary file shipped inside the `rwkv` package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("rwkv")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(list(spec.submodule_search_locations)[0]) / "rwkv_vocab_v20230424.txt"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mi_core.errors import UnsupportedModelError
+from mi_core.errors import ConfigError, UnsupportedModelError
 from mi_core.hookspecs import hookimpl
 from mi_core.registry import BackendSpec, Detection, ModelSource, TokenizerSpec
 
-from mi_rwkv.config import rwkv_version
+from mi_rwkv.config import parse_v6, parse_v7, rwkv_version
 from mi_rwkv.loading import load_rwkv6, load_rwkv7
 from mi_rwkv.tokenizer import VOCAB_FILE, detect_world_vocab, load_world_vocab
 
@@ -52,13 +52,10 @@ def mi_detect_backend(source: ModelSource) -> list[Detection]:
     if missing:
         return [Detection(name, 0.0, f"RWKV-{version} config but the tensor names do not match "
                                      "the expected format", missing=missing)]
-    if version == 6 and source.config:
-        try:
-            hidden, head = int(source.config["hidden_size"]), int(source.config.get("head_size") or 64)
-        except (KeyError, TypeError, ValueError) as exc:
-            return [Detection(name, 0.0, f"config.json: bad or missing field: {exc}")]
-        if hidden % head:
-            return [Detection(name, 0.0, f"head size {head} does not divide hidden size {hidden}")]
+    try:
+        (parse_v6 if version == 6 else parse_v7)(source.config or {}, source.tensor_shapes)
+    except (ConfigError, TypeError, ValueError) as exc:
+        return [Detection(name, 0.0, f"RWKV-{version} config.json: {exc}")]
     return [Detection(name, 1.0, f"RWKV-{version} checkpoint (model_type and tensor names)")]
 
 

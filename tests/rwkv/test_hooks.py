@@ -1,0 +1,76 @@
+"""Hook points: the list, capture shapes, interventions at embedding / residual points."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import random_ids
+
+import mi_core as mi
+
+
+def test_hook_points_cover_the_documented_rwkv_points(model: mi.MIModel) -> None:
+    names = {p.name for p in model.hook_points()}
+    for i in range(model.num_layers):
+        for s in ("hook_resid_pre", "hook_resid_post", "rwkv.hook_state", "rwkv.hook_decay",
+                  "rwkv.hook_effective_attn", "hook_attn_out", "hook_mlp_out", "hook_resid_mid"):
+            assert f"blocks.{i}.{s}" in names
+    assert "hook_embed" in names and "ln_final.hook_normalized" in names
+
+
+def test_every_capture_has_the_declared_shape(model: mi.MIModel) -> None:
+    ids = random_ids(2, 6)
+    _, cache = model.run_with_cache(ids)
+    for p in model.hook_points():
+        assert tuple(cache[p].shape) == model.backend.hook_shape(p, 2, 6), p.name
+
+
+def test_final_norm_alias_and_resid_post_project_to_the_logits(model: mi.MIModel) -> None:
+    ids = random_ids(1, 5)
+    last = f"blocks.{model.num_layers - 1}.hook_resid_post"
+    c = model.forward(ids, mi.HookSpec().capture("hook_final_norm").capture(last))
+    assert (model.project_to_vocab(c[last]) - c.output).abs().max().item() < 1e-5
+    assert c["ln_final.hook_normalized"].shape == (1, 5, model.hidden_size)
+
+
+@pytest.mark.parametrize("point", ["hook_embed", "blocks.0.hook_resid_pre", "blocks.0.hook_resid_mid",
+                                   "blocks.1.hook_resid_post", "blocks.1.hook_attn_out",
+                                   "blocks.0.hook_mlp_out"])
+def test_interventions_at_embedding_and_residual_points_change_the_output(
+        model: mi.MIModel, point: str) -> None:
+    ids = random_ids(1, 6)
+    base = model.forward(ids).output
+    # (Add, not Scale: the layer norms make every point scale-invariant downstream.)
+    delta = torch.randn(model.hidden_size, generator=torch.Generator().manual_seed(3))
+    out = model.forward(ids, mi.HookSpec().intervene(point, mi.Add(delta))).output
+    assert (out - base).abs().max().item() > 1e-3
+
+
+def test_replacing_the_last_residual_sets_the_logits(model: mi.MIModel) -> None:
+    ids = random_ids(1, 4)
+    x = torch.randn(1, 4, model.hidden_size)
+    last = f"blocks.{model.num_layers - 1}.hook_resid_post"
+    out = model.forward(ids, mi.HookSpec().intervene(last, mi.Replace(x))).output
+    assert (out - model.project_to_vocab(x)).abs().max().item() < 1e-5
+
+
+def test_decay_of_one_and_zero_keys_freezes_the_state(model: mi.MIModel) -> None:
+    """With decay 1 and every key zeroed the WKV state stays at zero."""
+    ids = random_ids(1, 5)
+    spec = (mi.HookSpec().intervene("blocks.0.rwkv.hook_decay", lambda t, h: torch.ones_like(t))
+            .intervene("blocks.0.attn.hook_k", mi.Zero()).capture("blocks.0.rwkv.hook_state")
+            .capture("blocks.0.rwkv.hook_decay"))
+    c = model.forward(ids, spec)
+    assert c["blocks.0.rwkv.hook_state"].abs().max().item() == 0.0
+    assert torch.all(c["blocks.0.rwkv.hook_decay"] == 1.0)
+
+
+def test_bad_operand_shape_and_unknown_layer_are_errors_before_compute(model: mi.MIModel) -> None:
+    ids = random_ids(1, 4)
+    with pytest.raises(mi.InterventionError):
+        model.forward(ids, mi.HookSpec().intervene("blocks.0.rwkv.hook_state", mi.Add(torch.ones(3, 3))))
+    with pytest.raises(mi.HookError, match="out of range"):
+        model.forward(ids, mi.HookSpec().capture(f"blocks.{model.num_layers}.hook_resid_post"))
+    with pytest.raises(mi.InterventionError):
+        model.forward(ids, mi.HookSpec().set_state_knockout(mi.StateKnockoutSpec(positions=[0]).layer(9)))
