@@ -235,6 +235,21 @@ class CrossLayerTranscoder:
         x = torch.stack([cache[self.input_hook(i)][0] for i in range(self.n_layers)])
         return self.encode(x), cache.output
 
+    # -- interventions (see mi_clt.interventions) -----------------------------------------
+    def cache_steering_vectors_all_downstream(self, features: Sequence[CltFeatureId]
+                                              ) -> dict[CltFeatureId, torch.Tensor]:
+        """{feature: decoder vectors [n_targets, d_model]} at every layer it writes to (cached)."""
+        from mi_clt.interventions import cache_steering_vectors_all_downstream
+
+        return cache_steering_vectors_all_downstream(self, features)
+
+    def prepare_hook_injection(self, injections: Sequence[object], seq_len: int,
+                               hooks: object | None = None) -> object:
+        """HookSpec of ``Add`` at the output hooks for (feature, position, strength) triples."""
+        from mi_clt.interventions import prepare_hook_injection
+
+        return prepare_hook_injection(self, injections, seq_len, hooks)  # type: ignore[arg-type]
+
     def __repr__(self) -> str:
         return (f"CrossLayerTranscoder({self.files.kind}, n_layers={self.n_layers}, "
                 f"d_model={self.d_model}, d_features={self.d_features}, {self.activation}, "
