@@ -167,3 +167,22 @@ def test_pre_6_finetuning_scaling_factor_scales_features_before_decoding(tmp_pat
     expected = (f * w["scaling_factor"]) @ w["W_dec"] + w["b_dec"]  # pre-6.0 SAELens decode
     torch.testing.assert_close(ours.reconstruct(x), expected, atol=TOL, rtol=0)
     torch.testing.assert_close(ours.decode(ours.encode_sparse(x)), expected, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["standard", "topk_rescale", "gated", "jumprelu_skip_transcoder"])
+def test_our_saelens_writer_is_read_back_by_sae_lens(case: str, tmp_path: Path) -> None:
+    from mi_sae.formats.saelens import save
+
+    ref = CASES[case]()
+    _randomise(ref, seed=5)
+    ref.save_model(tmp_path / "a")
+    ours = mi.load_dictionary(tmp_path / "a")
+    save(ours, tmp_path / "b")
+    back = SAE.load_from_disk(tmp_path / "b")  # sae-lens reads what we wrote
+    assert back.cfg.architecture() == ref.cfg.architecture()
+    x = torch.randn(6, D_IN, generator=torch.Generator().manual_seed(4))
+    f_ref, out_ref = _ref_forward(ref, x)
+    f_back, out_back = _ref_forward(back, x)
+    torch.testing.assert_close(f_back, f_ref, atol=0, rtol=0)
+    torch.testing.assert_close(out_back, out_ref, atol=0, rtol=0)
+    assert back.cfg.metadata.hook_name == str(ours.hook_point)

@@ -119,3 +119,56 @@ FORMAT = DictionaryFormat(
     looks_for=f"{CFG} + {WEIGHTS} (SAELens save_model)",
     hub_patterns=[CFG, WEIGHTS],
 )
+
+
+#: (activation, transcoder, skip) -> SAELens architecture name, for writing.
+_ARCH_OF = {v: k for k, v in ARCHITECTURES.items()}
+
+#: SAELens format version whose cfg.json layout `save` writes (6.x: fields + `metadata`).
+SAELENS_FORMAT_VERSION = "6.54.0"
+
+
+def save(sae: SparseAutoencoder, folder: str | Path) -> Path:
+    """Write `sae` as a SAELens 6.x folder (``cfg.json`` + ``sae_weights.safetensors``).
+
+    Raises DictionaryError for what SAELens cannot express (groupmax, dataset-wise input
+    scaling, a pre-6.0 feature scaling factor).
+    """
+    import json
+
+    from safetensors.torch import save_file
+
+    c = sae.cfg
+    arch = _ARCH_OF.get((c.activation, c.transcoder, sae.W_skip is not None))
+    if arch is None:
+        raise DictionaryError(f"SAELens has no architecture for activation={c.activation!r}, "
+                              f"transcoder={c.transcoder}, skip={sae.W_skip is not None}")
+    if c.input_scale != 1.0 or c.output_scale not in (None, 1.0):
+        raise DictionaryError("SAELens cfg.json cannot express dataset-wise input scaling")
+    if sae._feature_scale is not None and not c.rescale_acts_by_decoder_norm:
+        raise DictionaryError("SAELens 6.x cannot express a per-feature scaling factor")
+    meta: dict[str, Any] = {"sae_lens_version": SAELENS_FORMAT_VERSION,
+                            "hook_name": str(sae.hook_point) if sae.hook_point else None}
+    if sae.hook_point_out is not None:
+        meta["hook_name_out"] = str(sae.hook_point_out)
+    cfg: dict[str, Any] = {
+        "architecture": arch, "d_in": c.d_in, "d_sae": c.d_sae,
+        "dtype": str(sae.dtype).removeprefix("torch."), "device": "cpu",
+        "apply_b_dec_to_input": c.apply_b_dec_to_input,
+        "normalize_activations": c.normalize_activations,
+        "reshape_activations": "hook_z" if c.reshape_hook_z else "none", "metadata": meta,
+    }
+    if c.k is not None:
+        cfg["k"] = c.k
+    if c.activation in ("topk", "abstopk"):
+        cfg["rescale_acts_by_decoder_norm"] = c.rescale_acts_by_decoder_norm
+    if c.transcoder:
+        cfg["d_out"] = sae.d_out
+    names = ("W_enc", "W_dec", "b_enc", "b_dec", "threshold", "b_gate", "b_mag", "r_mag", "W_skip")
+    tensors = {n: getattr(sae, n).detach().contiguous().cpu() for n in names
+               if getattr(sae, n) is not None}
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CFG).write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    save_file(tensors, str(out / WEIGHTS))
+    return out
