@@ -29,7 +29,9 @@ def default_model_path() -> str | None:
     """The default model a plugin embeds (``mi_default_model`` hook), or None."""
     from mi_core import plugins
 
-    for path in plugins.get_plugin_manager().hook.mi_default_model():
+    found = plugins.get_plugin_manager().hook.mi_default_model()
+    # the hookspec is firstresult (one path or None); accept a list too
+    for path in [found] if isinstance(found, (str, Path)) or found is None else found:
         if path:
             return str(path)
     return None

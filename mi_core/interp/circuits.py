@@ -4,7 +4,8 @@ detection from attention patterns (previous-token, duplicate-token, induction).
 Weights come from ``model.backend.get_weight(name, layer)`` in TransformerLens names and
 shapes (W_Q [H, D, dh], W_K / W_V [H_kv, D, dh], W_O [H, dh, D]); with grouped-query
 attention, query head ``h`` uses kv head ``h // (H / H_kv)``. Norm weights are not folded
-in unless ``fold_ln=True`` (then ``ln1.w`` scales the rows of W_Q, W_K and W_V).
+in unless ``fold_ln=True`` (then ``ln1.w`` scales the rows of W_Q, W_K and W_V; for
+Gemma-style norms whose gain is ``1 + w`` this fold is not the true gain).
 """
 
 from __future__ import annotations

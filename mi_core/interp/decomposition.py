@@ -6,7 +6,8 @@ captured on the run (``ln_final.hook_scale``), the final norm is affine in its i
 each component's contribution to the logits is well defined:
 ``attr(c) = unembed(norm(c) - norm(0))`` with ``norm(x) = backend.final_norm(x, scale)``.
 The constant ``unembed(norm(0)) + b_U`` is the remainder that makes the attributions sum
-to the logits.
+to the logits. Attributions use ``W_U`` directly when the backend has ``get_weight`` (so
+they are linear; a logit soft-cap, as in Gemma 2, is then part of the remainder).
 """
 
 from __future__ import annotations
@@ -153,6 +154,11 @@ def logit_attrs(model: MIModel, stack: torch.Tensor, cache: HookCache, token: in
     seq = stack.shape[2]
     p = norm_position(position, seq)
     normed = apply_ln_to_stack(model, stack[:, :, p], cache, p)  # [n, b, d]
+    w_u = _weight(model, "W_U", None, optional=True)  # [d, vocab]
+    if w_u is not None:  # linear in the component (logit soft-capping is not applied)
+        cols = [token] + ([incorrect] if incorrect is not None else [])
+        lg = normed @ w_u[:, cols].to(normed.dtype)
+        return lg[..., 0] - (lg[..., 1] if incorrect is not None else 0.0)
     logits = model.backend.unembed(normed) - model.backend.unembed(torch.zeros_like(normed[:1]))
     out = logits[..., token]
     if incorrect is not None:
