@@ -36,7 +36,7 @@ def make_tokenizer() -> HFTokenizer:
 
 
 class ToyBackend:
-    name = "toy"
+    name = "mi_probing_toy"
 
     def __init__(self, num_layers: int = 3, d_model: int = 16, seed: int = 0,
                  device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> None:
@@ -95,9 +95,10 @@ def _load(source: ModelSource, device: torch.device, dtype: torch.dtype) -> ToyB
 class ToyPlugin:
     @hookimpl
     def mi_register_backends(self) -> list[BackendSpec]:
-        return [BackendSpec("toy", _load, "mi-probing test toy")]
+        return [BackendSpec("mi_probing_toy", _load, "mi-probing test toy")]
 
     @hookimpl
     def mi_detect_backend(self, source: ModelSource) -> Detection | None:
         ok = (source.config or {}).get("model_type") == MODEL_TYPE
-        return Detection("toy", 1.0 if ok else 0.0, "toy config" if ok else "not a toy config")
+        return Detection("mi_probing_toy", 1.0 if ok else 0.0,
+                         "toy config" if ok else "not a toy config")

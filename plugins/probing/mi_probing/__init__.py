@@ -3,38 +3,66 @@
 Collect per-prompt activations (:func:`collect_activations`), train probes scored against
 shuffled-label baselines (:func:`fit_probe`, :func:`probe_model` for many hook points),
 plot the curve (:func:`plot_sweep`) and steer along a probe's direction
-(:func:`probe_direction`, :func:`steer_with_probe`, :func:`dose_response`).
+(:func:`probe_direction`, :func:`steer_with_probe`, :func:`probe_steering_spec` for the
+interp toolkit's dose-response, :func:`mean_dose_response` over many prompts).
 """
 
-from mi_probing.collect import ActivationSet, Position, collect_activations
-from mi_probing.data import LabelledDataset, load_jsonl
-from mi_probing.direction import (
-    DoseResponse,
-    dose_response,
-    last_token_logit_diff,
-    model_space_weights,
-    probe_direction,
-    steer_with_probe,
-    steering_hooks,
-)
-from mi_probing.errors import ProbingError
-from mi_probing.plot import plot_sweep
-from mi_probing.probes import ProbeResult, ProbeScore, fit_probe
-from mi_probing.sweep import (
-    CurvePoint,
-    SweepResult,
-    expand_hooks,
-    layer_hooks,
-    probe_activations,
-    probe_model,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Names load on first use: the CLI plugin hook imports this package, and `mi --help` should
+# not pay for scikit-learn and matplotlib.
+_LAZY = {
+    "mi_probing.collect": ("ActivationSet", "Position", "collect_activations"),
+    "mi_probing.data": ("LabelledDataset", "load_jsonl"),
+    "mi_probing.direction": ("DoseResponse", "last_token_logit_diff", "mean_dose_response",
+                             "model_space_weights", "probe_direction", "probe_steering_spec",
+                             "steer_with_probe", "steering_hooks"),
+    "mi_probing.errors": ("ProbingError",),
+    "mi_probing.plot": ("plot_sweep",),
+    "mi_probing.probes": ("ProbeResult", "ProbeScore", "fit_probe"),
+    "mi_probing.sweep": ("CurvePoint", "SweepResult", "expand_hooks", "layer_hooks",
+                         "probe_activations", "probe_model"),
+}
+_WHERE = {name: mod for mod, names in _LAZY.items() for name in names}
+
+if TYPE_CHECKING:
+    from mi_probing.collect import ActivationSet, Position, collect_activations
+    from mi_probing.data import LabelledDataset, load_jsonl
+    from mi_probing.direction import (
+        DoseResponse, last_token_logit_diff, mean_dose_response, model_space_weights,
+        probe_direction, probe_steering_spec, steer_with_probe, steering_hooks,
+    )
+    from mi_probing.errors import ProbingError
+    from mi_probing.plot import plot_sweep
+    from mi_probing.probes import ProbeResult, ProbeScore, fit_probe
+    from mi_probing.sweep import (
+        CurvePoint, SweepResult, expand_hooks, layer_hooks, probe_activations, probe_model,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    mod = _WHERE.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'mi_probing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_WHERE))
+
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ActivationSet", "CurvePoint", "DoseResponse", "LabelledDataset", "Position",
     "ProbeResult", "ProbeScore", "ProbingError", "SweepResult", "collect_activations",
-    "dose_response", "expand_hooks", "fit_probe", "last_token_logit_diff", "layer_hooks",
-    "load_jsonl", "model_space_weights", "plot_sweep", "probe_activations", "probe_direction",
-    "probe_model", "steer_with_probe", "steering_hooks",
+    "expand_hooks", "fit_probe", "last_token_logit_diff", "layer_hooks", "load_jsonl",
+    "mean_dose_response", "model_space_weights", "plot_sweep", "probe_activations",
+    "probe_direction", "probe_model", "probe_steering_spec", "steer_with_probe",
+    "steering_hooks",
 ]

@@ -1,5 +1,9 @@
 """From a probe to a steering direction in model space, and its dose-response.
 
+Single-prompt dose-response (KL, top token, target probability) is the interp toolkit's
+:func:`mi_core.interp.dose_response`; :func:`probe_steering_spec` gives it a probe's
+direction. :func:`mean_dose_response` here averages any metric over many prompts.
+
 A probe scores standardised activations: ``logit = sum_j coef_j (x_j - mean_j) / scale_j + b``.
 Its gradient with respect to the raw activation x is ``coef / scale``, so that (not ``coef``)
 is the model-space direction that moves the probe's logit fastest per unit of norm; the
@@ -9,7 +13,7 @@ the probe's logit by ``alpha * |coef / scale|`` at the probed point.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import attrs
 import numpy as np
@@ -21,6 +25,9 @@ from mi_core.hooks import HookCache, HookLike, HookPoint, HookSpec
 from mi_core.interventions import Add
 from mi_probing.errors import ProbingError
 from mi_probing.probes import ProbeResult
+
+if TYPE_CHECKING:
+    from mi_core.interp.steering import SteeringSpec
 
 
 def model_space_weights(probe: ProbeResult) -> np.ndarray:
@@ -79,6 +86,22 @@ def steer_with_probe(probe: ProbeResult, scale: float, target: Any = None,
     return steering_hooks(probe_direction(probe, target), probe.hook, scale, hooks)
 
 
+def probe_steering_spec(probe: ProbeResult, strength: float = 1.0, target: Any = None,
+                        positions: Sequence[int] | None = None) -> "SteeringSpec":
+    """A residual :class:`mi_core.interp.SteeringSpec` along `probe`'s direction at its
+    layer point (e.g. ``blocks.14.hook_resid_post``), for :func:`mi_core.interp.dose_response`
+    and :func:`mi_core.interp.apply_steering`. Needs a per-layer probe on d_model features."""
+    from mi_core.interp.steering import SteeringSpec
+
+    hp = HookPoint.parse(probe.hook) if probe.hook else None
+    if hp is None or hp.layer is None or len(probe.feature_shape) != 1:
+        raise ProbingError(f"residual steering needs a probe at a per-layer point with "
+                           f"[d_model] features; this one is at {probe.hook or '?'} with "
+                           f"features {probe.feature_shape} (use steering_hooks instead)")
+    return SteeringSpec.residual([hp.layer], probe_direction(probe, target), strength,
+                                 positions=positions, point=hp.suffix)
+
+
 #: A response read from one forward pass: (cache, attention_mask [batch, seq]) -> [batch].
 Metric = Callable[[HookCache, torch.Tensor], torch.Tensor]
 
@@ -107,10 +130,10 @@ class DoseResponse:
     n_prompts: int
 
 
-def dose_response(model: MIModel, texts: Sequence[str], direction: torch.Tensor,
+def mean_dose_response(model: MIModel, texts: Sequence[str], direction: torch.Tensor,
                   hook: HookLike, scales: Sequence[float], metric: Metric,
                   batch_size: int = 16, progress: bool | None = None) -> DoseResponse:
-    """Steer with ``Add(scale * direction)`` at `hook` for each scale; measure `metric`.
+    """Steer with ``Add(scale * direction)`` at `hook` for each scale; average `metric`.
 
     Prompts are right-padded (see :mod:`mi_probing.collect`); `metric` receives the cache
     and the attention mask and returns one value per prompt.
