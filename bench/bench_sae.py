@@ -50,7 +50,10 @@ def main() -> None:
     ap.add_argument("--d-sae", type=int, default=16384)
     ap.add_argument("--tokens", type=int, default=512, help="4 x 128 by default")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     d_in, d_sae = args.d_in, args.d_sae
     x = torch.randn(4, args.tokens // 4, d_in)

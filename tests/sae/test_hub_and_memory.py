@@ -59,3 +59,26 @@ def test_sparse_decode_never_allocates_dense_tokens_by_d_sae() -> None:
     biggest = max((e.cpu_memory_usage for e in prof.events()), default=0)
     assert biggest < dense_bytes // 16, f"decode allocated {biggest} bytes"
     torch.testing.assert_close(y, sa.to_dense() @ w["W_dec"] + w["b_dec"], atol=1e-4, rtol=1e-5)
+
+
+def test_gemma_scope_subfolder_loads_offline_via_load_from_hub(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+    import huggingface_hub.constants as C
+
+    from mi_sae import load_from_hub
+
+    cache = tmp_path / "hub"
+    snap = _fake_cache(cache, "google/gemma-scope-2b-pt-res")
+    sub = snap / "layer_4" / "width_16k" / "average_l0_71"
+    sub.mkdir(parents=True)
+    g = np.random.default_rng(0)
+    np.savez(sub / "params.npz", **{k: g.standard_normal(s).astype(np.float32) for k, s in
+                                     {"W_enc": (8, 16), "W_dec": (16, 8), "b_enc": (16,),
+                                      "b_dec": (8,), "threshold": (16,)}.items()})
+    monkeypatch.setattr(C, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(C, "HF_HUB_OFFLINE", True)
+    sae = load_from_hub("google/gemma-scope-2b-pt-res", "layer_4/width_16k/average_l0_71")
+    assert sae.format == "gemmascope" and str(sae.hook_point) == "blocks.4.hook_resid_post"
+    with pytest.raises(mi.DictionaryError, match="layer_9"):
+        load_from_hub("google/gemma-scope-2b-pt-res", "layer_9/width_16k/average_l0_71")
