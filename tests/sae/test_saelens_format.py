@@ -186,3 +186,17 @@ def test_our_saelens_writer_is_read_back_by_sae_lens(case: str, tmp_path: Path) 
     torch.testing.assert_close(f_back, f_ref, atol=0, rtol=0)
     torch.testing.assert_close(out_back, out_ref, atol=0, rtol=0)
     assert back.cfg.metadata.hook_name == str(ours.hook_point)
+
+
+def test_dtype_argument_and_to_cast_weights_and_inputs(tmp_path: Path) -> None:
+    ref = CASES["topk_rescale"]()
+    _randomise(ref, seed=7)
+    ref.save_model(tmp_path)
+    x = torch.randn(5, D_IN, generator=torch.Generator().manual_seed(3))
+    f_ref, out_ref = _ref_forward(ref, x)
+    f64 = mi.load_dictionary(tmp_path, dtype=torch.float64)
+    assert f64.W_enc.dtype == torch.float64 and f64.encode(x).dtype == torch.float64
+    torch.testing.assert_close(f64.reconstruct(x), out_ref.double(), atol=TOL, rtol=0)
+    back = f64.to(dtype=torch.float32)
+    torch.testing.assert_close(back.encode(x), f_ref, atol=TOL, rtol=0)
+    torch.testing.assert_close(back.reconstruct(x), out_ref, atol=TOL, rtol=0)

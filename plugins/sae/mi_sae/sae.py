@@ -10,7 +10,7 @@ inference semantics (validated against ``sae-lens`` in tests/sae):
     x      = x - b_dec        if apply_b_dec_to_input
     h      = x @ W_enc + b_enc
     f      = activation(h)    (relu | jumprelu | topk | abstopk | groupmax | gated)
-    x_hat  = (f * feature_scale) @ W_dec + b_dec, then normalize^-1, / input_scale,
+    x_hat  = (f * feature_scale) @ W_dec + b_dec, then normalize^-1, / output scale,
              + x_raw @ W_skip.T (skip transcoders), reshaped back for hook_z
 """
 
@@ -117,7 +117,8 @@ class SparseAutoencoder:
         self._W_mag = self.W_enc * self.r_mag.exp() if self.r_mag is not None else None
         self._threshold_eff = self.threshold.clamp_min(0) if self.threshold is not None else None
         self._dec_norm = (self.W_dec.norm(dim=-1) if cfg.rescale_acts_by_decoder_norm else None)
-        scale = w.get("feature_scale")
+        self.feature_scale = w.get("feature_scale")  # as stored in the file (pre-6.0 SAELens)
+        scale = self.feature_scale
         if cfg.rescale_acts_by_decoder_norm:
             inv = 1 / self._dec_norm  # type: ignore[operator]
             scale = inv if scale is None else scale * inv
@@ -172,9 +173,8 @@ class SparseAutoencoder:
                  "r_mag")
         w = {n: getattr(self, n).to(device=device, dtype=dtype) for n in names
              if getattr(self, n) is not None}
-        fs = self._feature_scale
-        if fs is not None and not self.cfg.rescale_acts_by_decoder_norm:
-            w["feature_scale"] = fs.to(device=device, dtype=dtype)
+        if self.feature_scale is not None:
+            w["feature_scale"] = self.feature_scale.to(device=device, dtype=dtype)
         return SparseAutoencoder(self.cfg, w, format=self.format, source=self.source)
 
     # -- input processing ----------------------------------------------------------------

@@ -145,7 +145,7 @@ def save(sae: SparseAutoencoder, folder: str | Path) -> Path:
                               f"transcoder={c.transcoder}, skip={sae.W_skip is not None}")
     if c.input_scale != 1.0 or c.output_scale not in (None, 1.0):
         raise DictionaryError("SAELens cfg.json cannot express dataset-wise input scaling")
-    if sae._feature_scale is not None and not c.rescale_acts_by_decoder_norm:
+    if sae.feature_scale is not None:
         raise DictionaryError("SAELens 6.x cannot express a per-feature scaling factor")
     meta: dict[str, Any] = {"sae_lens_version": SAELENS_FORMAT_VERSION,
                             "hook_name": str(sae.hook_point) if sae.hook_point else None}
