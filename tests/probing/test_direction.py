@@ -48,10 +48,6 @@ def test_adding_alpha_times_the_direction_moves_the_readout_by_alpha_times_the_w
         probe.decision_function(last.reduce(base[HOOK], mask))
     expected = alpha * np.linalg.norm(model_space_weights(probe)[0])
     np.testing.assert_allclose(delta[:, 0], expected, rtol=1e-4)
-    # and it is the steepest direction: any other unit vector moves the readout less
-    other = torch.randn(16, generator=torch.Generator().manual_seed(0))
-    other /= other.norm()
-    assert abs(float(model_space_weights(probe)[0] @ other.double().numpy())) < expected / alpha
 
 
 def test_wrong_sized_direction_is_an_intervention_error_before_compute(toy_model):

@@ -159,6 +159,8 @@ def test_probe_result_round_trips_through_mi_core_serialize():
         ([1.0] * 20, {"task": "regression"}, "all 20 regression targets equal"),
         (["a", "b"] * 10, {"task": "ordinal"}, "task must be one of"),
         (["a", "b"] * 10, {"cv": 1}, "at least 2 folds"),
+        (["a", "b"] * 10, {"regularization": 0.0}, "must be > 0"),
+        ([0.5, 1.5], {}, r"20 activation rows .* but 2 labels"),
     ],
 )
 def test_bad_labels_are_probing_errors(labels, kwargs, message):
@@ -172,3 +174,8 @@ def test_non_finite_activations_are_a_probing_error_naming_the_hook():
     x[4, 1] = np.nan
     with pytest.raises(ProbingError, match="blocks.1.hook_resid_post contain NaN"):
         fit_probe(x, [0, 1] * 5, hook="blocks.1.hook_resid_post", cv=2)
+
+
+def test_regression_with_fewer_examples_than_folds_is_a_probing_error():
+    with pytest.raises(ProbingError, match="5-fold CV of a regression probe needs more than 3"):
+        fit_probe(np.eye(3), [0.5, 1.5, 2.5], n_shuffles=0)

@@ -190,6 +190,8 @@ def fit_probe(x: torch.Tensor | np.ndarray, labels: Sequence[Any], *, hook: str 
                            f"{len(labels)} labels")
     kind = resolve_task(labels, task)
     regression = kind == "regression"
+    if not regularization > 0:
+        raise ProbingError(f"regularization (C or alpha) must be > 0, got {regularization}")
     rng = np.random.default_rng(seed)
     if regression:
         try:
@@ -199,7 +201,10 @@ def fit_probe(x: torch.Tensor | np.ndarray, labels: Sequence[Any], *, hook: str 
         if np.ptp(y) == 0:
             raise ProbingError(f"all {len(y)} regression targets equal {y[0]}; nothing to fit")
         classes: list[Any] = []
-        splitter, split, _ = _splitter(True, cv, test_size, seed)
+        splitter, split, need = _splitter(True, cv, test_size, seed)
+        if len(y) < max(need, 4):
+            raise ProbingError(f"{split} of a regression probe needs more than {len(y)} "
+                               "examples")
         names = ["r2", "mse"]
         chance = {"r2": 0.0, "mse": float(np.var(y))}
         task_name = "regression"
