@@ -151,8 +151,12 @@ def attention(w: AttnWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
         z = torch.matmul(pattern, v)
     else:
         mask = masks.sdpa_mask(window)
+        if groups > 1 and mask is not None:
+            # SDPA's native GQA with a mask falls back to the slow math kernel (as transformers
+            # notes); repeating the KV heads keeps the fused kernels.
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         z = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, scale=scale, enable_gqa=groups > 1,
+            q, k, v, attn_mask=mask, scale=scale, enable_gqa=groups > 1 and mask is None,
             is_causal=mask is None and q.shape[2] > 1 and q.shape[2] == k.shape[2])
     z = run.apply(n.z, z.transpose(1, 2))  # [b, s, heads, d_head]
     if run.wants(n.result):
