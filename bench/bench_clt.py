@@ -7,13 +7,14 @@ written once to `--clt-dir` (F32 encoders, BF16 decoders: 2.2 GB for 4096 featur
 Prompt: 20 tokens. Reports wall time per phase and peak RSS (ru_maxrss) as JSON.
 
     .venv/bin/python bench/bench_clt.py [--d-features 4096] [--n-active 8] [--batch-size 64]
-        [--max-feature-nodes N] [--export-hf DIR]
+        [--max-feature-nodes N] [--export-hf DIR] [--save-graph FILE]
 
 `--export-hf DIR` also writes the dequantised model as a HF LLaMA checkpoint (safetensors +
 config.json + tokenizer) so that circuit-tracer can run the same weights, CLT and prompt in
 its own venv:
 
-    /work/venvs/ct/bin/python bench/bench_clt.py --circuit-tracer DIR [--clt-dir ...]
+    /work/venvs/ct/bin/python bench/bench_clt.py --circuit-tracer DIR [--save-graph FILE]
+    .venv/bin/python bench/bench_clt.py --compare OURS_FILE THEIRS_FILE   # adjacency diff
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ PROMPT = ("The poem rhymes: He saw a carrot and had to grab it, his hunger was l
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cpu_s() -> float:
+    """Process CPU time (user + system): less sensitive than wall time to a shared machine."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def gguf_path() -> Path:
@@ -68,7 +75,7 @@ def export_hf(model, directory: Path) -> None:
            "intermediate_size": int(b.get_weight("W_up", 0).shape[1]),
            "num_hidden_layers": model.num_layers, "num_attention_heads": h,
            "num_key_value_heads": kv, "head_dim": dh, "vocab_size": model.vocab_size,
-           "max_position_embeddings": 8192, "rms_norm_eps": float(c.norm_eps),
+           "max_position_embeddings": 256, "rms_norm_eps": float(c.norm_eps),
            "rope_theta": float(c.ropes[0].theta), "hidden_act": "silu", "tie_word_embeddings": False,
            "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"}
     (directory / "config.json").write_text(json.dumps(cfg, indent=2))
@@ -99,10 +106,11 @@ def run_ours(args: argparse.Namespace) -> dict:
         (Path(args.export_hf) / "prompt_ids.json").write_text(json.dumps(ids[0].tolist()))
     clt = mi.load_dictionary(clt_dir)
     res["rss_before_attribution_mb"] = peak_rss_mb()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), cpu_s()
     g = attribute(model, clt, ids, batch_size=args.batch_size,
                   max_feature_nodes=args.max_feature_nodes, verbose=sys.stderr.isatty())
     res["attribution_s"] = time.perf_counter() - t
+    res["attribution_cpu_s"] = cpu_s() - c
     res["peak_rss_mb"] = peak_rss_mb()
     t = time.perf_counter()
     pr = g.prune()
@@ -132,15 +140,16 @@ def run_circuit_tracer(args: argparse.Namespace) -> dict:
     t = time.perf_counter()
     hf = LlamaForCausalLM.from_pretrained(str(hf_dir), torch_dtype=torch.float32).eval()
     clt = load_clt(args.clt_dir, device=torch.device("cpu"), dtype=torch.float32)
-    tok = _FakeTok(hf.config.vocab_size)
-    model = _tl_replacement_model(hf, tok, clt)
+    model = _tl_replacement_model(hf, None, clt)
+    model.tokenizer = _FakeTok(hf.config.vocab_size)  # ids are given: no real tokenizer needed
     del hf
     res["load_s"] = time.perf_counter() - t
     ids = torch.tensor(json.load(open(hf_dir / "prompt_ids.json")))
     res["rss_before_attribution_mb"] = peak_rss_mb()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), cpu_s()
     g = attribute(ids, model, batch_size=args.batch_size, max_feature_nodes=args.max_feature_nodes)
     res["attribution_s"] = time.perf_counter() - t
+    res["attribution_cpu_s"] = cpu_s() - c
     res["peak_rss_mb"] = peak_rss_mb()
     res.update(n_features=len(g.selected_features), n_nodes=int(g.adjacency_matrix.shape[0]))
     if args.save_graph:
@@ -161,10 +170,25 @@ class _FakeTok:
         self.name_or_path = "smollm2"
 
     def decode(self, ids, **_: object) -> str:
-        return " ".join(str(int(i)) for i in (ids.tolist() if hasattr(ids, "tolist") else ids))
+        ids = ids.tolist() if hasattr(ids, "tolist") else ids
+        return " ".join(str(int(i)) for i in (ids if isinstance(ids, list) else [ids]))
 
     def __len__(self) -> int:
         return self.vocab_size
+
+
+def compare(a_path: str, b_path: str) -> dict:
+    """Max |difference| of two saved graphs (same nodes required)."""
+    from safetensors.torch import load_file
+
+    a, b = load_file(a_path), load_file(b_path)
+    same = torch.equal(a["active_features"], b["active_features"]) and \
+        torch.equal(a["logit_tokens"], b["logit_tokens"])
+    out = {"same_nodes": same, "n_nodes": int(a["adjacency"].shape[0])}
+    if same:
+        d = (a["adjacency"] - b["adjacency"]).abs()
+        out.update(max_abs_diff=float(d.max()), max_abs_value=float(b["adjacency"].abs().max()))
+    return out
 
 
 def main() -> int:
@@ -178,7 +202,11 @@ def main() -> int:
     ap.add_argument("--export-hf", default=None)
     ap.add_argument("--circuit-tracer", default=None, metavar="HF_DIR")
     ap.add_argument("--save-graph", default=None)
+    ap.add_argument("--compare", nargs=2, default=None, metavar=("OURS", "THEIRS"))
     args = ap.parse_args()
+    if args.compare:
+        print(json.dumps(compare(*args.compare), indent=2))
+        return 0
     res = run_circuit_tracer(args) if args.circuit_tracer else run_ours(args)
     print(json.dumps(res, indent=2))
     return 0

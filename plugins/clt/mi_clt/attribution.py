@@ -166,8 +166,15 @@ class _ReplacementRun:
         self.leaves: dict[int, torch.Tensor] = {}
         spec = HookSpec()
         freeze = lambda t, hook: t.detach()  # noqa: E731  frozen: value kept, no gradient
+        # The MLP's output is replaced by a leaf, so no gradient may flow through the MLP:
+        # cutting its input and hidden state too saves the memory and time autograd would
+        # spend recording it (unless the CLT reads the MLP input itself).
+        mlp_cut = {"mlp.hook_post"} if clt.files.feature_output_hook == "hook_mlp_out" else set()
+        if mlp_cut and clt.files.feature_input_hook != "ln2.hook_normalized":
+            mlp_cut.add("ln2.hook_normalized")
         for hp in model.hook_points():
-            if hp.suffix.endswith("hook_scale") or hp.suffix == "attn.hook_pattern":
+            if (hp.suffix.endswith("hook_scale") or hp.suffix == "attn.hook_pattern"
+                    or hp.suffix in mlp_cut):
                 spec.intervene(hp, freeze)
         spec.intervene("hook_embed", self._leaf(-1))
         for i in range(self.L):
