@@ -140,3 +140,24 @@ def test_kv_cache_with_a_repeated_layer_schedule_matches_full_recompute(llama_mo
     assert (step - full).abs().max().item() < TOL
     with pytest.raises(mi.MIError, match="layer_schedule"):
         llama_model.forward(ids[:, :1], past=past, layer_schedule=[0, 1, 2])
+
+
+def test_right_padded_cached_decoding_past_the_window_equals_each_row_alone(tiny, make_ids):
+    """Tokens appended after a row's right pads: the sliding window (5) counts real tokens, so
+    each row decodes as it would alone. (MIModel.generate reads the last slot's logits, so it
+    is meant for left padding; this drives the cache directly.)"""
+    model = tiny("mistral").load()
+    rows = [make_ids(1, 9, seed=13)[0], make_ids(1, 4, seed=14)[0]]
+    ids, mask = _pad(rows, "right")
+    past = model.backend.new_past(2)
+    logits = model.forward(ids, attention_mask=mask, past=past).output
+    nxt = logits[torch.arange(2), mask.sum(1) - 1].argmax(-1)
+    got = [nxt]
+    for _ in range(7):
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        nxt = model.forward(nxt[:, None], attention_mask=mask, past=past).output[:, -1].argmax(-1)
+        got.append(nxt)
+    batch_new = torch.stack(got, dim=1)
+    for i, r in enumerate(rows):
+        alone = model.generate(r[None], max_new_tokens=8, stop_at_eos=False)
+        assert torch.equal(batch_new[i], alone.new_tokens[0])

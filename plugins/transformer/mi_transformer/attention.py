@@ -58,14 +58,16 @@ class AttnNames:
 class Masks:
     """Attention masks for one forward call, built once per distinct sliding window.
 
-    Key slot j is visible from query slot i (absolute cache slots) when j <= i, j > i - window
-    and key j is not padding. The diagonal is always visible, so padded query rows stay
-    finite (their outputs are never read at real positions).
+    Key slot j is visible from query slot i (absolute cache slots) when j <= i, key j is not
+    padding, and pos(i) - pos(j) < window, with positions counted over real tokens only (so a
+    right-padded row generating after its pads still sees exactly `window` real tokens). The
+    diagonal is always visible, so padded query rows stay finite (never read at real positions).
     """
 
     def __init__(self, key_valid: torch.Tensor | None, offset: int, seq: int,
-                 device: torch.device) -> None:
+                 device: torch.device, key_positions: torch.Tensor | None = None) -> None:
         self.key_valid = key_valid  # [batch, offset + seq] bool, or None (no padding)
+        self.key_positions = key_positions  # [batch, offset + seq]; None: positions == slots
         self.offset, self.seq, self.device = offset, seq, device
         self._bool: dict[int | None, torch.Tensor | None] = {}
         self._add: dict[tuple[int | None, torch.dtype], torch.Tensor] = {}
@@ -74,10 +76,14 @@ class Masks:
         """bool [batch or 1, 1, seq, offset + seq]."""
         q = torch.arange(self.offset, self.offset + self.seq, device=self.device)[:, None]
         k = torch.arange(self.offset + self.seq, device=self.device)[None, :]
-        ok = k <= q
+        ok = (k <= q)[None, None]
         if window is not None:
-            ok = ok & (k > q - window)
-        ok = ok[None, None]
+            if self.key_positions is None:
+                ok = ok & (k > q - window)[None, None]
+            else:
+                kp = self.key_positions
+                qp = kp[:, self.offset:]
+                ok = ok & ((qp[:, :, None] - kp[:, None, :]) < window)[:, None]
         if self.key_valid is not None:
             ok = (ok & self.key_valid[:, None, None, :]) | (k == q)[None, None]
         return ok

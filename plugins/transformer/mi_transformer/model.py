@@ -186,8 +186,10 @@ class TransformerBackend:
         schedule = tuple(range(c.num_layers)) if layer_schedule is None else tuple(layer_schedule)
         self._check_schedule(schedule, past)
         offset = past.length if past is not None else 0
-        positions, key_valid = self._positions(batch, seq, offset, attention_mask, past)
-        masks = Masks(key_valid, offset, seq, ids.device)
+        key_positions, key_valid = self._positions(batch, seq, offset, attention_mask, past)
+        positions = key_positions[:, offset:]
+        masks = Masks(key_valid, offset, seq, ids.device,
+                      key_positions if key_valid is not None else None)
         rope = [cos_sin(inv, positions, self.dtype) for inv in self.inv_freqs]
         explicit = {None: None, "explicit": True, "sdpa": False}[attn_impl]
 
@@ -239,7 +241,8 @@ class TransformerBackend:
 
     def _positions(self, batch: int, seq: int, offset: int, mask: torch.Tensor | None,
                    past: KVCache | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(positions [batch, seq], key validity [batch, offset + seq] or None if no padding)."""
+        """(positions [batch, offset + seq] of every key slot, key validity [batch, offset +
+        seq] or None if there is no padding). Positions count real tokens (cumsum of the mask)."""
         device = self.device
         if mask is not None and mask.shape[1] == seq and offset > 0:  # mask of the new tokens only
             prev = past.mask if past is not None and past.mask is not None else \
@@ -253,11 +256,11 @@ class TransformerBackend:
                 raise MIError(f"attention_mask has shape {list(mask.shape)}; expected "
                               f"{[batch, seq]} or {[batch, offset + seq]} (cached + new)")
             mask = mask.to(device=device, dtype=torch.bool)
-            positions = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, offset:]
+            positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
             if bool(mask.all()):
                 mask = None
         else:
-            positions = torch.arange(offset, offset + seq, device=device).expand(batch, seq)
+            positions = torch.arange(offset + seq, device=device).expand(batch, offset + seq)
         if past is not None:
             past.mask = mask
         top = offset + seq
