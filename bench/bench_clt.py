@@ -108,7 +108,7 @@ def run_ours(args: argparse.Namespace) -> dict:
     res["rss_before_attribution_mb"] = peak_rss_mb()
     t, c = time.perf_counter(), cpu_s()
     g = attribute(model, clt, ids, batch_size=args.batch_size,
-                  max_feature_nodes=args.max_feature_nodes, verbose=sys.stderr.isatty())
+                  max_feature_nodes=args.max_feature_nodes, verbose=True)
     res["attribution_s"] = time.perf_counter() - t
     res["attribution_cpu_s"] = cpu_s() - c
     res["peak_rss_mb"] = peak_rss_mb()

@@ -105,7 +105,7 @@ def test_knockout_wins_over_steering_where_both_apply(model: mi.MIModel) -> None
 def test_state_results_report_kl_and_round_trip_json(model: mi.MIModel) -> None:
     ids = random_ids(1, 8, seed=12)
     ab = run_state_knockout(model, ids, mi.StateKnockoutSpec(positions=[1]))
-    assert ab.kl_divergence() > 0 and ab.kl_divergence(0) == 0.0
+    assert ab.kl_divergence() > 1e-4 and ab.kl_divergence(0) < 1e-9  # position 0 precedes it
     back = from_json(to_json(ab), StateAblationResult)
     assert torch.allclose(back.intervened_logits, ab.intervened_logits) and back.positions == [1]
     st = run_state_steering(model, ids, mi.StateSteeringSpec(2.0, positions=[1]).layer(0))

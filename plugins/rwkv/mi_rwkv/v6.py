@@ -45,8 +45,7 @@ def wkv6(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logw: torch.Tensor,
     b = lw.cumsum(-2)                     # inclusive cumulative log-decay within the chunk
     be = b - lw                           # exclusive: b_{t-1}
     strict = torch.ones(L, L, dtype=torch.bool, device=r.device).tril(-1)
-    d = (be.unsqueeze(-2) - b.unsqueeze(-3)).masked_fill(~strict[:, :, None], float("-inf"))
-    a = (rc.unsqueeze(-2) * d.exp() * kc.unsqueeze(-3)).sum(-1)    # [B, H, n, L, L]
+    a = _intra(rc, be, kc, b, strict)                              # [B, H, n, L, L]
     y = a @ vc
     blast = b[..., -1:, :]
     kv = (kc * (blast - b).exp()).transpose(-1, -2) @ vc           # [B, H, n, K, V]
@@ -60,6 +59,26 @@ def wkv6(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logw: torch.Tensor,
     y = y + q @ torch.stack(starts, dim=2)
     y = y.permute(0, 2, 3, 1, 4).reshape(bsz, t + pad, h, -1)[:, :t]
     return y + bonus, s
+
+
+#: Largest in-chunk decay range (nats) for the factorised intra-chunk product: the two
+#: factors are bounded by exp(range / 2) around the chunk midpoint, far from F32 overflow.
+SAFE_RANGE = 60.0
+
+
+def _intra(q: torch.Tensor, gq: torch.Tensor, k: torch.Tensor, gk: torch.Tensor,
+           mask: torch.Tensor) -> torch.Tensor:
+    """M[t, s] = sum_i q_{t,i} k_{s,i} exp(gq_{t,i} - gk_{s,i}) where `mask` [L, L] holds, else 0.
+
+    q, k, gq, gk: [B, H, n, L, K]; the cumulative log-decays decrease along L, so every
+    masked-in exponent is <= 0. When the chunk's decay range is small the product is
+    factorised around the midpoint into one matmul; otherwise it is formed pairwise.
+    """
+    if q.shape[-2] > 1 and float(-gk[..., -1, :].min()) > SAFE_RANGE:
+        d = (gq.unsqueeze(-2) - gk.unsqueeze(-3)).masked_fill(~mask[:, :, None], float("-inf"))
+        return (q.unsqueeze(-2) * d.exp() * k.unsqueeze(-3)).sum(-1)
+    mid = gk[..., gk.shape[-2] // 2: gk.shape[-2] // 2 + 1, :]
+    return ((q * (gq - mid).exp()) @ (k * (mid - gk).exp()).transpose(-1, -2)) * mask
 
 
 class V6Layer:

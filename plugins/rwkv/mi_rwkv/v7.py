@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from mi_rwkv.effective_attn import effective_attention_v7
 from mi_rwkv.model import LayerCtx, linear, token_shift
-from mi_rwkv.v6 import _chunks, _pad
+from mi_rwkv.v6 import _chunks, _intra, _pad
 
 #: log of the RWKV-7 decay is ``-exp(-0.5) * sigmoid(w0 + lora(x))`` (0.606531 in `rwkv`).
 DECAY_SCALE = math.exp(-0.5)
@@ -38,19 +38,19 @@ def wkv7(r: torch.Tensor, logw: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     g = lw.cumsum(-2)                   # inclusive cumulative log-decay in the chunk
     ge = g - lw                         # exclusive (state before token t)
     dev = r.device
-    strict = torch.ones(L, L, dtype=torch.bool, device=dev).tril(-1)[:, :, None]
-    incl = torch.ones(L, L, dtype=torch.bool, device=dev).tril()[:, :, None]
-    e_strict = (ge.unsqueeze(-2) - g.unsqueeze(-3)).masked_fill(~strict, float("-inf")).exp()
-    e_incl = (g.unsqueeze(-2) - g.unsqueeze(-3)).masked_fill(~incl, float("-inf")).exp()
-    bs, ks = bc.unsqueeze(-3), kc.unsqueeze(-3)                       # indexed by source s
-    at, rt = ac.unsqueeze(-2) * e_strict, rc.unsqueeze(-2) * e_incl   # [B, H, n, t, s, K]
-    m_ab, m_ak = (at * bs).sum(-1), (at * ks).sum(-1)                 # [B, H, n, L, L]
-    m_rb, m_rk = (rt * bs).sum(-1), (rt * ks).sum(-1)
-    eye = torch.eye(L, device=dev, dtype=r.dtype)
-    tri = eye - m_ab                                                  # unit lower triangular
-    rhs = torch.cat([ac * ge.exp(), m_ak @ vc], dim=-1)               # [B, H, n, L, K + V]
-    sol = torch.linalg.solve_triangular(tri, rhs, upper=False, unitriangular=True)
-    w_s0, u_v = sol[..., :kd], sol[..., kd:]                          # u = w_s0 @ S0 + u_v
+    strict = torch.ones(L, L, dtype=torch.bool, device=dev).tril(-1)
+    incl = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
+    m_ab, m_ak = _intra(ac, ge, bc, g, strict), _intra(ac, ge, kc, g, strict)   # [B, H, n, L, L]
+    m_rb, m_rk = _intra(rc, g, bc, g, incl), _intra(rc, g, kc, g, incl)
+    # u = (I - m_ab)^-1 (a e^ge S0 + m_ak v); m_ab is strictly lower (nilpotent), so the
+    # inverse is (I + N)(I + N^2)(I + N^4)... : log2(L) batched matmuls, no triangular solve.
+    inv = torch.eye(L, device=dev, dtype=r.dtype) + m_ab
+    power = m_ab
+    for _ in range(max(0, (L - 1).bit_length() - 1)):
+        power = power @ power
+        inv = inv + inv @ power
+    w_s0 = inv @ (ac * ge.exp())                                       # u = w_s0 @ S0 + u_v
+    u_v = inv @ (m_ak @ vc)
     q = rc * g.exp() + m_rb @ w_s0                                    # y = q @ S0 + y_in
     y = m_rb @ u_v + m_rk @ vc
     gl = g[..., -1:, :]
