@@ -258,6 +258,39 @@ def test_tiny_gguf_tokenizer_round_trips_bytes(tiny_gguf: Path) -> None:
     assert tok.decode(ids) == text
 
 
+def test_sentencepiece_gguf_tokenizer_ids_equal_transformers(tmp_path: Path) -> None:
+    """tokenizer.ggml.model "llama" (sentencepiece BPE, scores but no merges, byte fallback)."""
+    from mi_transformer.gguf import gguf_tokenizer
+
+    pieces = ["\u2581", "e", "t", "h", "a", "o", "n", "l", "d", "r", "w", "H", "i", "s", ",", ".",
+              "!", "\u2581t", "he", "\u2581the", "\u2581a", "an", "\u2581an", "\u2581and", "or",
+              "ld", "\u2581w", "\u2581wor", "\u2581world", "el", "lo", "\u2581H", "\u2581Hel",
+              "\u2581Hello", "is", "\u2581is", "\u2581i", "th", "\u2581th", "\u2581\u2581"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    scores = [0.0] * 259 + [-100.0 - i if len(p) == 1 else -float(i) for i, p in enumerate(pieces)]
+    w = gguf.GGUFWriter(str(tmp_path / "spm.gguf"), "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(pieces))  # unk, control, byte, normal
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ours = gguf_tokenizer(read_gguf_header(tmp_path / "spm.gguf"))
+    ref = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="spm.gguf")
+    assert ours is not None
+    for text in ["Hello world", "Hello, world!  The end.", "  leading", "\u00fcn\u00efcode \u65e5\u672c \U0001f917",
+                 "is this the world", "", "<s> the </s>"]:
+        want = ref(text)["input_ids"]
+        assert ours.encode(text) == want, text
+        assert ours.decode(want) == ref.decode(want), text
+    assert ours.encode("Hello")[0] == ours.bos_token_id == 1  # BOS added by default (llama.cpp)
+
+
 # ---------------------------------------------------------------------------------------------
 # The real SmolLM2-135M-Instruct Q4_1 GGUF against transformers loading the same file
 
