@@ -22,6 +22,7 @@ import numpy as np
 
 import mi_core as mi
 from mi_core.interp import dose_response
+from mi_core.serialize import to_json
 from mi_probing import (
     Position,
     collect_activations,
@@ -33,7 +34,6 @@ from mi_probing import (
     probe_steering_spec,
     steering_hooks,
 )
-from mi_core.serialize import to_json
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "probing" / "data" / "sentiment.jsonl"
 
@@ -67,7 +67,8 @@ def main() -> None:
         print(f"  layer {c.layer:2d}  {c.value:.3f} ±{c.std:.3f}   ({c.baseline:.3f})")
 
     # steer along the best probe in the first two thirds of the network
-    middle = [p for p in sweep.probes if p.layer is not None and p.layer < 2 * model.num_layers // 3]
+    cut = 2 * model.num_layers // 3
+    middle = [p for p in sweep.probes if p.layer is not None and p.layer < cut]
     probe = max(middle, key=lambda p: p.score().value)
     last = sweep.probes[-1]
     print(f"\nsteering along the {probe.hook} probe (accuracy {probe.score().value:.3f}, "
@@ -77,7 +78,8 @@ def main() -> None:
                           target=" good")
     print(f"  {negative[0]!r}: strength -> KL, logit change of ' good'")
     for pt in curve.points:
-        print(f"    {pt.strength:+6.1f}  KL {pt.kl_divergence:.4f}  Δlogit {pt.target_logit_diff:+.3f}")
+        print(f"    {pt.strength:+6.1f}  KL {pt.kl_divergence:.4f}  "
+              f"Δlogit {pt.target_logit_diff:+.3f}")
 
     u = probe_direction(probe)
     ids, mask = model.to_tokens_padded(negative, side="right")

@@ -8,7 +8,6 @@ last, whose HF output is already final-normed). F32 throughout: 1e-4 absolute.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import mi_core as mi
+from mi_core.serialize import from_json, to_json
 from mi_probing import (
+    DoseResponse,
     Position,
     ProbingError,
     collect_activations,
@@ -69,6 +71,7 @@ def test_dose_response_is_linear_in_scale_for_a_readout_at_the_steered_point(toy
     slope = float((emb[good] - emb[bad]) @ u)
     np.testing.assert_allclose(np.diff(curve.mean), slope * np.diff(curve.scales), atol=1e-4)
     assert curve.n_prompts == 6 and curve.hook == "blocks.2.hook_resid_post"
+    assert from_json(to_json(curve), DoseResponse) == curve
 
 
 def test_binary_direction_rejects_an_unknown_target(probe):

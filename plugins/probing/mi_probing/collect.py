@@ -175,7 +175,8 @@ class ActivationSet:
         try:
             meta = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise ProbingError(f"{path}: not found; not a collected-activations directory") from None
+            raise ProbingError(f"{path}: not found; not a collected-activations "
+                               "directory") from None
         except json.JSONDecodeError as exc:
             raise ProbingError(f"{path}: invalid JSON: {exc.msg}") from None
         if meta.get("format") != FORMAT:

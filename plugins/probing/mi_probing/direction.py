@@ -110,8 +110,9 @@ def last_token_logit_diff(pos_token: int, neg_token: int) -> Metric:
     """Metric: logit(pos_token) - logit(neg_token) at each prompt's last real token."""
 
     def metric(cache: HookCache, mask: torch.Tensor) -> torch.Tensor:
-        last = mask.sum(dim=1) - 1
-        logits = cache.output[torch.arange(mask.shape[0]), last.to(cache.output.device)]
+        dev = cache.output.device
+        last = (mask.sum(dim=1) - 1).to(dev)
+        logits = cache.output[torch.arange(mask.shape[0], device=dev), last]
         return (logits[:, pos_token] - logits[:, neg_token]).float()
 
     metric.__name__ = f"logit[{pos_token}] - logit[{neg_token}] at last token"
@@ -131,15 +132,15 @@ class DoseResponse:
 
 
 def mean_dose_response(model: MIModel, texts: Sequence[str], direction: torch.Tensor,
-                  hook: HookLike, scales: Sequence[float], metric: Metric,
-                  batch_size: int = 16, progress: bool | None = None) -> DoseResponse:
+                       hook: HookLike, scales: Sequence[float], metric: Metric,
+                       batch_size: int = 16, progress: bool | None = None) -> DoseResponse:
     """Steer with ``Add(scale * direction)`` at `hook` for each scale; average `metric`.
 
     Prompts are right-padded (see :mod:`mi_probing.collect`); `metric` receives the cache
     and the attention mask and returns one value per prompt.
     """
     if not texts:
-        raise ProbingError("dose_response needs at least one prompt")
+        raise ProbingError("mean_dose_response needs at least one prompt")
     hp = HookPoint.parse(hook)
     tok = model.tokenizer
     pad_id = tok.eos_token_id if tok.eos_token_id is not None else 0

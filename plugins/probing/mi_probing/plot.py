@@ -1,4 +1,4 @@
-"""The metric-vs-layer picture of a sweep (matplotlib, optional: ``pip install 'mi-core[plot]'``)."""
+"""The metric-vs-layer picture of a sweep (matplotlib is optional: ``mi-core[plot]``)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def plot_sweep(result: SweepResult, path: str | os.PathLike[str],
     curve = make_curve(result.probes, name) if name != result.metric else result.curve
     layers = [c.layer for c in curve]
     by_layer = None not in layers and len(set(layers)) == len(layers)
-    xs = [float(c.layer) for c in curve] if by_layer else list(range(len(curve)))  # type: ignore[arg-type]
+    xs = [float(c.layer or 0) for c in curve] if by_layer else [float(i) for i in range(len(curve))]
     fig = Figure(figsize=(max(6.0, 0.25 * len(xs) + 3), 4.0), dpi=120)
     ax = fig.add_subplot()
     vals = [c.value for c in curve]
