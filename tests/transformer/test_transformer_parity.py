@@ -70,3 +70,24 @@ def test_capturing_the_pattern_does_not_change_the_logits(tiny, make_ids):
     plain = model.forward(ids).output
     hooks = mi.HookSpec().capture(mi.HookPoint.attn_pattern(1))
     assert (model.forward(ids, hooks).output - plain).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2"])
+def test_bfloat16_error_is_no_worse_than_transformers_in_bfloat16(tiny, make_ids, name):
+    """bf16 has ~3 significant digits, so the bar is relative: our bf16 logits are at most
+    twice as far from the f32 reference as transformers' own bf16 forward is."""
+    import copy
+
+    from mi_core.registry import ModelSource
+    from mi_transformer.loader import load_backend
+
+    t = tiny(name)
+    be = load_backend(ModelSource(path=t.path), torch.device("cpu"), torch.bfloat16)
+    ids = make_ids(2, SEQ, seed=5)
+    ours = mi.MIModel(be).forward(ids, mi.HookSpec().capture("blocks.0.attn.hook_pattern")).output
+    with torch.no_grad():
+        ref32 = t.hf(ids).logits
+        ref16 = copy.deepcopy(t.hf).to(torch.bfloat16)(ids).logits
+    assert ours.dtype == torch.bfloat16
+    hf_err = (ref16.float() - ref32).abs().max().item()
+    assert (ours.float() - ref32).abs().max().item() <= 2 * hf_err + 1e-3

@@ -108,8 +108,9 @@ class Masks:
 
 
 def safe_softmax(scores: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim; a row that is all -inf gives zeros, not NaN."""
-    return torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    """Softmax over the last dim, in float32 as transformers' eager attention does; a row that
+    is all -inf gives zeros, not NaN."""
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).nan_to_num(0.0).to(scores.dtype)
 
 
 def attention(w: AttnWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -166,7 +166,7 @@ class TransformerBackend:
         return KVCache(batch_size)
 
     # -- forward -----------------------------------------------------------------------
-    def forward(self, ids: torch.Tensor, hooks: HookSpec,
+    def forward(self, ids: torch.Tensor, hooks: HookSpec | None = None,
                 attention_mask: torch.Tensor | None = None, past: KVCache | None = None,
                 layer_schedule: Sequence[int] | None = None,
                 between_layers: BetweenLayers | None = None,
@@ -181,7 +181,7 @@ class TransformerBackend:
         attn_impl: "explicit" / "sdpa" forces an attention path (default: automatic).
         """
         c, w = self.config, self.w
-        run = hooks.start()
+        run = (hooks if hooks is not None else HookSpec()).start()
         batch, seq = ids.shape
         schedule = tuple(range(c.num_layers)) if layer_schedule is None else tuple(layer_schedule)
         self._check_schedule(schedule, past)
