@@ -77,8 +77,8 @@ def test_model_space_weights_reproduce_sklearn_decision_function_on_raw_activati
 def test_shuffled_labels_score_at_chance():
     # No relation between x and y. Under the null, 5-fold CV accuracy on n=400 balanced
     # examples has a standard deviation of about sqrt(0.25 / 400) = 0.025; the tolerance
-    # 0.1 is four of those, so the test fails only for a real leak (e.g. a scaler fit on
-    # test rows would not do it, a label leak would) and not by chance.
+    # 0.1 is four of those: it fails when labels leak into the evaluation (e.g. scoring on
+    # training rows of a 32-feature probe, which gives ~0.6), not by chance.
     rng = np.random.default_rng(3)
     x = rng.normal(size=(400, D))
     y = np.repeat([0, 1], 200)
@@ -139,7 +139,6 @@ def test_held_out_split_reports_one_split_with_zero_std():
 
 
 def test_probe_result_round_trips_through_mi_core_serialize():
-    rng = np.random.default_rng(8)
     x = torch.randn(40, 4, 2, generator=torch.Generator().manual_seed(0)).reshape(40, 8)
     labels = ["yes", "no"] * 20
     probe = fit_probe(x, labels, hook="blocks.2.attn.hook_z", feature_shape=[4, 2],
@@ -147,7 +146,6 @@ def test_probe_result_round_trips_through_mi_core_serialize():
     again = from_json(to_json(probe), ProbeResult)
     assert again == probe and again.layer == 2
     assert probe_direction(again).shape == (4, 2)
-    del rng
 
 
 @pytest.mark.parametrize(
@@ -160,13 +158,14 @@ def test_probe_result_round_trips_through_mi_core_serialize():
         (["a", "b"] * 10, {"task": "ordinal"}, "task must be one of"),
         (["a", "b"] * 10, {"cv": 1}, "at least 2 folds"),
         (["a", "b"] * 10, {"regularization": 0.0}, "must be > 0"),
+        (["a", "b"] * 10, {"n_shuffles": -1}, "n_shuffles must be >= 0"),
         ([0.5, 1.5], {}, r"20 activation rows .* but 2 labels"),
     ],
 )
 def test_bad_labels_are_probing_errors(labels, kwargs, message):
     x = np.random.default_rng(9).normal(size=(20, 4))
     with pytest.raises(ProbingError, match=message):
-        fit_probe(x, labels, n_shuffles=0, **kwargs)
+        fit_probe(x, labels, **{"n_shuffles": 0, **kwargs})
 
 
 def test_non_finite_activations_are_a_probing_error_naming_the_hook():

@@ -192,6 +192,8 @@ def fit_probe(x: torch.Tensor | np.ndarray, labels: Sequence[Any], *, hook: str 
     regression = kind == "regression"
     if not regularization > 0:
         raise ProbingError(f"regularization (C or alpha) must be > 0, got {regularization}")
+    if n_shuffles < 0:
+        raise ProbingError(f"n_shuffles must be >= 0, got {n_shuffles}")
     rng = np.random.default_rng(seed)
     if regression:
         try:
