@@ -1,0 +1,29 @@
+"""`mi demo` end to end on the embedded default model (found through the plugin hook)."""
+
+from __future__ import annotations
+
+import pytest
+
+import mi_core as mi
+from mi_core.cli import analysis
+from mi_core.cli.main import main
+
+
+@pytest.mark.slow
+def test_mi_demo_on_the_embedded_smollm2(tmp_path, capsys):
+    assert analysis.default_model_path() is not None
+    out = tmp_path / "demo.json"
+    assert main(["demo", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "' Paris'" in text and "KL(baseline || knocked out)" in text
+    r = mi.from_json(out, analysis.DemoResult)
+    assert r.top_next[0].token == " Paris" and r.top_next[0].prob > 0.5  # measured 0.773
+    assert r.logit_lens_top1[-1][1] == " Paris" and len(r.logit_lens_top1) == 30
+    assert r.knockout_kl > 0.1 and r.knockout_logit_diff > 0  # measured 7.31 and +3.16
+
+
+def test_mi_run_uses_the_given_model(smollm2_gguf_path, capsys, monkeypatch):
+    monkeypatch.setattr(analysis, "default_model_path", lambda: None)  # must not be needed
+    assert main(["run", "--model", str(smollm2_gguf_path), "--prompt", "The capital of Italy is",
+                 "--k", "3"]) == 0
+    assert "' Rome'" in capsys.readouterr().out
