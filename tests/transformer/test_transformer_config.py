@@ -95,7 +95,7 @@ def test_missing_config_field_is_a_config_error_naming_it(tiny, field):
         parse_config(cfg, "some/config.json")
 
 
-@pytest.mark.parametrize("kind", ["yarn", "longrope", "dynamic"])
+@pytest.mark.parametrize("kind", ["yarn", "longrope", "su"])
 def test_unsupported_rope_scaling_is_a_config_error(tiny, kind):
     cfg = tiny("llama").config
     cfg["rope_parameters"] = {"rope_type": kind, "factor": 2.0, "rope_theta": 1e4}

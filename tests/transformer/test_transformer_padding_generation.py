@@ -3,6 +3,8 @@ recurrent `layer_schedule` / `between_layers` options."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -39,16 +41,18 @@ def test_padded_batch_rows_equal_running_each_alone(tiny, make_ids, name, side):
         assert (pat - alone[pts[1]][0]).abs().max().item() < TOL
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "gemma2", "qwen2_tied", "phi3"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma2", "qwen2_tied", "phi3",
+                                  "llama_dynamic_rope"])
 def test_greedy_generation_equals_transformers(tiny, make_ids, name):
     """Prompt 8 + 10 new tokens: past the sliding window (5) of Mistral / Gemma 2."""
     t = tiny(name)
     model = t.load()
     ids = make_ids(2, 8, seed=7)
     ours = model.generate(ids, max_new_tokens=10, stop_at_eos=False)
+    hf = copy.deepcopy(t.hf)  # dynamic RoPE keeps state in the HF module; keep the shared one clean
     with torch.no_grad():
-        ref = t.hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10,
-                            do_sample=False, eos_token_id=None, pad_token_id=0)
+        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10,
+                          do_sample=False, eos_token_id=None, pad_token_id=0)
     assert torch.equal(ours.tokens, ref)
 
 

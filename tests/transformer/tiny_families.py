@@ -23,6 +23,9 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("llama", {}),
     "llama3_rope": ("llama", {"rope_scaling": _LLAMA3_ROPE, "rope_theta": 10000.0}),
     "llama_linear_rope": ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    # max_position_embeddings 12 < the 16-token prompts: the NTK base really grows
+    "llama_dynamic_rope": ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0},
+                                     "max_position_embeddings": 12}),
     "qwen2_untied": ("qwen2", {"tie_word_embeddings": False}),
     "qwen2_tied": ("qwen2", {"tie_word_embeddings": True}),
     "qwen3": ("qwen3", {"head_dim": 16}),

@@ -45,6 +45,7 @@ class RopeScaling(enum.Enum):
     NONE = "default"
     LINEAR = "linear"
     LLAMA3 = "llama3"
+    DYNAMIC = "dynamic"  # NTK-aware: base grows with the longest position of each call
 
 
 @attrs.frozen
@@ -56,7 +57,7 @@ class RopeConfig:
     factor: float = 1.0
     low_freq_factor: float = 1.0  # llama3 only
     high_freq_factor: float = 4.0  # llama3 only
-    original_max_positions: int = 8192  # llama3 only
+    original_max_positions: int = 8192  # llama3; dynamic (its max_position_embeddings)
 
 
 @attrs.frozen
@@ -152,8 +153,13 @@ def _rope(params: Mapping[str, Any] | None, theta: float | None, max_pos: int | 
                 original_max_positions=int(p.get("original_max_position_embeddings") or max_pos or 8192))
         except KeyError as exc:
             raise ConfigError(f"{src}: {what} of type llama3 lacks field {exc.args[0]!r}") from None
+    if kind == "dynamic":
+        if not max_pos:
+            raise ConfigError(f"{src}: dynamic RoPE needs max_position_embeddings")
+        return RopeConfig(theta=theta, scaling=RopeScaling.DYNAMIC, factor=float(p["factor"]),
+                          original_max_positions=int(max_pos))
     raise ConfigError(f"{src}: unsupported RoPE scaling type {kind!r} (supported: default, "
-                      f"linear, llama3)")
+                      f"linear, llama3, dynamic)")
 
 
 _LAYER_TYPE_KEYS = ("full_attention", "sliding_attention")

@@ -19,7 +19,7 @@ from mi_core.hooks import HookCache, HookPoint, HookRun, HookSpec
 from mi_core.tokenizer import MITokenizer
 
 from mi_transformer.attention import AttnNames, Masks, attention
-from mi_transformer.config import TransformerConfig
+from mi_transformer.config import RopeConfig, RopeScaling, TransformerConfig
 from mi_transformer.mlp import ACTIVATIONS, mlp
 from mi_transformer.rope import cos_sin, inv_freq
 from mi_transformer.weights import LayerWeights, Weights
@@ -190,7 +190,8 @@ class TransformerBackend:
         positions = key_positions[:, offset:]
         masks = Masks(key_valid, offset, seq, ids.device,
                       key_positions if key_valid is not None else None)
-        rope = [cos_sin(inv, positions, self.dtype) for inv in self.inv_freqs]
+        rope = [cos_sin(self._inv_freq(r, inv, positions), positions, self.dtype)
+                for r, inv in zip(c.ropes, self.inv_freqs)]
         explicit = {None: None, "explicit": True, "sdpa": False}[attn_impl]
 
         x = F.embedding(ids, w.embed)
@@ -228,6 +229,13 @@ class TransformerBackend:
         if lw.ln2_post is not None:
             m = lw.ln2_post(m, run, n.ln2_post_scale, n.ln2_post_normalized)
         return run.apply(n.resid_post, x + run.apply(n.mlp_out, m))
+
+    def _inv_freq(self, rope: RopeConfig, cached: torch.Tensor, positions: torch.Tensor
+                  ) -> torch.Tensor:
+        if rope.scaling is not RopeScaling.DYNAMIC:
+            return cached
+        longest = int(positions.max()) + 1  # one sync, only for dynamic-NTK models
+        return inv_freq(rope, self.config.rot_dim, longest).to(self.device)
 
     def _check_schedule(self, schedule: tuple[int, ...], past: KVCache | None) -> None:
         bad = [i for i in schedule if not 0 <= i < self.num_layers]

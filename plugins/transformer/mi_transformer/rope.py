@@ -1,4 +1,4 @@
-"""Rotary position embeddings (default, linear and llama3 scaling), computed as transformers does."""
+"""Rotary position embeddings (default, linear, llama3 and dynamic-NTK scaling), as transformers computes them."""
 
 from __future__ import annotations
 
@@ -9,9 +9,20 @@ import torch
 from mi_transformer.config import RopeConfig, RopeScaling
 
 
-def inv_freq(rope: RopeConfig, dim: int) -> torch.Tensor:
-    """Inverse frequencies [dim // 2], float32, with the configured scaling applied."""
-    inv = 1.0 / (rope.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+def inv_freq(rope: RopeConfig, dim: int, seq_len: int | None = None) -> torch.Tensor:
+    """Inverse frequencies [dim // 2], float32, with the configured scaling applied.
+
+    `seq_len` (dynamic scaling only): the longest position + 1 of the call; the base grows
+    once it exceeds max_position_embeddings. transformers keeps the largest value seen in a
+    stateful buffer; we recompute per call, which is the same while sequences only grow
+    (one prompt, or generation) and differs only for a short call after a long one.
+    """
+    theta = rope.theta
+    if rope.scaling is RopeScaling.DYNAMIC:
+        n = max(seq_len or 0, rope.original_max_positions)
+        theta = theta * ((rope.factor * n / rope.original_max_positions)
+                         - (rope.factor - 1)) ** (dim / (dim - 2))
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     if rope.scaling is RopeScaling.LINEAR:
         return inv / rope.factor
     if rope.scaling is RopeScaling.LLAMA3:
