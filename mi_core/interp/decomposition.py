@@ -25,7 +25,9 @@ from mi_core.interp._common import as_ids, norm_position, resolve_token, token_s
 
 def decomposition_points(model: MIModel, heads: bool = False) -> list[HookPoint]:
     """The points a decomposition needs (capture them, then call the functions below)."""
-    pts = [HookPoint.resid_pre(0), HookPoint.ln_final_scale()]
+    pts = [HookPoint.resid_pre(0)]
+    if model.has_hook_point(HookPoint.ln_final_scale()):  # needed by apply_ln_to_stack only
+        pts.append(HookPoint.ln_final_scale())
     for i in range(model.num_layers):
         pts += [HookPoint.resid_mid(i), HookPoint.attn_out(i), HookPoint.mlp_out(i),
                 HookPoint.resid_post(i)]

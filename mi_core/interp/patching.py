@@ -177,6 +177,6 @@ def attribution_patching(model: MIModel, clean: Any, corrupted: Any, metric: Met
         g = torch.zeros_like(diff) if g is None else g.float()
         prod = (g * diff)[0]
         rows.append(prod.sum((0, 2)) if kind == "z" else prod.sum(-1)[pos])
-    grid = normalize_metric(torch.stack(rows).detach() + m_corr, m_clean, m_corr)
+    grid = normalize_metric(torch.stack(rows).detach().cpu() + m_corr, m_clean, m_corr)
     return PatchingResult(kind, "attribution", grid, layers, _columns(model, kind, c_ids, pos),
                           m_clean, m_corr)
