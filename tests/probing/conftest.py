@@ -15,8 +15,9 @@ from probing_toy import ToyBackend, ToyPlugin, save_toy
 DATA = Path(__file__).parent / "data"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture()
 def toy_plugin() -> Iterator[None]:
+    # per test: other tests may reset the plugin manager between ours
     plugins.register_plugin(ToyPlugin(), name="mi_probing_toy")
     yield
     plugins.unregister_plugin("mi_probing_toy")

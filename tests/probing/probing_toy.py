@@ -23,6 +23,19 @@ MODEL_TYPE = "mi_probing_toy"
 WORDS = ("the a film movie was is really very good great bad awful fine plot acting "
          "one two three four five cat dog tree house red blue").split()
 
+# Prompts ending in "good"/"great" vs "bad"/"awful" after otherwise shared words: at the
+# last token the embedding is one of four vectors, so the label is linearly readable there.
+OPENERS = ["the film was", "the movie is", "a plot was", "the acting is", "one dog was"]
+ENDS = ["really", "very", "one two", "red", "blue tree", "a cat"]
+TEXTS: list[str] = []
+LABELS: list[str] = []
+for i, opener in enumerate(OPENERS):
+    for j, end in enumerate(ENDS):
+        good = (i + j) % 2 == 0
+        word = ("good", "great")[j % 2] if good else ("bad", "awful")[j % 2]
+        TEXTS.append(f"{opener} {end} {word}")
+        LABELS.append("pos" if good else "neg")
+
 
 def make_tokenizer() -> HFTokenizer:
     from tokenizers import Tokenizer

@@ -18,18 +18,8 @@ from mi_probing import (
     plot_sweep,
     probe_model,
 )
+from probing_toy import LABELS, TEXTS
 
-# Prompts ending in "good"/"great" vs "bad"/"awful" after otherwise shared words: at the
-# last token the embedding is one of four vectors, so the label is linearly readable there.
-_OPENERS = ["the film was", "the movie is", "a plot was", "the acting is", "one dog was"]
-_ENDS = ["really", "very", "one two", "red", "blue tree", "a cat"]
-TEXTS, LABELS = [], []
-for i, opener in enumerate(_OPENERS):
-    for j, end in enumerate(_ENDS):
-        good = (i + j) % 2 == 0
-        word = ("good", "great")[j % 2] if good else ("bad", "awful")[j % 2]
-        TEXTS.append(f"{opener} {end} {word}")
-        LABELS.append("pos" if good else "neg")
 DATA = LabelledDataset.from_lists(TEXTS, LABELS, source="toy-sentiment")
 
 

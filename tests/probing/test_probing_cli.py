@@ -11,7 +11,7 @@ import pytest
 
 from mi_core.cli.main import main
 
-from test_sweep import LABELS, TEXTS
+from probing_toy import LABELS, TEXTS
 
 
 @pytest.fixture()
@@ -39,7 +39,7 @@ def test_probe_command_writes_json_and_png_and_exits_zero(toy_dir: Path, data_fi
         assert set(probe["scores"]) == {"accuracy", "balanced_accuracy", "auroc"}
         assert probe["scores"]["accuracy"]["baseline"] is not None
         assert probe["split"] == "3-fold CV" and probe["n_shuffles"] == 2
-    assert result["probes"][0]["scores"]["accuracy"]["value"] == 1.0  # see test_sweep
+    assert result["probes"][0]["scores"]["accuracy"]["value"] == 1.0  # see test_probing_sweep
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert "hook_embed" in capsys.readouterr().out
 
