@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from mi_core.cli.main import main
+from mi_probing import ActivationSet
 
 from probing_toy import LABELS, TEXTS
 
@@ -28,7 +29,8 @@ def test_probe_command_writes_json_and_png_and_exits_zero(toy_dir: Path, data_fi
     code = main(["probe", "--model", str(toy_dir), "--data", str(data_file),
                  "--hook", "hook_embed", "--hook", "blocks.*.hook_resid_post",
                  "--position", "last", "--cv", "3", "--shuffles", "2",
-                 "--json", str(out), "--plot", str(png)])
+                 "--json", str(out), "--plot", str(png),
+                 "--save-activations", str(tmp_path / "acts")])
     assert code == 0
     result = json.loads(out.read_text(encoding="utf-8"))
     hooks = ["hook_embed", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post",
@@ -41,6 +43,8 @@ def test_probe_command_writes_json_and_png_and_exits_zero(toy_dir: Path, data_fi
         assert probe["split"] == "3-fold CV" and probe["n_shuffles"] == 2
     assert result["probes"][0]["scores"]["accuracy"]["value"] == 1.0  # see test_probing_sweep
     assert png.read_bytes()[:4] == b"\x89PNG"
+    saved = ActivationSet.load(tmp_path / "acts")
+    assert saved.hooks == hooks and saved.n == len(TEXTS)
     assert "hook_embed" in capsys.readouterr().out
 
 
@@ -61,6 +65,7 @@ def test_probe_help_lists_the_options():
         (None, ["--hook", "blocks.9.hook_resid_post"], "layer 9 out of range"),
         (None, ["--hook", "blocks.0.mlp.hook_post"], "blocks.0.mlp.hook_post"),
         (None, ["--position", "first"], "position must be 'last', 'mean' or an integer"),
+        (None, ["--cv", "20"], "20-fold CV needs at least 20 examples of every class"),
     ],
 )
 def test_bad_input_exits_non_zero_with_the_reason_on_stderr(toy_dir: Path, data_file: Path,

@@ -22,8 +22,9 @@ _LAZY = {
                              "steer_with_probe", "steering_hooks"),
     "mi_probing.errors": ("ProbingError",),
     "mi_probing.plot": ("plot_sweep",),
-    "mi_probing.probes": ("ProbeResult", "ProbeScore", "fit_probe"),
-    "mi_probing.sweep": ("CurvePoint", "SweepResult", "expand_hooks", "layer_hooks",
+    "mi_probing.probes": ("ProbeResult", "ProbeScore", "check_labels", "fit_probe"),
+    "mi_probing.sweep": ("CurvePoint", "SweepResult", "check_dataset", "expand_hooks",
+                         "layer_hooks",
                          "probe_activations", "probe_model"),
 }
 _WHERE = {name: mod for mod, names in _LAZY.items() for name in names}
@@ -37,9 +38,10 @@ if TYPE_CHECKING:
     )
     from mi_probing.errors import ProbingError
     from mi_probing.plot import plot_sweep
-    from mi_probing.probes import ProbeResult, ProbeScore, fit_probe
+    from mi_probing.probes import ProbeResult, ProbeScore, check_labels, fit_probe
     from mi_probing.sweep import (
-        CurvePoint, SweepResult, expand_hooks, layer_hooks, probe_activations, probe_model,
+        CurvePoint, SweepResult, check_dataset, expand_hooks, layer_hooks, probe_activations,
+        probe_model,
     )
 
 
@@ -60,9 +62,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ActivationSet", "CurvePoint", "DoseResponse", "LabelledDataset", "Position",
-    "ProbeResult", "ProbeScore", "ProbingError", "SweepResult", "collect_activations",
-    "expand_hooks", "fit_probe", "last_token_logit_diff", "layer_hooks", "load_jsonl",
-    "mean_dose_response", "model_space_weights", "plot_sweep", "probe_activations",
-    "probe_direction", "probe_model", "probe_steering_spec", "steer_with_probe",
-    "steering_hooks",
+    "ProbeResult", "ProbeScore", "ProbingError", "SweepResult", "check_dataset",
+    "check_labels", "collect_activations", "expand_hooks", "fit_probe",
+    "last_token_logit_diff", "layer_hooks", "load_jsonl", "mean_dose_response",
+    "model_space_weights", "plot_sweep", "probe_activations", "probe_direction", "probe_model",
+    "probe_steering_spec", "steer_with_probe", "steering_hooks",
 ]

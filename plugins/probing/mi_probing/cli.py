@@ -34,6 +34,8 @@ def add_probe_parser(subparsers: "argparse._SubParsersAction[Any]") -> argparse.
                    help="L2: C for logistic regression, alpha for ridge (default 1.0)")
     p.add_argument("--no-standardize", action="store_true", help="probe raw activations")
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--save-activations", metavar="DIR",
+                   help="stream the collected activations to DIR as safetensors shards")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=run_probe)
@@ -46,16 +48,18 @@ def run_probe(args: argparse.Namespace) -> int:
     from mi_probing.collect import Position
     from mi_probing.data import load_jsonl
     from mi_probing.errors import ProbingError
-    from mi_probing.sweep import expand_hooks, probe_model
+    from mi_probing.sweep import check_dataset, expand_hooks, probe_model
 
     position = Position.parse(args.position)
     if args.shuffles < 0:
         raise ProbingError(f"--shuffles must be >= 0, got {args.shuffles}")
     dataset = load_jsonl(args.data)  # data errors before the (slow) model load
+    check_dataset(dataset, task=args.task, cv=args.cv, test_size=args.test_size)
     model = mi.MIModel.from_pretrained(args.model, device=args.device)
     hooks = expand_hooks(model, args.hook)
     result = probe_model(model, dataset, hooks, position=position, batch_size=args.batch_size,
-                         task=args.task, cv=args.cv, test_size=args.test_size,
+                         out_dir=args.save_activations, task=args.task, cv=args.cv,
+                         test_size=args.test_size,
                          regularization=args.reg, standardize=not args.no_standardize,
                          n_shuffles=args.shuffles, seed=args.seed)
     to_json(result, args.json)

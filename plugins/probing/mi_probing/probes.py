@@ -171,6 +171,55 @@ def _run(est: Pipeline, x: np.ndarray, y: np.ndarray, splitter: Any,
     return {m: (out[f"test_{m}"] if _SCORERS[m][1] else -out[f"test_{m}"]) for m in scoring}
 
 
+@attrs.define
+class _LabelPlan:
+    task: str  # "binary" | "multiclass" | "regression"
+    classes: list[Any]
+    y: np.ndarray  # class indices, or float targets
+    splitter: Any
+    split: str
+    chance: dict[str, float]  # metric -> analytic chance level (also the metric list)
+
+
+def check_labels(labels: Sequence[Any], *, task: str = "auto", cv: int | None = None,
+                 test_size: float | None = None, seed: int = 0) -> _LabelPlan:
+    """Validate labels for a probe before any activation is computed.
+
+    ProbingError for one class only, fewer examples of a class than the split needs,
+    constant or non-numeric regression targets, or a bad split setting.
+    """
+    labels = list(labels)
+    regression = resolve_task(labels, task) == "regression"
+    if regression:
+        try:
+            y = np.asarray(labels, dtype=float)
+        except (TypeError, ValueError):
+            raise ProbingError("regression needs numeric labels") from None
+        if np.ptp(y) == 0:
+            raise ProbingError(f"all {len(y)} regression targets equal {y[0]}; nothing to fit")
+        splitter, split, need = _splitter(True, cv, test_size, seed)
+        if len(y) < max(need, 4):
+            raise ProbingError(f"{split} of a regression probe needs more than {len(y)} "
+                               "examples")
+        return _LabelPlan("regression", [], y, splitter, split,
+                          {"r2": 0.0, "mse": float(np.var(y))})
+    classes = sorted(set(labels), key=lambda v: (str(type(v)), v))
+    if len(classes) < 2:
+        raise ProbingError(f"all {len(labels)} examples have the label {classes[0]!r}; "
+                           "a classifier needs at least two classes")
+    index = {c: i for i, c in enumerate(classes)}
+    y = np.asarray([index[v] for v in labels])
+    counts = np.bincount(y, minlength=len(classes))
+    splitter, split, need = _splitter(False, cv, test_size, seed)
+    if counts.min() < need:
+        few = {str(classes[i]): int(c) for i, c in enumerate(counts) if c < need}
+        raise ProbingError(f"{split} needs at least {need} examples of every class; "
+                           f"too few: {few}")
+    return _LabelPlan("binary" if len(classes) == 2 else "multiclass", classes, y, splitter,
+                      split, {"accuracy": float(counts.max() / counts.sum()),
+                              "balanced_accuracy": 1.0 / len(classes), "auroc": 0.5})
+
+
 def fit_probe(x: torch.Tensor | np.ndarray, labels: Sequence[Any], *, hook: str = "",
               position: str = "last", task: str = "auto", cv: int | None = None,
               test_size: float | None = None, regularization: float = 1.0,
@@ -188,49 +237,17 @@ def fit_probe(x: torch.Tensor | np.ndarray, labels: Sequence[Any], *, hook: str 
     if len(labels) != arr.shape[0]:
         raise ProbingError(f"{arr.shape[0]} activation rows at {hook or '?'} but "
                            f"{len(labels)} labels")
-    kind = resolve_task(labels, task)
-    regression = kind == "regression"
     if not regularization > 0:
         raise ProbingError(f"regularization (C or alpha) must be > 0, got {regularization}")
     if n_shuffles < 0:
         raise ProbingError(f"n_shuffles must be >= 0, got {n_shuffles}")
-    rng = np.random.default_rng(seed)
-    if regression:
-        try:
-            y = np.asarray(labels, dtype=float)
-        except (TypeError, ValueError):
-            raise ProbingError("regression needs numeric labels") from None
-        if np.ptp(y) == 0:
-            raise ProbingError(f"all {len(y)} regression targets equal {y[0]}; nothing to fit")
-        classes: list[Any] = []
-        splitter, split, need = _splitter(True, cv, test_size, seed)
-        if len(y) < max(need, 4):
-            raise ProbingError(f"{split} of a regression probe needs more than {len(y)} "
-                               "examples")
-        names = ["r2", "mse"]
-        chance = {"r2": 0.0, "mse": float(np.var(y))}
-        task_name = "regression"
-    else:
-        classes = sorted(set(labels), key=lambda v: (str(type(v)), v))
-        if len(classes) < 2:
-            raise ProbingError(f"all {len(labels)} examples have the label {classes[0]!r}; "
-                               "a classifier needs at least two classes")
-        index = {c: i for i, c in enumerate(classes)}
-        y = np.asarray([index[v] for v in labels])
-        counts = np.bincount(y, minlength=len(classes))
-        splitter, split, need = _splitter(False, cv, test_size, seed)
-        if counts.min() < need:
-            few = {str(classes[i]): int(c) for i, c in enumerate(counts) if c < need}
-            raise ProbingError(f"{split} needs at least {need} examples of every class; "
-                               f"too few: {few}")
-        names = ["accuracy", "balanced_accuracy", "auroc"]
-        chance = {"accuracy": float(counts.max() / counts.sum()),
-                  "balanced_accuracy": 1.0 / len(classes), "auroc": 0.5}
-        task_name = "binary" if len(classes) == 2 else "multiclass"
-    scoring = {m: _SCORERS[m][0] for m in names}
-    if task_name == "multiclass":
+    plan = check_labels(labels, task=task, cv=cv, test_size=test_size, seed=seed)
+    y, splitter = plan.y, plan.splitter
+    scoring = {m: _SCORERS[m][0] for m in plan.chance}
+    if plan.task == "multiclass":
         scoring["auroc"] = "roc_auc_ovr"
-    est = _estimator(regression, regularization, standardize, max_iter)
+    est = _estimator(plan.task == "regression", regularization, standardize, max_iter)
+    rng = np.random.default_rng(seed)
     with threadpool_limits(limits=1 if arr.size < SMALL_PROBLEM else None):
         real = _run(est, arr, y, splitter, scoring)
         shuffled = [_run(est, arr, rng.permutation(y), splitter, scoring)
@@ -238,7 +255,7 @@ def fit_probe(x: torch.Tensor | np.ndarray, labels: Sequence[Any], *, hook: str 
         est.fit(arr, y)  # the final probe, on every example: its weights are the direction
 
     scores: dict[str, ProbeScore] = {}
-    for m in names:
+    for m, chance in plan.chance.items():
         value, higher = float(np.mean(real[m])), _SCORERS[m][1]
         base = np.array([float(np.mean(s[m])) for s in shuffled])
         beats = (base >= value) if higher else (base <= value)
@@ -246,7 +263,7 @@ def fit_probe(x: torch.Tensor | np.ndarray, labels: Sequence[Any], *, hook: str 
         scores[m] = ProbeScore(
             metric=m, value=value, std=float(np.std(real[m])),
             baseline=float(base.mean()) if have else None,
-            baseline_std=float(base.std()) if have else None, chance=chance[m],
+            baseline_std=float(base.std()) if have else None, chance=chance,
             p_value=float((1 + beats.sum()) / (1 + n_shuffles)) if have else None,
             higher_is_better=higher)
 
@@ -258,9 +275,9 @@ def fit_probe(x: torch.Tensor | np.ndarray, labels: Sequence[Any], *, hook: str 
     hp = HookPoint.parse(hook) if hook else None
     return ProbeResult(
         hook=hp.name if hp else "", layer=hp.layer if hp else None, position=position,
-        task=task_name, n_samples=int(arr.shape[0]), n_features=int(arr.shape[1]),
+        task=plan.task, n_samples=int(arr.shape[0]), n_features=int(arr.shape[1]),
         feature_shape=list(feature_shape) if feature_shape is not None else [arr.shape[1]],
-        classes=classes, split=split, n_shuffles=n_shuffles, regularization=regularization,
+        classes=plan.classes, split=plan.split, n_shuffles=n_shuffles, regularization=regularization,
         standardize=standardize, seed=seed, scores=scores, coef=coef.tolist(),
         intercept=np.atleast_1d(lin.intercept_).astype(float).tolist(),
         mean=np.asarray(mean, float).tolist(), scale=np.asarray(scale, float).tolist(),

@@ -16,7 +16,7 @@ from mi_core.hooks import HookLike, HookPoint
 from mi_probing.collect import ActivationSet, collect_activations
 from mi_probing.data import LabelledDataset
 from mi_probing.errors import ProbingError
-from mi_probing.probes import ProbeResult, fit_probe
+from mi_probing.probes import ProbeResult, check_labels, fit_probe
 
 
 @attrs.define
@@ -120,25 +120,25 @@ def probe_model(model: MIModel, dataset: LabelledDataset, hooks: Iterable[HookLi
                 **probe_kwargs: Any) -> SweepResult:
     """Collect activations of `dataset` at `hooks` in one pass, then probe each point.
 
-    Labels are checked (two classes at least, enough per class for the split) before the
-    model runs, so bad data fails fast.
+    Labels are checked (:func:`check_dataset`) before the model runs, so bad data fails
+    fast.
     """
     hooks = list(hooks)
-    _precheck(dataset, probe_kwargs)
+    check_dataset(dataset, **{k: v for k, v in probe_kwargs.items()
+                              if k in ("task", "cv", "test_size")})
     acts = collect_activations(model, dataset.texts, hooks, position=position,
                                batch_size=batch_size, out_dir=out_dir, progress=progress)
     return probe_activations(acts, list(dataset.labels), model_name=model.source,
                              data=dataset.source, progress=progress, **probe_kwargs)
 
 
-def _precheck(dataset: LabelledDataset, probe_kwargs: dict[str, Any]) -> None:
-    from mi_probing.probes import resolve_task
-
-    if resolve_task(dataset.labels, probe_kwargs.get("task", "auto")) == "classification":
-        classes = dataset.classes()
-        if len(classes) < 2:
-            raise ProbingError(f"{dataset.source}: all {len(dataset)} examples have the label "
-                               f"{classes[0]!r}; a classifier needs at least two classes")
+def check_dataset(dataset: LabelledDataset, task: str = "auto", cv: int | None = None,
+                  test_size: float | None = None) -> None:
+    """:func:`mi_probing.probes.check_labels` with the dataset's source in the message."""
+    try:
+        check_labels(dataset.labels, task=task, cv=cv, test_size=test_size)
+    except ProbingError as exc:
+        raise ProbingError(f"{dataset.source}: {exc}") from None
 
 
 def save_curve(result: SweepResult, path: str | os.PathLike[str]) -> Path:
