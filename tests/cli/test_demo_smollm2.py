@@ -22,8 +22,17 @@ def test_mi_demo_on_the_embedded_smollm2(tmp_path, capsys):
     assert r.knockout_kl > 0.1 and r.knockout_logit_diff > 0  # measured 7.31 and +3.16
 
 
-def test_mi_run_uses_the_given_model(smollm2_gguf_path, capsys, monkeypatch):
+def test_mi_run_uses_the_given_model(smollm2, smollm2_gguf_path, capsys, monkeypatch):
+    """`mi run --model PATH` loads PATH (the session's already-loaded model is handed back to
+    save a second load; loading itself is tested in tests/transformer)."""
     monkeypatch.setattr(analysis, "default_model_path", lambda: None)  # must not be needed
+    seen = []
+
+    def fake_load(source, device="cpu", **kw):
+        seen.append(str(source))
+        return smollm2
+    monkeypatch.setattr(mi.MIModel, "from_pretrained", staticmethod(fake_load))
     assert main(["run", "--model", str(smollm2_gguf_path), "--prompt", "The capital of Italy is",
                  "--k", "3"]) == 0
+    assert seen == [str(smollm2_gguf_path)]
     assert "' Rome'" in capsys.readouterr().out
