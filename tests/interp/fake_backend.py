@@ -144,7 +144,7 @@ class FakeBackend:
         b, s, _ = x.shape
         x = run.apply(n[0], x)
         sc = run.apply(n[1], self._rms(x))
-        h = run.apply(n[2], x / sc) * w["ln1.w"]
+        h = run.apply(n[2], x / sc * w["ln1.w"])  # normalized: the attention's input
         q = run.apply(n[3], torch.einsum("bsd,hde->bshe", h, w["W_Q"]))
         k = run.apply(n[4], torch.einsum("bsd,hde->bshe", h, w["W_K"]))
         v = run.apply(n[5], torch.einsum("bsd,hde->bshe", h, w["W_V"]))
@@ -166,7 +166,7 @@ class FakeBackend:
         attn = run.apply(n[12], attn)
         x = run.apply(n[13], x + attn)
         sc2 = run.apply(n[14], self._rms(x))
-        h2 = run.apply(n[15], x / sc2) * w["ln2.w"]
+        h2 = run.apply(n[15], x / sc2 * w["ln2.w"])  # the MLP's input (API.md)
         pre = run.apply(n[16], h2 @ w["W_gate"])
         post = run.apply(n[17], torch.nn.functional.silu(pre) * (h2 @ w["W_in"]))
         mlp = run.apply(n[18], post @ w["W_out"])
@@ -183,7 +183,7 @@ class FakeBackend:
             if between_layers is not None:
                 x = between_layers(step, i, x)
         sc = run.apply("ln_final.hook_scale", self._rms(x))
-        h = run.apply("ln_final.hook_normalized", x / sc) * self.ln_final_w
+        h = run.apply("ln_final.hook_normalized", x / sc * self.ln_final_w)
         return run.finish(self.unembed(h))
 
     def hook_shape(self, point: HookPoint, batch: int, seq: int) -> tuple[int, ...] | None:
