@@ -42,15 +42,17 @@ def wkv6(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logw: torch.Tensor,
     pad = (-t) % L
     # Padding at the end: decay 1 and no write, so the final state is unchanged.
     rc, kc, vc, lw = (_chunks(x, L) for x in _pad([r, kw, v, logw], pad))
-    b = lw.cumsum(-2)                     # inclusive cumulative log-decay within the chunk
-    be = b - lw                           # exclusive: b_{t-1}
+    # Cumulative log-decays in float64: differences of large cumulative sums keep their
+    # precision (RWKV-6 decays reach tens of nats per token).
+    b = lw.double().cumsum(-2)            # inclusive cumulative log-decay within the chunk
+    be = b - lw.double()                  # exclusive: b_{t-1}
     strict = torch.ones(L, L, dtype=torch.bool, device=r.device).tril(-1)
     a = _intra(rc, be, kc, b, strict)                              # [B, H, n, L, L]
     y = a @ vc
     blast = b[..., -1:, :]
-    kv = (kc * (blast - b).exp()).transpose(-1, -2) @ vc           # [B, H, n, K, V]
-    dec = blast.squeeze(-2).exp().unsqueeze(-1)                    # [B, H, n, K, 1]
-    q = rc * be.exp()
+    kv = (kc * (blast - b).exp().float()).transpose(-1, -2) @ vc   # [B, H, n, K, V]
+    dec = blast.squeeze(-2).exp().float().unsqueeze(-1)            # [B, H, n, K, 1]
+    q = rc * be.exp().float()
     starts = []
     s = state
     for c in range(rc.shape[2]):
@@ -70,15 +72,16 @@ def _intra(q: torch.Tensor, gq: torch.Tensor, k: torch.Tensor, gk: torch.Tensor,
            mask: torch.Tensor) -> torch.Tensor:
     """M[t, s] = sum_i q_{t,i} k_{s,i} exp(gq_{t,i} - gk_{s,i}) where `mask` [L, L] holds, else 0.
 
-    q, k, gq, gk: [B, H, n, L, K]; the cumulative log-decays decrease along L, so every
+    q, k: [B, H, n, L, K] F32; gq, gk: the same, float64. Cumulative log-decays decrease along L, so every
     masked-in exponent is <= 0. When the chunk's decay range is small the product is
     factorised around the midpoint into one matmul; otherwise it is formed pairwise.
     """
     if q.shape[-2] > 1 and float(-gk[..., -1, :].min()) > SAFE_RANGE:
         d = (gq.unsqueeze(-2) - gk.unsqueeze(-3)).masked_fill(~mask[:, :, None], float("-inf"))
-        return (q.unsqueeze(-2) * d.exp() * k.unsqueeze(-3)).sum(-1)
+        return (q.unsqueeze(-2) * d.exp().to(q.dtype) * k.unsqueeze(-3)).sum(-1)
     mid = gk[..., gk.shape[-2] // 2: gk.shape[-2] // 2 + 1, :]
-    return ((q * (gq - mid).exp()) @ (k * (mid - gk).exp()).transpose(-1, -2)) * mask
+    qf, kf = q * (gq - mid).exp().to(q.dtype), k * (mid - gk).exp().to(k.dtype)
+    return (qf @ kf.transpose(-1, -2)) * mask
 
 
 class V6Layer:

@@ -35,8 +35,8 @@ def wkv7(r: torch.Tensor, logw: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     pad = (-t) % L
     # End padding: decay 1, a = b = k = 0, so the final state is unchanged.
     rc, lw, kc, vc, ac, bc = (_chunks(x, L) for x in _pad([r, logw, k, v, a, b], pad))
-    g = lw.cumsum(-2)                   # inclusive cumulative log-decay in the chunk
-    ge = g - lw                         # exclusive (state before token t)
+    g = lw.double().cumsum(-2)          # inclusive cumulative log-decay in the chunk (float64)
+    ge = g - lw.double()                # exclusive (state before token t)
     dev = r.device
     strict = torch.ones(L, L, dtype=torch.bool, device=dev).tril(-1)
     incl = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
@@ -49,13 +49,14 @@ def wkv7(r: torch.Tensor, logw: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     for _ in range(max(0, (L - 1).bit_length() - 1)):
         power = power @ power
         inv = inv + inv @ power
-    w_s0 = inv @ (ac * ge.exp())                                       # u = w_s0 @ S0 + u_v
+    w_s0 = inv @ (ac * ge.exp().float())                                       # u = w_s0 @ S0 + u_v
     u_v = inv @ (m_ak @ vc)
-    q = rc * g.exp() + m_rb @ w_s0                                    # y = q @ S0 + y_in
+    q = rc * g.exp().float() + m_rb @ w_s0                                    # y = q @ S0 + y_in
     y = m_rb @ u_v + m_rk @ vc
     gl = g[..., -1:, :]
-    bd, kdec = bc * (gl - g).exp(), kc * (gl - g).exp()
-    trans = torch.diag_embed(gl.squeeze(-2).exp()) + bd.transpose(-1, -2) @ w_s0   # [B, H, n, K, K]
+    decay_to_end = (gl - g).exp().float()
+    bd, kdec = bc * decay_to_end, kc * decay_to_end
+    trans = torch.diag_embed(gl.squeeze(-2).exp().float()) + bd.transpose(-1, -2) @ w_s0   # [B, H, n, K, K]
     offs = bd.transpose(-1, -2) @ u_v + kdec.transpose(-1, -2) @ vc                # [B, H, n, K, V]
     starts = []
     s = state
