@@ -133,3 +133,10 @@ def test_sequence_past_max_positions_warns(tiny, make_ids):
     with pytest.warns(UserWarning, match="max_position_embeddings 64"):
         out = model.forward(make_ids(1, 70)).output
     assert torch.isfinite(out).all()
+
+
+def test_unknown_forward_option_is_an_error_not_ignored(llama_model):
+    with pytest.raises(mi.MIError, match="layer_shedule"):
+        llama_model.forward(torch.tensor([[3, 4]]), layer_shedule=[0])
+    with pytest.raises(mi.MIError, match="attn_impl"):
+        llama_model.forward(torch.tensor([[3, 4]]), attn_impl="flash")

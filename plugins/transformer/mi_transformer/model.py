@@ -170,7 +170,7 @@ class TransformerBackend:
                 attention_mask: torch.Tensor | None = None, past: KVCache | None = None,
                 layer_schedule: Sequence[int] | None = None,
                 between_layers: BetweenLayers | None = None,
-                attn_impl: str | None = None, **_: Any) -> HookCache:
+                attn_impl: str | None = None, **unknown: Any) -> HookCache:
         """ids [batch, seq] -> HookCache with logits [batch, seq, vocab].
 
         attention_mask: [batch, seq] (or [batch, cached + seq] with `past`), 1 = real token;
@@ -180,6 +180,11 @@ class TransformerBackend:
         between_layers(step, layer, resid) -> resid: called after each scheduled layer.
         attn_impl: "explicit" / "sdpa" forces an attention path (default: automatic).
         """
+        if unknown:
+            raise MIError(f"unknown forward option(s) {sorted(unknown)}; the transformer backend "
+                          f"takes attention_mask, past, layer_schedule, between_layers, attn_impl")
+        if attn_impl not in (None, "explicit", "sdpa"):
+            raise MIError(f"attn_impl must be None, 'explicit' or 'sdpa', got {attn_impl!r}")
         c, w = self.config, self.w
         run = (hooks if hooks is not None else HookSpec()).start()
         batch, seq = ids.shape

@@ -7,16 +7,15 @@ a new LLaMA-like family usually needs no change here. Tensors come from a
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Protocol
+from typing import Mapping, Protocol
 
 import attrs
 import torch
 
 from mi_core.errors import WeightLoadError
-from mi_core.loading import SafetensorsCheckpoint
 
 from mi_transformer.attention import AttnWeights
-from mi_transformer.config import MlpLayout, NormType, QkvLayout, TransformerConfig
+from mi_transformer.config import MlpLayout, QkvLayout, TransformerConfig
 from mi_transformer.mlp import MlpWeights
 from mi_transformer.norm import Norm
 
