@@ -302,9 +302,28 @@ def smol_ckpt(smollm2_gguf_path: Path) -> GgufCheckpoint:
 
 @pytest.fixture(scope="module")
 def hf_smol(smollm2_gguf_path: Path):
-    """transformers' own GGUF loader on the same file (slow: loaded once per module)."""
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        smollm2_gguf_path.parent, gguf_file=smollm2_gguf_path.name, dtype=torch.float32).eval()
+    """transformers' own GGUF loader on the same file (slow: loaded once per module).
+
+    Speed only, results unchanged: transformers builds a ``gguf.GGUFReader`` twice (config,
+    then weights; seconds each on 100k metadata strings) and a ``TensorNameMap`` once per
+    submodule (~400 times); both are read-only, so we memoise them while it loads.
+    """
+    import functools
+
+    readers: dict[str, object] = {}
+    reader_cls, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+
+    def shared_reader(path, *args, **kwargs):
+        key = str(path)
+        if key not in readers:
+            readers[key] = reader_cls(path, *args, **kwargs)
+        return readers[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "GGUFReader", shared_reader)
+        mp.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(name_map))
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            smollm2_gguf_path.parent, gguf_file=smollm2_gguf_path.name, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
