@@ -179,3 +179,22 @@ def test_wrongly_shaped_operand_is_rejected_before_compute(llama_model, make_ids
 def test_unknown_layer_is_an_error_before_compute(llama_model, make_ids):
     with pytest.raises(mi.HookError, match="out of range"):
         llama_model.forward(make_ids(1, SEQ), mi.HookSpec().capture("blocks.9.hook_resid_post"))
+
+
+def test_steer_that_zeroes_an_edge_equals_knocking_it_out(llama_model, make_ids):
+    ids = make_ids(1, SEQ)
+    edge = torch.zeros(SEQ, SEQ, dtype=torch.bool)
+    edge[-1, 2] = True
+    ko = torch.zeros(SEQ, SEQ).masked_fill(edge, float("-inf"))
+    steered = llama_model.forward(ids, mi.HookSpec().intervene(
+        "blocks.1.attn.hook_pattern", mi.Steer(edge, scale=0.0))).output
+    knocked = llama_model.forward(ids, mi.HookSpec().intervene(
+        "blocks.1.attn.hook_attn_scores", mi.Knockout(ko))).output
+    assert (steered - knocked).abs().max().item() < 1e-5
+
+
+def test_run_with_cache_captures_every_point_but_the_opt_in_result(llama_model, make_ids):
+    logits, cache = llama_model.run_with_cache(make_ids(1, SEQ))
+    assert "blocks.0.attn.hook_result" not in cache
+    assert "blocks.2.attn.hook_pattern" in cache and "hook_final_norm" in cache
+    assert (logits - llama_model.forward(make_ids(1, SEQ)).output).abs().max().item() < 1e-5
