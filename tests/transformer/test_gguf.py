@@ -68,7 +68,8 @@ def _tiny_hf_llama(directory: Path, rope_scaling: dict | None = None, tied: bool
 
 
 def _write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", arch: str = "llama",
-                override: dict[str, str] | None = None, rope_freqs: np.ndarray | None = None) -> Path:
+                override: dict[str, str] | None = None, rope_freqs: np.ndarray | None = None,
+                ffn_length: int | None = None, drop: tuple[str, ...] = ()) -> Path:
     """Convert a tiny HF LLaMA directory to GGUF (llama.cpp naming and q/k permutation).
 
     `override` maps a GGUF tensor name to a raw ggml type name written instead of `qtype`
@@ -82,7 +83,7 @@ def _write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", arch: str = "llama"
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_feed_forward_length(ffn_length or cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_rope_freq_base(10000.0)
@@ -108,6 +109,8 @@ def _write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", arch: str = "llama"
         w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
     for hf, t in sd.items():
         name = names[hf]
+        if name in drop:
+            continue
         a = t.float().numpy()
         if name.endswith("attn_q.weight"):
             a = _llama_cpp_permute(a, cfg.num_attention_heads)
@@ -234,6 +237,18 @@ def test_truncated_gguf_is_a_weight_load_error(tiny_gguf: Path, tmp_path: Path) 
         p.write_bytes(data[:cut])
         with pytest.raises(WeightLoadError, match="truncated"):
             read_gguf(p)
+
+
+def test_tensor_shape_disagreeing_with_metadata_is_a_weight_load_error(tiny_hf: Path, tmp_path: Path) -> None:
+    path = _write_gguf(tiny_hf, tmp_path / "bad.gguf", ffn_length=96)  # tensors are 128 wide
+    with pytest.raises(WeightLoadError, match=r"blk\.0\.ffn_\w+\.weight.*shape"):
+        read_gguf(path)
+
+
+def test_missing_tensor_is_a_weight_load_error_naming_it(tiny_hf: Path, tmp_path: Path) -> None:
+    path = _write_gguf(tiny_hf, tmp_path / "missing.gguf", drop=("blk.1.attn_v.weight",))
+    with pytest.raises(WeightLoadError, match=r"missing tensors: model\.layers\.1\.self_attn\.v_proj"):
+        read_gguf(path)
 
 
 def test_not_a_gguf_file_is_a_weight_load_error(tmp_path: Path) -> None:
