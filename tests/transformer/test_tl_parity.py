@@ -50,15 +50,15 @@ GLOBAL_POINTS = ["hook_embed", "ln_final.hook_scale", "ln_final.hook_normalized"
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _offline() -> None:
-    """The bridge must never reach the hub: every source here is a local directory."""
-    old = os.environ.get("HF_HUB_OFFLINE")
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    yield
-    if old is None:
-        os.environ.pop("HF_HUB_OFFLINE", None)
-    else:
-        os.environ["HF_HUB_OFFLINE"] = old
+def _offline():
+    """The bridge must never reach the hub: every source here is a local directory.
+    huggingface_hub reads the env var once at import, so its constant is set as well."""
+    import huggingface_hub.constants
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        yield
 
 
 def _dummy_tokenizer():
