@@ -139,12 +139,17 @@ def run_circuit_tracer(args: argparse.Namespace) -> dict:
     res: dict = {"impl": "circuit-tracer", "threads": torch.get_num_threads()}
     t = time.perf_counter()
     hf = LlamaForCausalLM.from_pretrained(str(hf_dir), torch_dtype=torch.float32).eval()
-    clt = load_clt(args.clt_dir, device=torch.device("cpu"), dtype=torch.float32)
+    import yaml
+
+    cfg = yaml.safe_load(open(Path(args.clt_dir) / "config.yaml"))
+    clt = load_clt(args.clt_dir, feature_input_hook=cfg["feature_input_hook"],
+                   feature_output_hook=cfg["feature_output_hook"], device=torch.device("cpu"),
+                   dtype=torch.float32)
     model = _tl_replacement_model(hf, None, clt)
     model.tokenizer = _FakeTok(hf.config.vocab_size)  # ids are given: no real tokenizer needed
     del hf
     res["load_s"] = time.perf_counter() - t
-    ids = torch.tensor(json.load(open(hf_dir / "prompt_ids.json")))
+    ids = torch.tensor(json.load(open(hf_dir / "prompt_ids.json")))[: args.seq]
     res["rss_before_attribution_mb"] = peak_rss_mb()
     t, c = time.perf_counter(), cpu_s()
     g = attribute(ids, model, batch_size=args.batch_size, max_feature_nodes=args.max_feature_nodes)
@@ -167,7 +172,7 @@ class _FakeTok:
     def __init__(self, vocab: int) -> None:
         self.vocab_size, self.all_special_ids = vocab, [1]
         self.bos_token_id = self.pad_token_id = self.eos_token_id = 1
-        self.name_or_path = "smollm2"
+        self.name_or_path, self.padding_side = "smollm2", "right"
 
     def decode(self, ids, **_: object) -> str:
         ids = ids.tolist() if hasattr(ids, "tolist") else ids

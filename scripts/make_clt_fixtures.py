@@ -196,9 +196,7 @@ def _tl_replacement_model(hf, tok, clt):
 
 
 def make_attribution(out: Path) -> None:
-    from circuit_tracer import attribute
-    from circuit_tracer.graph import compute_graph_scores, prune_graph
-    from circuit_tracer.transcoder.cross_layer_transcoder import CrossLayerTranscoder, load_clt
+    from circuit_tracer.transcoder.cross_layer_transcoder import CrossLayerTranscoder
 
     md = out / "tiny_llama"
     if md.exists():
@@ -220,8 +218,26 @@ def make_attribution(out: Path) -> None:
     (cd / "config.yaml").write_text(yaml.safe_dump({
         "model_kind": "cross_layer_transcoder", "feature_input_hook": "hook_resid_mid",
         "feature_output_hook": "hook_mlp_out"}))
-    clt = load_clt(str(cd), device=torch.device("cpu"), dtype=torch.float32)
+    _attr_reference(out, hf, tok, "attr", cd, "hook_resid_mid")
+    # The same weights read at the MLP input (circuit-tracer's mlp.hook_in; ours
+    # ln2.hook_normalized): the feature targets then sit behind the frozen ln2 scale.
+    cd2 = out / "attr_clt_mlpin"
+    if cd2.exists():
+        shutil.rmtree(cd2)
+    shutil.copytree(cd, cd2)
+    (cd2 / "config.yaml").write_text(yaml.safe_dump({
+        "model_kind": "cross_layer_transcoder", "feature_input_hook": "mlp.hook_in",
+        "feature_output_hook": "hook_mlp_out"}))
+    _attr_reference(out, hf, tok, "attr_mlpin", cd2, "mlp.hook_in")
 
+
+def _attr_reference(out: Path, hf, tok, name: str, clt_dir: Path, input_hook: str) -> None:
+    from circuit_tracer import attribute
+    from circuit_tracer.graph import compute_graph_scores, prune_graph
+    from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
+
+    clt = load_clt(str(clt_dir), feature_input_hook=input_hook, feature_output_hook="hook_mlp_out",
+                   device=torch.device("cpu"), dtype=torch.float32)
     model = _tl_replacement_model(hf, tok, clt)
     ids = torch.tensor(PROMPT_IDS)
     with torch.no_grad():  # the conversion is faithful: TL logits == HF logits
@@ -238,9 +254,10 @@ def make_attribution(out: Path) -> None:
                "logit_probabilities": graph.logit_probabilities.contiguous(),
                "input_tokens": ids, "node_mask": node_mask.contiguous(),
                "edge_mask": edge_mask.contiguous(), "cumulative_scores": cum.contiguous()},
-              str(out / "attr_ref.safetensors"))
-    (out / "attr_ref.json").write_text(json.dumps({
+              str(out / f"{name}_ref.safetensors"))
+    (out / f"{name}_ref.json").write_text(json.dumps({
         "circuit_tracer_version": __import__("circuit_tracer").__version__,
+        "clt": clt_dir.name, "feature_input_hook": input_hook,
         "node_threshold": 0.8, "edge_threshold": 0.98, "max_n_logits": 5,
         "desired_logit_prob": 0.8, "replacement_score": replacement,
         "completeness_score": completeness, "tl_vs_hf_logit_max_abs_diff": diff}, indent=2))

@@ -25,11 +25,18 @@ FIX = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(scope="module")
-def setup():
-    model = mi.MIModel.from_pretrained(FIX / "tiny_llama")
-    clt = mi.load_dictionary(FIX / "attr_clt")
-    ref = load_file(str(FIX / "attr_ref.safetensors"))
-    meta = json.loads((FIX / "attr_ref.json").read_text())
+def tiny():
+    return mi.MIModel.from_pretrained(FIX / "tiny_llama")
+
+
+# attr: the CLT reads hook_resid_mid; attr_mlpin: the same weights read the MLP input
+# (circuit-tracer's mlp.hook_in = our ln2.hook_normalized), behind the frozen ln2 scale.
+@pytest.fixture(scope="module", params=["attr", "attr_mlpin"])
+def setup(request, tiny):
+    model = tiny
+    meta = json.loads((FIX / f"{request.param}_ref.json").read_text())
+    clt = mi.load_dictionary(FIX / meta.get("clt", "attr_clt"))
+    ref = load_file(str(FIX / f"{request.param}_ref.safetensors"))
     graph = attribute(model, clt, ref["input_tokens"], max_n_logits=meta["max_n_logits"],
                       desired_logit_prob=meta["desired_logit_prob"], batch_size=16)
     return model, clt, ref, meta, graph
