@@ -17,6 +17,16 @@ import mi_core as mi  # noqa: E402
 LAYERS, HIDDEN, HEAD, VOCAB = 2, 128, 64, 300
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """These models are tiny: one intra-op thread avoids thread-pool overhead (which dominates
+    on a loaded 2-core machine). Restored after each test."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def v6_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("rwkv6")

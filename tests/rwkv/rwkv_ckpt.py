@@ -171,19 +171,20 @@ def to_blinkdl_v7(w: dict[str, torch.Tensor], layers: int) -> dict[str, torch.Te
     return {k: v.clone().contiguous() for k, v in out.items()}
 
 
-_REFERENCE: dict[bool, ModuleType] = {}
+_REFERENCE: dict[tuple[bool, bool], ModuleType] = {}
 
 
-def load_rwkv_reference(v7: bool) -> ModuleType:
+def load_rwkv_reference(v7: bool, jit: bool = True) -> ModuleType:
     """A private copy of ``rwkv.model`` imported with ``RWKV_V7_ON`` set for `v7` (the module
-    reads its environment at import time), CUDA off, TorchScript on (the package default)."""
-    if v7 in _REFERENCE:
-        return _REFERENCE[v7]
+    reads its environment at import time), CUDA off, TorchScript on (the package default)
+    unless `jit` is False (RWKV-6 only; the RWKV-7 code is always scripted)."""
+    if (v7, jit) in _REFERENCE:
+        return _REFERENCE[(v7, jit)]
     spec = importlib.util.find_spec("rwkv.model")
     assert spec is not None and spec.origin
     # RWKV_CUDA_ON / RWKV_JIT_ON are also read when a model is built, so they stay set.
     os.environ["RWKV_CUDA_ON"] = "0"
-    os.environ.setdefault("RWKV_JIT_ON", "1")
+    os.environ["RWKV_JIT_ON"] = "1" if jit else "0"
     saved = {"RWKV_V7_ON": os.environ.get("RWKV_V7_ON")}
     os.environ["RWKV_V7_ON"] = "1" if v7 else "0"
     try:
@@ -197,14 +198,16 @@ def load_rwkv_reference(v7: bool) -> ModuleType:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    _REFERENCE[v7] = mod
+    _REFERENCE[(v7, jit)] = mod
     return mod
 
 
-def reference_model(directory: Path, blink: dict[str, torch.Tensor], v7: bool) -> Any:
+def reference_model(directory: Path, blink: dict[str, torch.Tensor], v7: bool, jit: bool = True) -> Any:
     """The `rwkv` package's model on `blink` (written as ``ref.pth``; strategy 'cpu fp32')."""
     torch.save(blink, directory / "ref.pth")
-    mod = load_rwkv_reference(v7)
+    mod = load_rwkv_reference(v7, jit)
+    # RWKV_JIT_ON is read again when the model is built.
+    os.environ["RWKV_JIT_ON"] = "1" if jit else "0"
     if v7:
         return mod.RWKV_x070(str(directory / "ref"), "cpu fp32")
     return mod.RWKV(str(directory / "ref.pth"), "cpu fp32", verbose=False)

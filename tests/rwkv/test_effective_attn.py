@@ -23,10 +23,10 @@ def _capture(model: mi.MIModel, ids: torch.Tensor, layer: int, hooks: mi.HookSpe
 
 
 def test_effective_attention_times_values_reproduces_wkv_output(model: mi.MIModel) -> None:
-    ids = random_ids(2, 23, seed=20)
+    ids = random_ids(1, 19, seed=20)
     for layer in range(model.num_layers):
         a, v, z = _capture(model, ids, layer)
-        assert a.shape == (2, model.num_heads, 23, 23)
+        assert a.shape == (1, model.num_heads, 19, 19)
         av = torch.einsum("bhts,bshd->bthd", a, v)
         assert (av - z).abs().max().item() < 1e-5 * max(1.0, z.abs().max().item())
         # causal: nothing above the diagonal

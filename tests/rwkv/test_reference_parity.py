@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 
 import rwkv_ckpt
@@ -22,7 +21,7 @@ TOL = 1e-4
 
 def _rwkv_package_logits(directory: Path, blink: dict, v7: bool, ids: torch.Tensor) -> torch.Tensor:
     """[batch, seq, vocab] from the `rwkv` package, one sequence at a time (it has no batch)."""
-    ref = rwkv_ckpt.reference_model(directory, blink, v7)
+    ref = rwkv_ckpt.reference_model(directory, blink, v7, jit=False)  # same math, no compile time
     return torch.stack([ref.forward(row.tolist(), None, full_output=True)[0].float() for row in ids])
 
 
@@ -50,20 +49,7 @@ def test_rwkv7_logits_match_rwkv7_hf(v7_model: mi.MIModel) -> None:
                                           if k not in ("model_type", "architectures")}))
     ref.load_state_dict(rwkv_ckpt.v7_tensors(LAYERS, HIDDEN, HEAD, VOCAB), strict=True)
     ref.eval()
-    ids = random_ids(2, 21, seed=2)
+    ids = random_ids(1, 12, seed=2)
     with torch.no_grad():
         expected = ref(input_ids=ids, use_cache=False).logits
     assert (v7_model.forward(ids).output - expected).abs().max().item() < TOL
-
-
-@pytest.mark.parametrize("chunk", [1, 5, 64])
-def test_chunk_size_does_not_change_logits(model: mi.MIModel, chunk: int) -> None:
-    ids = random_ids(1, 40, seed=3)
-    base = model.forward(ids).output
-    old = model.backend.chunk
-    model.backend.chunk = chunk
-    try:
-        other = model.forward(ids).output
-    finally:
-        model.backend.chunk = old
-    assert (base - other).abs().max().item() < 1e-4

@@ -43,6 +43,9 @@ def test_chunked_wkv6_matches_the_recurrence(decay_span: tuple[float, float]) ->
     y_ref, s_ref = naive_wkv6(r, k, v, logw, u, s0)
     y, s = wkv6(r, k, v, logw, u, s0, chunk=16)
     assert (y - y_ref).abs().max().item() < 1e-4 and (s - s_ref).abs().max().item() < 1e-4
+    y1, s1 = wkv6(r[:, :1], k[:, :1], v[:, :1], logw[:, :1], u, s0)  # the single-step path
+    y1_ref, s1_ref = naive_wkv6(r[:, :1], k[:, :1], v[:, :1], logw[:, :1], u, s0)
+    assert (y1 - y1_ref).abs().max().item() < 1e-5 and (s1 - s1_ref).abs().max().item() < 1e-5
 
 
 def test_chunked_wkv7_matches_the_recurrence() -> None:
@@ -56,3 +59,6 @@ def test_chunked_wkv7_matches_the_recurrence() -> None:
     for chunk in (1, 16, 64):
         y, s = wkv7(r, logw, k, v, -kk, kk * iclr, s0, chunk=chunk)
         assert (y - y_ref).abs().max().item() < 1e-4 and (s - s_ref).abs().max().item() < 1e-4
+    y1, s1 = wkv7(r[:, :1], logw[:, :1], k[:, :1], v[:, :1], -kk[:, :1], (kk * iclr)[:, :1], s0)
+    y1_ref, s1_ref = naive_wkv7(r[:, :1], logw[:, :1], k[:, :1], v[:, :1], -kk[:, :1], (kk * iclr)[:, :1], s0)
+    assert (y1 - y1_ref).abs().max().item() < 1e-5 and (s1 - s1_ref).abs().max().item() < 1e-5

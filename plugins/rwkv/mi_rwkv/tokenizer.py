@@ -18,6 +18,14 @@ VOCAB_FILE = "rwkv_vocab_v20230424.txt"
 _END = -1  # key of a trie node's token id
 
 
+def _literal(text: str) -> str | bytes:
+    """A Python str / bytes literal; plain quoted text without escapes skips the parser."""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" and "\\" not in text \
+            and text[0] not in text[1:-1]:
+        return text[1:-1]
+    return ast.literal_eval(text)
+
+
 class WorldTokenizer:
     """MITokenizer over the RWKV World vocabulary. ``encode`` is byte-level and lossless."""
 
@@ -51,7 +59,7 @@ class WorldTokenizer:
                 continue
             try:
                 idx = int(line[:line.index(" ")])
-                lit = ast.literal_eval(line[line.index(" "):line.rindex(" ")].strip())
+                lit = _literal(line[line.index(" "):line.rindex(" ")].strip())
                 length = int(line[line.rindex(" "):])
             except (ValueError, SyntaxError) as exc:
                 raise TokenizerError(f"{path}:{n}: malformed vocabulary line: {exc}") from exc

@@ -38,6 +38,10 @@ def wkv6(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logw: torch.Tensor,
     bsz, t, h, kd = r.shape
     kw = k if k_write is None else k_write
     bonus = (r * u * k).sum(-1, keepdim=True) * v
+    if t == 1:  # one recurrent step (generation): no chunk machinery
+        r1, k1, v1, w1 = r[:, 0], kw[:, 0], v[:, 0], logw[:, 0].exp()
+        y1 = (r1.unsqueeze(-2) @ state).squeeze(-2)
+        return (y1.unsqueeze(1) + bonus), w1.unsqueeze(-1) * state + k1.unsqueeze(-1) * v1.unsqueeze(-2)
     L = max(1, min(chunk, t))
     pad = (-t) % L
     # Padding at the end: decay 1 and no write, so the final state is unchanged.

@@ -31,6 +31,11 @@ def wkv7(r: torch.Tensor, logw: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     scaled by state knockout / steering); state [B, H, K, V]. Returns (y [B, T, H, V], state).
     """
     bsz, t, h, kd = r.shape
+    if t == 1:  # one recurrent step (generation): no chunk machinery
+        r1, w1, k1, v1, a1, b1 = (x[:, 0] for x in (r, logw.exp(), k, v, a, b))
+        sa = (a1.unsqueeze(-2) @ state)                                  # [B, H, 1, V]
+        s = w1.unsqueeze(-1) * state + b1.unsqueeze(-1) * sa + k1.unsqueeze(-1) * v1.unsqueeze(-2)
+        return (r1.unsqueeze(-2) @ s).transpose(1, 2), s
     L = max(1, min(chunk, t))
     pad = (-t) % L
     # End padding: decay 1, a = b = k = 0, so the final state is unchanged.
