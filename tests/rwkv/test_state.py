@@ -124,3 +124,31 @@ def test_state_hook_captures_final_state_and_intervention_changes_the_carried_st
     zeroed = model.backend.new_past(1)
     model.forward(ids, mi.HookSpec().intervene("blocks.1.rwkv.hook_state", mi.Zero()), past=zeroed)
     assert zeroed.wkv[1].abs().max().item() == 0.0 and zeroed.wkv[0].abs().max().item() > 0
+
+
+def test_knockout_position_outside_the_sequence_is_an_error(model: mi.MIModel) -> None:
+    import pytest
+
+    with pytest.raises(mi.InterventionError, match="position 20"):
+        model.forward(random_ids(1, 5), mi.HookSpec().set_state_knockout(mi.StateKnockoutSpec(positions=[20])))
+
+
+def test_bf16_forward_runs_and_stays_close_to_f32(v7_dir, v7_model: mi.MIModel) -> None:
+    ids = random_ids(1, 10, seed=14)
+    bf = mi.MIModel.from_pretrained(v7_dir, dtype=torch.bfloat16)
+    out = bf.forward(ids).output.float()
+    ref = v7_model.forward(ids).output
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    assert (out - ref).abs().max().item() < 0.25 * ref.abs().max().item()
+
+
+def test_generation_with_state_knockout_uses_absolute_positions(model: mi.MIModel) -> None:
+    ids = random_ids(1, 6, seed=15)
+    hooks = mi.HookSpec().set_state_knockout(mi.StateKnockoutSpec(positions=[2]))
+    res = model.generate(ids, max_new_tokens=4, hooks=hooks, stop_at_eos=False, return_logits=True)
+    cur = ids
+    for step in range(4):
+        logits = model.forward(cur, hooks).output[:, -1]
+        assert (logits - res.step_logits[step]).abs().max().item() < 1e-4
+        cur = torch.cat([cur, logits.argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(res.tokens, cur)

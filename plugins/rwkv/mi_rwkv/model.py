@@ -224,12 +224,15 @@ class RwkvBackend:
             active = None if bool(m.all()) else m
         ko, st = hooks.state_knockout, hooks.state_steering
         for spec in (ko, st):
-            if spec is not None:
-                spec.validate(self.num_layers)
-                for p in spec.positions:
-                    if p < -t:
-                        raise InterventionError(f"{type(spec).__name__}: position {p} out of "
-                                                f"range for a call of {t} tokens")
+            if spec is None:
+                continue
+            # Without a carried state the positions must lie in this call; with one they
+            # are absolute and may refer to earlier or later calls.
+            spec.validate(self.num_layers, t if past is None else None)
+            for p in spec.positions:
+                if p < -t:
+                    raise InterventionError(f"{type(spec).__name__}: position {p} out of "
+                                            f"range for a call of {t} tokens")
         run = hooks.start()
         eps = self.config.norm_eps
         x = run.apply("hook_embed", self.embed[ids])
