@@ -84,12 +84,18 @@ class V7Layer:
         self.k_k, self.k_a = w[a + "k_k"].reshape(-1), w[a + "k_a"].reshape(-1)
         self.r_k = w[a + "r_k"].reshape(num_heads, head_dim)
         self.wr, self.wk, self.wv, self.wo = (w[a + f"{n}_proj.weight"] for n in "rkvo")
-        self.w1, self.w2, self.w0 = w[a + "w_lora.lora.0.weight"], w[a + "w_lora.lora.2.weight"], w[a + "w_lora.lora.2.bias"]
-        self.a1, self.a2, self.a0 = w[a + "a_lora.lora.0.weight"], w[a + "a_lora.lora.2.weight"], w[a + "a_lora.lora.2.bias"]
-        self.g1, self.g2 = w[a + "g_lora.lora.0.weight"], w[a + "g_lora.lora.2.weight"]
-        self.has_v_lora = layer > 0
+
+        def lora(n: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+            """(down [rank, C], up [C, rank], bias [C] or None) of the ``{n}_lora`` module."""
+            p = a + f"{n}_lora.lora."
+            return w[p + "0.weight"], w[p + "2.weight"], w.get(p + "2.bias")
+
+        self.w1, self.w2, self.w0 = lora("w")
+        self.a1, self.a2, self.a0 = lora("a")
+        self.g1, self.g2, _ = lora("g")
+        self.has_v_lora = layer > 0  # layer 0's value is v_first itself
         if self.has_v_lora:
-            self.v1, self.v2, self.v0 = w[a + "v_lora.lora.0.weight"], w[a + "v_lora.lora.2.weight"], w[a + "v_lora.lora.2.bias"]
+            self.v1, self.v2, self.v0 = lora("v")
         self.g_norm = (w[a + "g_norm.weight"], w[a + "g_norm.bias"])
         self.ffn_x_k = w["ffn.x_k"].reshape(-1)
         self.ffn_wk, self.ffn_wv = w["ffn.key.weight"], w["ffn.value.weight"]
