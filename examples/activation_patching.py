@@ -32,7 +32,7 @@ def main(model: mi.MIModel | None = None) -> dict:
     print(f"metric clean {approx.clean_metric:.3f}, corrupted {approx.corrupted_metric:.3f}")
     print("attribution patching, top heads:",
           ", ".join(f"L{l}{c} {v:+.2f}" for l, c, v in approx.top(5)))
-    layers = sorted({l for l, _, _ in approx.top(4)})
+    layers = sorted({l for l, _, _ in approx.top(3)})
     exact = patching_grid(model, CLEAN, CORRUPT, metric, kind="z", layers=layers)
     print("exact patching, same layers:   ",
           ", ".join(f"L{l}{c} {v:+.2f}" for l, c, v in exact.top(5)))

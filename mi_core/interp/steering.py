@@ -149,23 +149,33 @@ def _attention_to_targets(model: MIModel, cache: Any, spec: SteeringSpec, seq: i
     return float(torch.stack(vals).mean())
 
 
-def apply_steering(model: MIModel, prompt: Any, spec: SteeringSpec, position: int = -1
-                   ) -> SteeringResult:
-    """Run `prompt` with and without `spec`; for attention steering also measure the
-    attention mass the query rows put on the target keys (mean over layers and heads)."""
-    ids = as_ids(model, prompt)
-    seq = ids.shape[1]
-    p = norm_position(position, seq)
+def _baseline(model: MIModel, ids: torch.Tensor, spec: SteeringSpec) -> tuple[Any, HookSpec]:
     cap = HookSpec()
     if spec.kind == "attention":
         cap.capture_all(HookPoint.attn_pattern(i) for i in check_layers(spec.layers, model.num_layers))
-    base = model.forward(ids, cap)
+    return model.forward(ids, cap), cap
+
+
+def _steer(model: MIModel, ids: torch.Tensor, spec: SteeringSpec, p: int, base: Any,
+           cap: HookSpec) -> SteeringResult:
+    seq = ids.shape[1]
     steered = model.forward(ids, steering_hooks(model, spec, seq, cap.copy()))
     res = SteeringResult(base.output[0, p].float().cpu(), steered.output[0, p].float().cpu(), p)
     if spec.kind == "attention":
         res.baseline_attention = _attention_to_targets(model, base, spec, seq)
         res.steered_attention = _attention_to_targets(model, steered, spec, seq)
     return res
+
+
+def apply_steering(model: MIModel, prompt: Any, spec: SteeringSpec, position: int = -1
+                   ) -> SteeringResult:
+    """Run `prompt` with and without `spec`; for attention steering also measure the
+    attention mass the query rows put on the target keys (mean over layers and heads)."""
+    ids = as_ids(model, prompt)
+    p = norm_position(position, ids.shape[1])
+    steering_hooks(model, spec, ids.shape[1])  # validate before any compute
+    base, cap = _baseline(model, ids, spec)
+    return _steer(model, ids, spec, p, base, cap)
 
 
 @attrs.define
@@ -227,10 +237,14 @@ def dose_response(model: MIModel, prompt: Any, spec: SteeringSpec, strengths: Se
     """Apply ``spec.with_strength(s)`` for each `s` and record KL, top token and the target's
     probability / logit change."""
     tgt = None if target is None else resolve_token(model, target)
+    ids = as_ids(model, prompt)
+    p = norm_position(position, ids.shape[1])
+    steering_hooks(model, spec, ids.shape[1])  # validate before any compute
+    base, cap = _baseline(model, ids, spec)  # one baseline run for the whole sweep
     pts = []
     base_prob = None
     for s in progress(list(strengths), "dose", enabled=show_progress):
-        r = apply_steering(model, prompt, spec.with_strength(float(s)), position)
+        r = _steer(model, ids, spec.with_strength(float(s)), p, base, cap)
         if tgt is not None:
             base_prob = r.prob(tgt, steered=False)
         pts.append(DoseResponsePoint(float(s), r.kl_divergence(), r.top_token(),
