@@ -9,7 +9,7 @@ is renormalised to sum to 1. Residual steering uses :class:`mi_core.Add` of
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import attrs
 import torch
