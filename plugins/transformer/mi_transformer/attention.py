@@ -113,6 +113,13 @@ def safe_softmax(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores, dim=-1, dtype=torch.float32).nan_to_num(0.0).to(scores.dtype)
 
 
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, run: HookRun, name: str
+            ) -> torch.Tensor:
+    """x [b, s, n, d_head] -> rotated [b, n, s, d_head], computed in that (contiguous) layout
+    so SDPA reads contiguous inputs; the hook sees the documented [b, s, n, d_head] view."""
+    return run.apply(name, apply_rope(x.transpose(1, 2), cos, sin).transpose(1, 2)).transpose(1, 2)
+
+
 def attention(w: AttnWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               masks: Masks, window: int | None, run: HookRun, n: AttnNames, *,
               num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
@@ -136,10 +143,8 @@ def attention(w: AttnWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     q = run.apply(n.q, q)  # [b, s, heads, d_head], before RoPE
     k = run.apply(n.k, k)
     v = run.apply(n.v, v)
-    q = run.apply(n.rot_q, apply_rope(q, cos, sin))
-    k = run.apply(n.rot_k, apply_rope(k, cos, sin))
-
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [b, h, s, d]
+    q, k = _rotate(q, cos, sin, run, n.rot_q), _rotate(k, cos, sin, run, n.rot_k)
+    v = v.transpose(1, 2)  # [b, g, s, d_head]
     if cache_update is not None:
         k, v = cache_update(k, v)
     if softcap is not None:  # SDPA cannot soft-cap: the explicit path even when "sdpa" is forced

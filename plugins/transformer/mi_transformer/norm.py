@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import attrs
 import torch
+import torch.nn.functional as F
 
 from mi_core.hooks import HookRun
 
@@ -33,7 +34,8 @@ class Norm:
                 if self.kind is NormType.GEMMA_RMS else self.weight
 
     def divisor(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(centred x, scale [..., 1]) in float32 for low-precision inputs."""
+        """(x, centred for LayerNorm; scale = sqrt(mean(x^2) + eps) [..., 1]), float32 for
+        half-precision inputs."""
         if x.dtype in (torch.float16, torch.bfloat16):
             x = x.float()
         if self.kind is NormType.LAYER_NORM:
@@ -42,16 +44,28 @@ class Norm:
 
     def __call__(self, x: torch.Tensor, run: HookRun | None = None, scale_name: str = "",
                  normalized_name: str = "", scale: torch.Tensor | None = None) -> torch.Tensor:
-        """x [..., d] -> normalised [..., d]. `scale` given: use it instead of computing one."""
+        """x [..., d] -> normalised [..., d]. `scale` [..., 1] given: divide by it instead.
+
+        Unless the divisor is replaced (by `scale` or an intervention at `scale_name`), the
+        arithmetic is transformers' own (``F.layer_norm``; x * rsqrt(mean(x^2) + eps) in
+        float32), so capturing the scale does not change any number.
+        """
+        if scale is None and run is not None and scale_name and run.wants(scale_name):
+            out = run.apply(scale_name, self.divisor(x)[1])
+            if run.spec.has_intervention_at(scale_name):
+                scale = out
         dtype = x.dtype
-        xc, computed = self.divisor(x)
-        if scale is None:
-            scale = computed
-        if run is not None and scale_name:
-            scale = run.apply(scale_name, scale)
-        y = (xc / scale.to(xc.dtype)).to(dtype) * self.gain
-        if self.bias is not None:
-            y = y + self.bias
+        if scale is not None:
+            xc, _ = self.divisor(x)
+            y = (xc / scale.to(xc.dtype)).to(dtype) * self.gain
+            if self.bias is not None:
+                y = y + self.bias
+        elif self.kind is NormType.LAYER_NORM:
+            y = F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+        else:
+            xf = x.float() if dtype in (torch.float16, torch.bfloat16) else x
+            y = (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)).to(dtype)
+            y = y * self.gain
         if run is not None and normalized_name:
             y = run.apply(normalized_name, y)
         return y

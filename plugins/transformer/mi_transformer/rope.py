@@ -40,10 +40,11 @@ def inv_freq(rope: RopeConfig, dim: int, seq_len: int | None = None) -> torch.Te
 
 def cos_sin(inv: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [batch, seq] -> (cos, sin) [batch, seq, 1, rot_dim], broadcast over heads."""
+    """positions [batch, seq] -> (cos, sin) [batch, 1, seq, rot_dim], broadcast over heads
+    of [batch, heads, seq, d_head] tensors."""
     freqs = positions.to(torch.float32)[..., None] * inv.to(positions.device)  # [b, s, rot/2]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype)[:, :, None, :], emb.sin().to(dtype)[:, :, None, :]
+    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +53,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [batch, seq, heads, d_head]; the first cos.shape[-1] dims rotate (partial RoPE)."""
+    """x [batch, heads, seq, d_head]; the first cos.shape[-1] dims rotate (partial RoPE)."""
     rot = cos.shape[-1]
     if rot == x.shape[-1]:
         return x * cos + _rotate_half(x) * sin
