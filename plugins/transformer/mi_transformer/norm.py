@@ -1,8 +1,9 @@
 """Normalisation layers with TransformerLens-style hooks.
 
-Every norm computes its divisor ``scale`` (RMS, or std for LayerNorm, eps included), passes it
-through ``run.apply(<ln>.hook_scale, scale)`` and divides by the value that comes back, so a
-``Replace`` with a detached scale freezes the norm (linearises it), as attribution needs.
+When ``<ln>.hook_scale`` is hooked, a norm computes its divisor ``scale`` (RMS, or std for
+LayerNorm, eps included), passes it through ``run.apply`` and, if an intervention is registered
+there, divides by the value that comes back: a ``Replace`` with a detached scale freezes the
+norm (linearises it), as attribution needs. Otherwise it uses transformers' exact arithmetic.
 """
 
 from __future__ import annotations
