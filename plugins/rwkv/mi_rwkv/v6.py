@@ -67,25 +67,29 @@ def wkv6(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logw: torch.Tensor,
     return y + bonus, s
 
 
-#: Largest in-chunk decay range (nats) for the factorised intra-chunk product: the two
-#: factors are bounded by exp(range / 2) around the chunk midpoint, far from F32 overflow.
-SAFE_RANGE = 60.0
-
-
 def _intra(q: torch.Tensor, gq: torch.Tensor, k: torch.Tensor, gk: torch.Tensor,
-           mask: torch.Tensor) -> torch.Tensor:
+           mask: torch.Tensor, block: int = 4) -> torch.Tensor:
     """M[t, s] = sum_i q_{t,i} k_{s,i} exp(gq_{t,i} - gk_{s,i}) where `mask` [L, L] holds, else 0.
 
-    q, k: [B, H, n, L, K] F32; gq, gk: the same, float64. Cumulative log-decays decrease along L, so every
-    masked-in exponent is <= 0. When the chunk's decay range is small the product is
-    factorised around the midpoint into one matmul; otherwise it is formed pairwise.
+    q, k: [B, H, n, L, K] F32; gq, gk: the same, float64 cumulative log-decays (decreasing
+    along L; gq is gk or its exclusive form). `mask` is lower triangular. Diagonal blocks of
+    `block` tokens are formed pairwise; a block of sources s < t is one matmul with both
+    factors referenced to the block's last source, so each factor is exp(<= 0) and nothing
+    overflows whatever the decay (an underflowing factor means a product below 1e-38).
     """
-    if q.shape[-2] > 1 and float(-gk[..., -1, :].min()) > SAFE_RANGE:
-        d = (gq.unsqueeze(-2) - gk.unsqueeze(-3)).masked_fill(~mask[:, :, None], float("-inf"))
-        return (q.unsqueeze(-2) * d.exp().to(q.dtype) * k.unsqueeze(-3)).sum(-1)
-    mid = gk[..., gk.shape[-2] // 2: gk.shape[-2] // 2 + 1, :]
-    qf, kf = q * (gq - mid).exp().to(q.dtype), k * (mid - gk).exp().to(k.dtype)
-    return (qf @ kf.transpose(-1, -2)) * mask
+    L = q.shape[-2]
+    out = q.new_zeros(q.shape[:-1] + (L,))
+    for j0 in range(0, L, block):
+        j1 = min(L, j0 + block)
+        d = (gq[..., j0:j1, None, :] - gk[..., None, j0:j1, :]).float()
+        d = d.masked_fill(~mask[j0:j1, j0:j1, None], float("-inf"))
+        out[..., j0:j1, j0:j1] = (q[..., j0:j1, None, :] * d.exp() * k[..., None, j0:j1, :]).sum(-1)
+        if j1 < L:
+            ref = gk[..., j1 - 1:j1, :]
+            qf = q[..., j1:, :] * (gq[..., j1:, :] - ref).float().exp()
+            kf = k[..., j0:j1, :] * (ref - gk[..., j0:j1, :]).float().exp()
+            out[..., j1:, j0:j1] = qf @ kf.transpose(-1, -2)
+    return out
 
 
 class V6Layer:

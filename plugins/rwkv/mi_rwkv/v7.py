@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from mi_rwkv.effective_attn import effective_attention_v7
 from mi_rwkv.model import LayerCtx, linear, token_shift
-from mi_rwkv.v6 import _chunks, _intra, _pad
+from mi_rwkv.v6 import _chunks, _pad
 
 #: log of the RWKV-7 decay is ``-exp(-0.5) * sigmoid(w0 + lora(x))`` (0.606531 in `rwkv`).
 DECAY_SCALE = math.exp(-0.5)
@@ -70,6 +70,19 @@ def wkv7(r: torch.Tensor, logw: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         s = trans[:, :, c] @ s + offs[:, :, c]
     y = y + q @ torch.stack(starts, dim=2)
     return y.permute(0, 2, 3, 1, 4).reshape(bsz, t + pad, h, -1)[:, :t], s
+
+
+def _intra(q: torch.Tensor, gq: torch.Tensor, k: torch.Tensor, gk: torch.Tensor,
+           mask: torch.Tensor) -> torch.Tensor:
+    """M[t, s] = sum_i q_{t,i} k_{s,i} exp(gq_{t,i} - gk_{s,i}) where `mask` [L, L] holds, else 0.
+
+    One matmul with both factors referenced to the chunk midpoint: an RWKV-7 log-decay is
+    >= -exp(-0.5) per token, so over a 16-token chunk each factor is within exp(+-5).
+    """
+    mid = gk[..., gk.shape[-2] // 2: gk.shape[-2] // 2 + 1, :]
+    qf = q * (gq - mid).float().exp()
+    kf = k * (mid - gk).float().exp()
+    return (qf @ kf.transpose(-1, -2)) * mask
 
 
 class V7Layer:
