@@ -130,8 +130,8 @@ def attention(w: AttnWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     """x [batch, seq, d_model] (already normalised) -> attention output [batch, seq, d_model].
 
     `explicit`: True/False forces a path, None picks (explicit iff scores/pattern are hooked);
-    a soft-capping layer is always explicit. `cache_update(k, v)` appends this call's rotated keys and values
-    [batch, kv_heads, seq, d_head] to the cache and returns the full ones.
+    a soft-capping layer is always explicit. `cache_update(k, v)` appends this call's rotated
+    keys and values [batch, kv_heads, seq, d_head] to the cache and returns the full ones.
     """
     b, s, _ = x.shape
     q = F.linear(x, w.w_q, w.b_q).view(b, s, num_heads, head_dim)
