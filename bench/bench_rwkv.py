@@ -3,7 +3,8 @@
 Model: 6 layers x 512 hidden (head size 64, 8 heads), vocab 8192; input 4 sequences x 256
 tokens, F32, CPU. mi-rwkv runs the batch in one call (chunked WKV); `rwkv` (strategy
 'cpu fp32', TorchScript on, its per-token WKV loop inside each layer) has no batch
-dimension, so it runs the 4 sequences one after another. Reports the median of `--reps`.
+dimension, so it runs the 4 sequences one after another. Reports the median of `--reps`
+runs of each, taken alternately.
 
     .venv/bin/python bench/bench_rwkv.py [--version 6|7|both] [--reps 3] [--threads N]
 """
@@ -28,14 +29,16 @@ import mi_core as mi  # noqa: E402
 LAYERS, HIDDEN, HEAD, VOCAB, BATCH, SEQ = 6, 512, 64, 8192, 4, 256
 
 
-def _time(fn, reps: int) -> float:
-    fn()  # warm-up (TorchScript compilation, allocator)
-    out = []
+def _time_pair(a, b, reps: int) -> tuple[float, float]:
+    """Median seconds of `a` and of `b`, measured alternately (a loaded machine drifts)."""
+    a(), b()  # warm-up (TorchScript compilation, allocator)
+    ta, tb = [], []
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+        for fn, acc in ((a, ta), (b, tb)):
+            t0 = time.perf_counter()
+            fn()
+            acc.append(time.perf_counter() - t0)
+    return statistics.median(ta), statistics.median(tb)
 
 
 def bench(version: int, reps: int, workdir: Path) -> dict[str, float]:
@@ -61,7 +64,7 @@ def bench(version: int, reps: int, workdir: Path) -> dict[str, float]:
         return [ref.forward(r, None, full_output=True)[0] for r in rows]
 
     diff = max((a - b).abs().max().item() for a, b in zip(ours(), theirs()))
-    t_ours, t_ref = _time(ours, reps), _time(theirs, reps)
+    t_ours, t_ref = _time_pair(ours, theirs, reps)
     return {"mi_rwkv_s": t_ours, "rwkv_pkg_s": t_ref, "speedup": t_ref / t_ours,
             "tokens_per_s": BATCH * SEQ / t_ours, "max_abs_logit_diff": diff}
 
