@@ -42,7 +42,7 @@ def test_padded_batch_rows_equal_running_each_alone(tiny, make_ids, name, side):
 
 
 @pytest.mark.parametrize("name", ["llama", "mistral", "gemma2", "qwen2_tied", "phi3",
-                                  "llama_dynamic_rope"])
+                                  "llama_dynamic_rope", "gemma3_text", "starcoder2"])
 def test_greedy_generation_equals_transformers(tiny, make_ids, name):
     """Prompt 8 + 10 new tokens: past the sliding window (5) of Mistral / Gemma 2."""
     t = tiny(name)
