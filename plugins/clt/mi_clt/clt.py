@@ -117,13 +117,15 @@ class CrossLayerTranscoder:
         (all features when None; that reads the whole layer). Only those rows are paged in."""
         layer = self._layer(layer)
         f = self.files
-        w = f.dec_files[layer].view(f.names["W_dec"].format(i=layer))
-        if index is not None:
-            idx = torch.as_tensor(index, dtype=torch.long).cpu()
+        name = f.names["W_dec"].format(i=layer)
+        if index is None:
+            w = f.dec_files[layer].view(name)
+        else:
+            idx = torch.as_tensor(index, dtype=torch.long).cpu().reshape(-1)
             if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.d_features):
                 raise DictionaryError(f"{f.dec_files[layer].path}: feature index out of range "
                                       f"0..{self.d_features - 1}")
-            w = w.index_select(0, idx)
+            w = f.dec_files[layer].read_rows(name, idx)
         if not self.cross_layer:
             w = w.unsqueeze(1)
         elif f.kind == "gemma_scope_2_clt":

@@ -16,13 +16,15 @@ An optional ``config.yaml`` gives ``model_kind`` (``cross_layer_transcoder`` /
 ``blocks.{l}.``), ``transcoders`` (a list of paths, or the older list of
 ``{layer, filepath}`` dicts), ``activation`` (relu / jump_relu / topk) and ``k``.
 
-Tensors are exposed as zero-copy views of a private memory map, so only the pages that a
-computation touches are read: a decoder larger than RAM can still be used row by row.
+Tensors are exposed as zero-copy views of a private memory map (read when touched), and
+decoder rows can be gathered with one ``pread`` per row (:meth:`MappedSafetensors.read_rows`)
+so only their bytes enter the process: a decoder larger than RAM can be used row by row.
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -90,9 +92,35 @@ class MappedSafetensors:
         if self._map is None:
             with open(self.path, "rb") as f:
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            # Rows are gathered sparsely: without these hints the kernel reads ahead and maps
+            # whole 2 MB huge pages around every touched row into this process.
+            for advice in ("MADV_RANDOM", "MADV_NOHUGEPAGE"):
+                if hasattr(mmap, advice):
+                    self._map.madvise(getattr(mmap, advice))
         flat = torch.frombuffer(self._map, dtype=dtype, count=(end - start) // dtype.itemsize,
                                 offset=self._data_start + start)
         return flat.view(shape)
+
+    def read_rows(self, name: str, index: torch.Tensor) -> torch.Tensor:
+        """Rows `index` of tensor `name` along dim 0, read with one ``pread`` per row: only
+        those bytes enter this process (a mapped read would pull in whole huge pages)."""
+        m = self._need(name)
+        dtype = _ST_DTYPES[m["dtype"]]
+        shape = tuple(m["shape"])
+        row = dtype.itemsize
+        for s in shape[1:]:
+            row *= s
+        base = self._data_start + m["data_offsets"][0]
+        buf = bytearray(row * len(index))
+        with open(self.path, "rb", buffering=0) as f:
+            fd = f.fileno()
+            for k, i in enumerate(index.tolist()):
+                got = os.preadv(fd, [memoryview(buf)[k * row:(k + 1) * row]], base + i * row)
+                if got != row:
+                    raise DictionaryError(f"{self.path}: short read of {name!r} row {i}")
+        if not buf:
+            return torch.empty((0,) + shape[1:], dtype=dtype)
+        return torch.frombuffer(buf, dtype=dtype).view((len(index),) + shape[1:])
 
     def load(self, name: str, dtype: torch.dtype, device: torch.device,
              shape: tuple[int, ...] | None = None) -> torch.Tensor:
