@@ -161,7 +161,7 @@ def run_circuit_tracer(args: argparse.Namespace) -> dict:
         from safetensors.torch import save_file
 
         save_file({"adjacency": g.adjacency_matrix.contiguous(),
-                   "active_features": g.active_features.contiguous(),
+                   "active_features": g.active_features[g.selected_features].contiguous(),
                    "logit_tokens": g.logit_token_ids.contiguous()}, args.save_graph)
     return res
 
