@@ -14,7 +14,7 @@ import rwkv_ckpt  # noqa: E402
 
 import mi_core as mi  # noqa: E402
 
-LAYERS, HIDDEN, HEAD, VOCAB = 2, 128, 64, 300
+from rwkv_ckpt import HEAD, HIDDEN, LAYERS, VOCAB  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -54,10 +54,6 @@ def v7_model(v7_dir: Path) -> mi.MIModel:
 @pytest.fixture(params=["v6", "v7"])
 def model(request: pytest.FixtureRequest) -> mi.MIModel:
     return request.getfixturevalue(f"{request.param}_model")
-
-
-def random_ids(batch: int, seq: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.fixture(scope="session")

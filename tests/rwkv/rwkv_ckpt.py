@@ -19,6 +19,15 @@ import torch
 from safetensors.torch import save_file
 
 
+#: The test models: 2 layers, hidden 128, head size 64 (2 heads), vocab 300.
+LAYERS, HIDDEN, HEAD, VOCAB = 2, 128, 64, 300
+
+
+def random_ids(batch: int, seq: int, seed: int = 0) -> torch.Tensor:
+    """Token ids [batch, seq] below VOCAB, reproducible from `seed`."""
+    return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
 def _ln(g: torch.Generator, c: int) -> tuple[torch.Tensor, torch.Tensor]:
     return 1 + 0.1 * torch.randn(c, generator=g), 0.1 * torch.randn(c, generator=g)
 

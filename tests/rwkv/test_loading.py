@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import rwkv_ckpt
-from conftest import HEAD, HIDDEN, LAYERS, VOCAB, random_ids
+from rwkv_ckpt import HEAD, HIDDEN, LAYERS, VOCAB, random_ids
 
 import mi_core as mi
 from mi_rwkv import WorldTokenizer

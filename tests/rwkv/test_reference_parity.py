@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 import rwkv_ckpt
-from conftest import HEAD, HIDDEN, LAYERS, VOCAB, random_ids
+from rwkv_ckpt import HEAD, HIDDEN, LAYERS, VOCAB, random_ids
 
 import mi_core as mi
 
