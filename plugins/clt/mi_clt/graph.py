@@ -164,8 +164,8 @@ class CircuitGraph:
                 pos, y = self.n_pos - 1 + 0.0, self.n_layers + 1
             k = slots.get((int(pos), y), 0)
             slots[(int(pos), y)] = k + 1
-            xy[i] = (pos + 0.12 * k - 0.3 * (kind == "logit") + 0.12 * (kind == "logit") *
-                     (i - self.logit_offset), y + 0.08 * (k % 3))
+            # several nodes share a (position, layer) cell: a small grid inside the cell
+            xy[i] = (pos - 0.35 + 0.1 * (k % 8), y + 0.12 * ((k // 8) % 6))
         fig, ax = plt.subplots(figsize=(max(6, self.n_pos * 1.1), max(4, self.n_layers * 0.35 + 2)))
         dst, src = res.edge_mask.nonzero(as_tuple=True)
         w = self.adjacency[dst, src]
