@@ -12,7 +12,7 @@ for v6.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import attrs
 import torch
@@ -262,6 +262,3 @@ class RwkvBackend:
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [..., in] @ w[out, in]^T (nn.Linear layout)."""
     return x @ w.T
-
-
-Loader = Callable[..., RwkvBackend]
