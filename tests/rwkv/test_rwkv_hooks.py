@@ -74,3 +74,20 @@ def test_bad_operand_shape_and_unknown_layer_are_errors_before_compute(model: mi
         model.forward(ids, mi.HookSpec().capture(f"blocks.{model.num_layers}.hook_resid_post"))
     with pytest.raises(mi.InterventionError):
         model.forward(ids, mi.HookSpec().set_state_knockout(mi.StateKnockoutSpec(positions=[0]).layer(9)))
+
+
+def test_ln_scale_hooks_give_the_divisor_and_leave_logits_unchanged(model: mi.MIModel) -> None:
+    ids = random_ids(1, 5)
+    base = model.forward(ids).output
+    c = model.forward(ids, mi.HookSpec().capture("ln_final.hook_scale").capture("blocks.1.ln2.hook_scale")
+                      .capture("blocks.1.hook_resid_post").capture("blocks.1.hook_resid_mid"))
+    assert (c.output - base).abs().max().item() < 1e-5
+    x = c["blocks.1.hook_resid_post"]
+    expected = (x.var(-1, unbiased=False, keepdim=True) + model.config.norm_eps).sqrt()
+    assert (c["ln_final.hook_scale"] - expected).abs().max().item() < 1e-5
+    mid = c["blocks.1.hook_resid_mid"]
+    expected_mid = (mid.var(-1, unbiased=False, keepdim=True) + model.config.norm_eps).sqrt()
+    assert (c["blocks.1.ln2.hook_scale"] - expected_mid).abs().max().item() < 1e-5
+    # An intervention on the scale takes effect (doubling it halves the centred part).
+    halved = model.forward(ids, mi.HookSpec().intervene("ln_final.hook_scale", mi.Scale(2.0))).output
+    assert (halved - base).abs().max().item() > 1e-3

@@ -26,9 +26,9 @@ from mi_rwkv.config import RwkvConfig
 
 #: Per-layer hook suffixes in execution order (names are built once per model).
 LAYER_SUFFIXES = (
-    "hook_resid_pre", "ln1.hook_normalized", "attn.hook_q", "attn.hook_k", "attn.hook_v",
+    "hook_resid_pre", "ln1.hook_scale", "ln1.hook_normalized", "attn.hook_q", "attn.hook_k", "attn.hook_v",
     "rwkv.hook_decay", "rwkv.hook_effective_attn", "attn.hook_z", "rwkv.hook_state",
-    "hook_attn_out", "hook_resid_mid", "ln2.hook_normalized", "mlp.hook_pre", "mlp.hook_post",
+    "hook_attn_out", "hook_resid_mid", "ln2.hook_scale", "ln2.hook_normalized", "mlp.hook_pre", "mlp.hook_post",
     "hook_mlp_out", "hook_resid_post",
 )
 
@@ -122,8 +122,16 @@ def token_shift(x: torch.Tensor, prev: torch.Tensor, active: torch.Tensor | None
     return shifted, new_prev
 
 
-def layer_norm(x: torch.Tensor, wb: tuple[torch.Tensor, torch.Tensor], eps: float) -> torch.Tensor:
-    return F.layer_norm(x, (x.shape[-1],), wb[0], wb[1], eps)
+def layer_norm(x: torch.Tensor, wb: tuple[torch.Tensor, torch.Tensor], eps: float,
+               run: HookRun | None = None, scale_name: str = "") -> torch.Tensor:
+    """LayerNorm over the last axis. When `run` wants `scale_name` ([..., 1], the divisor
+    sqrt(var + eps), as TransformerLens's hook_scale) it is computed explicitly and passed
+    through ``run.apply``, so interventions on it take effect."""
+    if run is None or not run.wants(scale_name):
+        return F.layer_norm(x, (x.shape[-1],), wb[0], wb[1], eps)
+    centred = x - x.mean(-1, keepdim=True)
+    scale = run.apply(scale_name, (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt())
+    return centred / scale * wb[0] + wb[1]
 
 
 def write_scales(knockout: StateKnockoutSpec | None, steering: StateSteeringSpec | None,
@@ -183,7 +191,7 @@ class RwkvBackend:
         pts = [HookPoint.parse("hook_embed")]
         for i in range(self.num_layers):
             pts += [HookPoint.parse(f"blocks.{i}.{s}") for s in LAYER_SUFFIXES]
-        pts.append(HookPoint.parse("ln_final.hook_normalized"))
+        pts += [HookPoint.parse("ln_final.hook_scale"), HookPoint.parse("ln_final.hook_normalized")]
         return pts
 
     def hook_shape(self, point: HookPoint, batch: int, seq: int) -> tuple[int, ...] | None:
@@ -195,6 +203,8 @@ class RwkvBackend:
             return (batch, h, d, d)
         if s == "rwkv.hook_effective_attn":
             return (batch, h, seq, seq)
+        if s.endswith("hook_scale"):
+            return (batch, seq, 1)
         if s in ("mlp.hook_pre", "mlp.hook_post"):
             return (batch, seq, self.config.intermediate_size)
         return (batch, seq, c)
@@ -244,12 +254,13 @@ class RwkvBackend:
                            write_scale=write_scales(ko, st, i, t, state.seen, ids.device),
                            v_first=v_first, chunk=self.chunk)
             x = run.apply(n.resid_pre, x)
-            h = run.apply(n.ln1_normalized, layer_norm(x, layer.ln1, eps))
+            h = run.apply(n.ln1_normalized, layer_norm(x, layer.ln1, eps, run, n.ln1_scale))
             x = run.apply(n.resid_mid, x + run.apply(n.attn_out, layer.time_mix(h, ctx)))
             v_first = ctx.v_first
-            h = run.apply(n.ln2_normalized, layer_norm(x, layer.ln2, eps))
+            h = run.apply(n.ln2_normalized, layer_norm(x, layer.ln2, eps, run, n.ln2_scale))
             x = run.apply(n.resid_post, x + run.apply(n.mlp_out, layer.channel_mix(h, ctx)))
-        x = run.apply("ln_final.hook_normalized", layer_norm(x, self.ln_out, eps))
+        x = run.apply("ln_final.hook_normalized",
+                      layer_norm(x, self.ln_out, eps, run, "ln_final.hook_scale"))
         logits = x @ self.head.T
         state.seen += t
         return run.finish(logits, state=state)
