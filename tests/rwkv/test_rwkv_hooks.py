@@ -81,7 +81,7 @@ def test_ln_scale_hooks_give_the_divisor_and_leave_logits_unchanged(model: mi.MI
     base = model.forward(ids).output
     c = model.forward(ids, mi.HookSpec().capture("ln_final.hook_scale").capture("blocks.1.ln2.hook_scale")
                       .capture("blocks.1.hook_resid_post").capture("blocks.1.hook_resid_mid"))
-    assert (c.output - base).abs().max().item() < 1e-5
+    assert torch.equal(c.output, base)  # capturing the divisor changes no number
     x = c["blocks.1.hook_resid_post"]
     expected = (x.var(-1, unbiased=False, keepdim=True) + model.config.norm_eps).sqrt()
     assert (c["ln_final.hook_scale"] - expected).abs().max().item() < 1e-5
@@ -91,3 +91,16 @@ def test_ln_scale_hooks_give_the_divisor_and_leave_logits_unchanged(model: mi.MI
     # An intervention on the scale takes effect (doubling it halves the centred part).
     halved = model.forward(ids, mi.HookSpec().intervene("ln_final.hook_scale", mi.Scale(2.0))).output
     assert (halved - base).abs().max().item() > 1e-3
+
+
+def test_final_norm_with_captured_scale_reproduces_the_normalized_output(model: mi.MIModel) -> None:
+    ids = random_ids(1, 5)
+    last = f"blocks.{model.num_layers - 1}.hook_resid_post"
+    c = model.forward(ids, mi.HookSpec().capture("ln_final.hook_scale").capture(last)
+                      .capture("ln_final.hook_normalized"))
+    be = model.backend
+    again = be.final_norm(c[last], scale=c["ln_final.hook_scale"])
+    assert (again - c["ln_final.hook_normalized"]).abs().max().item() < 1e-5
+    assert torch.equal(be.get_weight("W_U"), be.head.T)
+    with pytest.raises(mi.WeightLoadError, match="W_Q"):
+        be.get_weight("W_Q", 0)

@@ -18,7 +18,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from mi_core.errors import InterventionError, MIError
+from mi_core.errors import InterventionError, MIError, WeightLoadError
 from mi_core.hooks import HookCache, HookPoint, HookRun, HookSpec
 from mi_core.state import StateKnockoutSpec, StateSteeringSpec
 
@@ -123,15 +123,23 @@ def token_shift(x: torch.Tensor, prev: torch.Tensor, active: torch.Tensor | None
 
 
 def layer_norm(x: torch.Tensor, wb: tuple[torch.Tensor, torch.Tensor], eps: float,
-               run: HookRun | None = None, scale_name: str = "") -> torch.Tensor:
-    """LayerNorm over the last axis. When `run` wants `scale_name` ([..., 1], the divisor
-    sqrt(var + eps), as TransformerLens's hook_scale) it is computed explicitly and passed
-    through ``run.apply``, so interventions on it take effect."""
-    if run is None or not run.wants(scale_name):
+               run: HookRun | None = None, scale_name: str = "",
+               scale: torch.Tensor | None = None) -> torch.Tensor:
+    """LayerNorm over the last axis.
+
+    When `run` wants `scale_name` ([..., 1], the divisor sqrt(var + eps), as TransformerLens's
+    hook_scale) the divisor is passed through ``run.apply``; only an intervention there (or an
+    explicit `scale`) replaces the divisor, so capturing it changes no number.
+    """
+    if run is not None and scale_name and run.wants(scale_name):
+        centred = x - x.mean(-1, keepdim=True)
+        out = run.apply(scale_name, (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt())
+        if run.spec.has_intervention_at(scale_name):
+            scale = out
+    if scale is None:
         return F.layer_norm(x, (x.shape[-1],), wb[0], wb[1], eps)
     centred = x - x.mean(-1, keepdim=True)
-    scale = run.apply(scale_name, (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt())
-    return centred / scale * wb[0] + wb[1]
+    return centred / scale.to(x.dtype) * wb[0] + wb[1]
 
 
 def write_scales(knockout: StateKnockoutSpec | None, steering: StateSteeringSpec | None,
@@ -265,9 +273,28 @@ class RwkvBackend:
         state.seen += t
         return run.finish(logits, state=state)
 
+    # -- pieces for analyses (logit lens, attribution) ---------------------------------
+    def final_norm(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        """The final LayerNorm of x [..., hidden]; `scale` [..., 1] replaces the divisor."""
+        return layer_norm(x, self.ln_out, self.config.norm_eps, scale=scale)
+
+    def unembed(self, normalized: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] (after the final LN) -> logits [..., vocab]."""
+        return normalized @ self.head.T
+
     def project_to_vocab(self, hidden: torch.Tensor) -> torch.Tensor:
         """Residual vectors [..., hidden] -> logits [..., vocab] (final LN + head)."""
-        return layer_norm(hidden, self.ln_out, self.config.norm_eps) @ self.head.T
+        return self.unembed(self.final_norm(hidden))
+
+    def get_weight(self, name: str, layer: int | None = None) -> torch.Tensor:
+        """Global weights in TransformerLens naming: W_E [vocab, hidden], W_U [hidden, vocab],
+        ln_final.w / ln_final.b [hidden]. RWKV has no per-head Q/K/V/O matrices."""
+        table = {"W_E": lambda: self.embed, "W_U": lambda: self.head.T,
+                 "ln_final.w": lambda: self.ln_out[0], "ln_final.b": lambda: self.ln_out[1]}
+        if name not in table:
+            raise WeightLoadError(f"the {self.name} backend has no weight {name!r} "
+                                  f"(available: {', '.join(table)})")
+        return table[name]()
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
