@@ -53,8 +53,10 @@ def test_resid_patching_on_rwkv(rwkv, ids):
 
 
 def test_residual_steering_on_rwkv(rwkv, ids):
-    r = apply_steering(rwkv, ids, SteeringSpec.residual([1], torch.ones(rwkv.hidden_size), 2.0))
-    assert r.kl_divergence() > 0
+    # A random direction: the all-ones vector would be removed by every LayerNorm (no effect).
+    direction = torch.randn(rwkv.hidden_size, generator=torch.Generator().manual_seed(1))
+    r = apply_steering(rwkv, ids, SteeringSpec.residual([1], direction, 2.0))
+    assert r.kl_divergence() > 1e-6
 
 
 def test_decomposition_and_z_patching_work_where_rwkv_has_the_points(rwkv, ids):
@@ -62,8 +64,12 @@ def test_decomposition_and_z_patching_work_where_rwkv_has_the_points(rwkv, ids):
     stack, _ = decompose_resid(cache, rwkv.num_layers)
     torch.testing.assert_close(stack.sum(0), cache[mi.HookPoint.resid_post(rwkv.num_layers - 1)],
                                atol=1e-4, rtol=0)
-    with pytest.raises(mi.HookError, match=r"ln_final\.hook_scale"):
-        apply_ln_to_stack(rwkv, stack, cache)  # RWKV does not expose the final norm's scale
+    # RWKV exposes ln_final.hook_scale and final_norm(scale=), so the stack goes through the
+    # final LayerNorm linearly: components + norm(0) add up to the normalized final residual.
+    normed = apply_ln_to_stack(rwkv, stack, cache)
+    offset = rwkv.backend.final_norm(torch.zeros_like(stack[0]), scale=cache["ln_final.hook_scale"])
+    final = rwkv.backend.final_norm(cache[mi.HookPoint.resid_post(rwkv.num_layers - 1)])
+    torch.testing.assert_close(normed.sum(0) + offset, final, atol=1e-4, rtol=0)
     corr = ids.clone()
     corr[0, 2] = (corr[0, 2] + 1) % 300
     out = rwkv.forward(ids).output[0, -1]
