@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 torch.manual_seed(0)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One torch thread per xdist worker: two workers on a 2-core machine, no oversubscription.
+    torch.set_num_threads(1)
 
 
 def smollm2_gguf_file() -> Path:
