@@ -155,7 +155,9 @@ def plugin_infos() -> list[PluginInfo]:
                                     ("mi_register_tokenizers", "tokenizer")):
                 fn = getattr(plugin, hookname, None)
                 if fn is not None:
-                    provides += [f"{label} {x.name}" for x in _collect([fn()])]
+                    for x in _collect([fn()]):
+                        what = getattr(x, "description", "") or getattr(x, "looks_for", "")
+                        provides.append(f"{label} {x.name}" + (f": {what}" if what else ""))
             if getattr(plugin, "mi_register_commands", None) is not None:
                 provides.append("cli commands")
             if getattr(plugin, "mi_default_model", None) is not None:

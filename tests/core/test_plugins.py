@@ -22,7 +22,7 @@ def test_builtin_and_third_party_plugins_are_discovered_through_entry_points() -
     assert {"transformer", "rwkv", "sae", "clt", "probing", "toy"} <= names
     toy = next(i for i in plugins.plugin_infos() if i.name == "toy")
     assert toy.distribution == "mi-toy-backend" and toy.version == "0.1.0"
-    assert "backend toy" in toy.provides
+    assert "backend toy: toy residual-MLP language model (example plugin)" in toy.provides
 
 
 def test_mi_core_plugins_env_var_restricts_what_loads() -> None:

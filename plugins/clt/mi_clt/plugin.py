@@ -40,5 +40,4 @@ def mi_register_dictionary_formats() -> list[DictionaryFormat]:
 
 @hookimpl
 def mi_plugin_info() -> dict[str, Any]:
-    return {"provides": ["dictionary format circuit-tracer-clt (CLTs, transcoder sets, "
-                         "Gemma Scope 2)", "attribution graphs"]}
+    return {"provides": ["attribution graphs"]}

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from mi_core.errors import ConfigError, UnsupportedModelError
 from mi_core.hookspecs import hookimpl
 from mi_core.registry import BackendSpec, Detection, ModelSource, TokenizerSpec
@@ -19,11 +17,6 @@ _MARKERS = {
     7: ("model.embeddings.weight", "model.layers.0.attn.k_k", "model.layers.0.attn.r_k",
         "model.norm.weight"),
 }
-
-
-@hookimpl
-def mi_plugin_info() -> dict[str, Any]:
-    return {"provides": ["backend:rwkv6", "backend:rwkv7", "tokenizer:rwkv-world"]}
 
 
 @hookimpl

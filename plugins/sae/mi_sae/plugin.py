@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from mi_core.hookspecs import hookimpl
 from mi_core.registry import DictionaryFormat
 
@@ -13,8 +11,3 @@ def mi_register_dictionary_formats() -> list[DictionaryFormat]:
     from mi_sae.formats import gemmascope, llamascope, saelens, sparsify
 
     return [saelens.FORMAT, gemmascope.FORMAT, sparsify.FORMAT, llamascope.FORMAT]
-
-
-@hookimpl
-def mi_plugin_info() -> dict[str, Any]:
-    return {"provides": ["dictionary formats: saelens, gemmascope, sparsify, llamascope"]}

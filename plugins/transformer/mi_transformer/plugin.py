@@ -16,7 +16,7 @@ BACKEND = "transformer"
 
 @hookimpl
 def mi_plugin_info() -> dict[str, Any]:
-    return {"provides": [f"backend:{BACKEND}"] + [f"family:{f}" for f in FAMILY_PARSERS]}
+    return {"provides": ["GGUF files (LLaMA family)"]}
 
 
 @hookimpl
