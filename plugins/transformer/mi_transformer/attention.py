@@ -110,7 +110,7 @@ class Masks:
 def safe_softmax(scores: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim, in float32 as transformers' eager attention does; a row that
     is all -inf gives zeros, not NaN."""
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).nan_to_num(0.0).to(scores.dtype)
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).nan_to_num_(0.0).to(scores.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, run: HookRun, name: str
@@ -153,14 +153,19 @@ def attention(w: AttnWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
         explicit = run.wants(n.scores) or run.wants(n.pattern)
     groups = num_heads // num_kv_heads
     if explicit:
-        if groups > 1:
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [b, h, s_q, s_k]
+        # GQA without copying K/V: the `groups` query heads that share a KV head are stacked
+        # along the query axis ([b, g_kv, groups * s_q, d]), so one matmul per KV head serves
+        # them all and the result views back to [b, h, s_q, s_k] (heads are grouped contiguously).
+        s_k = k.shape[2]
+        scores = torch.matmul(q.reshape(b, num_kv_heads, groups * s, head_dim),
+                              k.transpose(-1, -2)).view(b, num_heads, s, s_k)
+        scores.mul_(scale)  # in place: `scores` is fresh; same ops and order as transformers
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
-        scores = run.apply(n.scores, scores + masks.additive(window, scores.dtype))
+        scores = run.apply(n.scores, scores.add_(masks.additive(window, scores.dtype)))
         pattern = run.apply(n.pattern, safe_softmax(scores))
-        z = torch.matmul(pattern, v)
+        z = torch.matmul(pattern.reshape(b, num_kv_heads, groups * s, s_k), v
+                         ).view(b, num_heads, s, head_dim)
     else:
         mask = masks.sdpa_mask(window)
         if groups > 1 and mask is not None:
