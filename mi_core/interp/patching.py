@@ -95,6 +95,22 @@ def _columns(model: MIModel, kind: str, ids: torch.Tensor, positions: list[int])
     return [f"{p}:{toks[p]!r}" for p in positions]
 
 
+def _setup(model: MIModel, clean: Any, corrupted: Any, kind: str,
+           layers: Sequence[int] | None, positions: Sequence[int] | None
+           ) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int], list[HookPoint]]:
+    """Shared checks of the patching functions: (clean ids, corrupted ids, layers, positions,
+    hook points), each validated (kind, equal token lengths, ranges, points the model has)."""
+    if kind not in PATCH_KINDS:
+        raise InterventionError(f"unknown patch kind {kind!r}; one of {sorted(PATCH_KINDS)}")
+    c_ids, k_ids = _pair(model, clean, corrupted)
+    seq = c_ids.shape[1]
+    layers = check_layers(layers, model.num_layers)
+    pos = [norm_position(p, seq) for p in (positions if positions is not None else range(seq))]
+    points = [HookPoint.layer_point(i, PATCH_KINDS[kind]) for i in layers]
+    require_points(model, points)
+    return c_ids, k_ids, layers, pos, points
+
+
 def patching_grid(model: MIModel, clean: Any, corrupted: Any, metric: Metric,
                   kind: str = "resid_pre", layers: Sequence[int] | None = None,
                   positions: Sequence[int] | None = None, batch_size: int = 64,
@@ -104,14 +120,7 @@ def patching_grid(model: MIModel, clean: Any, corrupted: Any, metric: Metric,
     `metric`: logits [batch, seq, vocab] -> [batch]. Raises InterventionError for prompts of
     different token length, MetricError when the metric does not differ between them.
     """
-    if kind not in PATCH_KINDS:
-        raise InterventionError(f"unknown patch kind {kind!r}; one of {sorted(PATCH_KINDS)}")
-    c_ids, k_ids = _pair(model, clean, corrupted)
-    seq = c_ids.shape[1]
-    layers = check_layers(layers, model.num_layers)
-    pos = [norm_position(p, seq) for p in (positions if positions is not None else range(seq))]
-    points = [HookPoint.layer_point(i, PATCH_KINDS[kind]) for i in layers]
-    require_points(model, points)
+    c_ids, k_ids, layers, pos, points = _setup(model, clean, corrupted, kind, layers, positions)
     clean_cache = model.forward(c_ids, HookSpec().capture_all(points))
     m_clean = float(_metric_values(metric, clean_cache.output)[0])
     m_corr = float(_metric_values(metric, model.forward(k_ids).output)[0])
@@ -149,14 +158,7 @@ def attribution_patching(model: MIModel, clean: Any, corrupted: Any, metric: Met
 
     Needs a backend whose forward is differentiable (gradients flow through hook points).
     """
-    if kind not in PATCH_KINDS:
-        raise InterventionError(f"unknown patch kind {kind!r}; one of {sorted(PATCH_KINDS)}")
-    c_ids, k_ids = _pair(model, clean, corrupted)
-    seq = c_ids.shape[1]
-    layers = check_layers(layers, model.num_layers)
-    pos = [norm_position(p, seq) for p in (positions if positions is not None else range(seq))]
-    points = [HookPoint.layer_point(i, PATCH_KINDS[kind]) for i in layers]
-    require_points(model, points)
+    c_ids, k_ids, layers, pos, points = _setup(model, clean, corrupted, kind, layers, positions)
     clean_cache = model.forward(c_ids, HookSpec().capture_all(points))
     corr_cache = model.forward(k_ids, HookSpec().capture_all(points))
     m_clean = float(_metric_values(metric, clean_cache.output)[0])

@@ -14,7 +14,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 
 CHILD = textwrap.dedent(r'''
     import json, struct, sys

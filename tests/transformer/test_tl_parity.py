@@ -26,7 +26,6 @@ by < 1e-4 wherever entries are O(10), and by 5e-5 on the logits.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest

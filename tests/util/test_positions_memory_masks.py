@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import mi_core as mi
 from mi_core.serialize import from_json, to_json
