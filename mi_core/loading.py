@@ -25,16 +25,19 @@ DEFAULT_HUB_PATTERNS = [
 
 
 def looks_like_hub_id(source: str) -> bool:
+    """``org/name``, or ``org/name/sub/folder`` for a folder inside a hub repository."""
     p = Path(source)
     if p.exists() or source.startswith((".", "/", "~")) or os.sep + os.sep in source:
         return False
     parts = source.split("/")
-    return len(parts) == 2 and all(parts)
+    return len(parts) >= 2 and all(parts)
 
 
 def resolve_source(source: str | os.PathLike[str], patterns: Iterable[str] | None = None,
                    revision: str | None = None) -> Path:
     """A local directory or file as-is; a hub id through ``huggingface_hub.snapshot_download``.
+
+    ``org/name/sub/folder`` fetches and returns that folder of the repository.
 
     Only files matching `patterns` are fetched; the HF cache is reused; progress bars are
     huggingface_hub's own; ``HF_HUB_OFFLINE=1`` serves from the cache only.
@@ -48,15 +51,22 @@ def resolve_source(source: str | os.PathLike[str], patterns: Iterable[str] | Non
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
+    parts = s.split("/")
+    repo_id, sub = "/".join(parts[:2]), "/".join(parts[2:])
+    allow = list(patterns or DEFAULT_HUB_PATTERNS)
+    if sub:  # only the files of that folder (SAE releases keep one SAE per folder)
+        allow = [f"{sub}/{p}" for p in allow] + [f"{sub}/**/{p}" for p in allow]
     try:
-        path = snapshot_download(repo_id=s, revision=revision,
-                                 allow_patterns=list(patterns or DEFAULT_HUB_PATTERNS))
+        path = snapshot_download(repo_id=repo_id, revision=revision, allow_patterns=allow)
     except LocalEntryNotFoundError as exc:
         raise ConfigError(f"hub id {s!r} is not in the local HF cache and the hub cannot be "
                           f"reached (offline?): {exc}") from exc
     except Exception as exc:  # network errors, missing repos, ...
         raise ConfigError(f"could not fetch {s!r} from the hub: {exc}") from exc
-    return Path(path)
+    local = Path(path) / sub
+    if not local.exists():
+        raise ConfigError(f"hub repository {repo_id!r} has no folder {sub!r}")
+    return local
 
 
 def read_json(path: Path, what: str = "config") -> dict[str, Any]:

@@ -75,7 +75,8 @@ def test_missing_config_field_is_a_config_error_naming_the_field(tmp_path: Path)
 
 
 def test_source_that_is_neither_path_nor_hub_id_is_a_config_error() -> None:
-    assert looks_like_hub_id("org/name") and not looks_like_hub_id("a/b/c")
+    assert looks_like_hub_id("org/name") and looks_like_hub_id("org/name/layer_3/width_16k")
+    assert not looks_like_hub_id("a//b")
     with pytest.raises(mi.ConfigError, match="neither an existing path nor a hub id"):
         resolve_source("./no/such/dir")
 
@@ -130,3 +131,22 @@ def test_hub_download_asks_only_for_the_files_a_model_needs(monkeypatch, tmp_pat
     pats = seen["allow_patterns"]
     assert {"config.json", "*.safetensors", "tokenizer.json"} <= set(pats)
     assert not any(p in ("*", "*.bin", "*.pt", "*.pth") for p in pats)  # never pickles
+
+
+def test_hub_id_with_a_subfolder_fetches_and_returns_only_that_folder(monkeypatch, tmp_path: Path) -> None:
+    import huggingface_hub
+
+    seen = {}
+
+    def fake_snapshot_download(repo_id, revision=None, allow_patterns=None, **kw):
+        seen.update(repo_id=repo_id, allow_patterns=allow_patterns)
+        write_toy_checkpoint(tmp_path / "snap" / "models" / "toy")
+        return str(tmp_path / "snap")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    model = mi.MIModel.from_pretrained("acme/zoo/models/toy")
+    assert model.backend_name == "toy" and seen["repo_id"] == "acme/zoo"
+    assert "models/toy/config.json" in seen["allow_patterns"]
+    assert all(p.startswith("models/toy/") for p in seen["allow_patterns"])
+    with pytest.raises(mi.ConfigError, match="has no folder 'models/absent'"):
+        mi.MIModel.from_pretrained("acme/zoo/models/absent")
