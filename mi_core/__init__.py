@@ -21,8 +21,8 @@ from mi_core.interventions import Add, Intervention, Knockout, Replace, Scale, S
 from mi_core.interp import (
     AblationResult, DoseResponseCurve, DoseResponsePoint, FactoredMatrix, KnockoutSpec,
     LogitLensAnalysis, LogitLensResult, PatchingResult, RecurrentFeedbackEntry,
-    RecurrentPassSpec, SteeringCalibration, SteeringResult, SteeringSpec, TokenPrediction,
-    apply_steering, create_knockout_mask, forward_recurrent, generate_recurrent, kl_divergence,
+    RecurrentPassSpec, StateAblationResult, StateSteeringResult, SteeringCalibration,
+    SteeringResult, SteeringSpec, TokenPrediction, apply_steering, create_knockout_mask, forward_recurrent, generate_recurrent, kl_divergence,
 )
 from mi_core.util.memory import MemoryReport, MemorySnapshot
 from mi_core.util.pca import PcaResult, pca
@@ -53,7 +53,8 @@ __all__ = [
     # analysis layer (mi_core.interp, mi_core.util)
     "AblationResult", "DoseResponseCurve", "DoseResponsePoint", "FactoredMatrix",
     "KnockoutSpec", "LogitLensAnalysis", "LogitLensResult", "PatchingResult",
-    "RecurrentFeedbackEntry", "RecurrentPassSpec", "SteeringCalibration", "SteeringResult",
+    "RecurrentFeedbackEntry", "RecurrentPassSpec", "StateAblationResult",
+    "StateSteeringResult", "SteeringCalibration", "SteeringResult",
     "SteeringSpec", "TokenPrediction", "apply_steering", "create_knockout_mask",
     "forward_recurrent", "generate_recurrent", "kl_divergence", "MemoryReport",
     "MemorySnapshot", "PcaResult", "pca", "PositionConversion", "convert_positions",

@@ -28,6 +28,9 @@ from mi_core.interp.patching import (
 from mi_core.interp.recurrent import (
     RecurrentFeedbackEntry, RecurrentPassSpec, forward_recurrent, generate_recurrent,
 )
+from mi_core.interp.state import (
+    StateAblationResult, StateSteeringResult, run_state_knockout, run_state_steering,
+)
 from mi_core.interp.steering import (
     DoseResponseCurve, DoseResponsePoint, SteeringCalibration, SteeringResult, SteeringSpec,
     apply_steering, contrastive_steering_vector, dose_response, steering_hooks,
@@ -38,7 +41,8 @@ __all__ = [
     "DoseResponsePoint", "FactoredMatrix", "HeadDetectionResult", "KnockoutSpec",
     "LayerPrediction", "LogitAttribution", "LogitLensAnalysis", "LogitLensResult",
     "MetricError", "PatchingResult", "RecurrentFeedbackEntry", "RecurrentPassSpec",
-    "SteeringCalibration", "SteeringResult", "SteeringSpec", "TokenPrediction",
+    "StateAblationResult", "StateSteeringResult", "SteeringCalibration", "SteeringResult",
+    "SteeringSpec", "TokenPrediction", "run_state_knockout", "run_state_steering",
     "ablation_result", "accumulated_resid", "apply_ln_to_stack", "apply_steering",
     "attribution_patching", "composition_scores", "contrastive_steering_vector",
     "create_knockout_mask", "decompose_resid", "decomposition_points", "detect_heads",

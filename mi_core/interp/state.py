@@ -1,0 +1,77 @@
+"""Results of recurrent-state interventions (knockout / steering of the key-value write) and
+runners: backend-agnostic, for any backend that honours ``HookSpec.state_knockout`` /
+``state_steering`` (the RWKV backends do)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+
+from mi_core.hooks import HookSpec
+from mi_core.state import StateKnockoutSpec, StateSteeringSpec
+
+
+def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
+    """KL(P || Q) over the last axis, from logits (natural log units)."""
+    lp = torch.log_softmax(p_logits.double(), dim=-1)
+    lq = torch.log_softmax(q_logits.double(), dim=-1)
+    return (lp.exp() * (lp - lq)).sum(-1)
+
+
+@attrs.define
+class _StateResult:
+    #: [batch, seq, vocab] logits without / with the state intervention (F32, CPU).
+    baseline_logits: torch.Tensor
+    intervened_logits: torch.Tensor
+    positions: list[int]
+    #: None: every layer.
+    layers: list[int] | None
+
+    def kl_divergence(self, position: int = -1) -> float:
+        """KL(baseline || intervened) of the next-token distribution at `position`,
+        averaged over the batch (nats)."""
+        return float(_kl(self.baseline_logits[:, position], self.intervened_logits[:, position]).mean())
+
+    def kl_per_position(self) -> torch.Tensor:
+        """[seq] KL(baseline || intervened) per position, averaged over the batch."""
+        return _kl(self.baseline_logits, self.intervened_logits).mean(0).float()
+
+    def max_abs_logit_diff(self) -> float:
+        return float((self.baseline_logits - self.intervened_logits).abs().max())
+
+
+@attrs.define
+class StateAblationResult(_StateResult):
+    """Effect of a state knockout (the key-value write skipped at `positions`)."""
+
+
+@attrs.define
+class StateSteeringResult(_StateResult):
+    """Effect of state steering (the key-value write at `positions` scaled by `scale`)."""
+
+    scale: float = 1.0
+
+
+def _logits(model: Any, ids: torch.Tensor, hooks: HookSpec) -> torch.Tensor:
+    return model.forward(ids, hooks).output.detach().float().cpu()
+
+
+def run_state_knockout(model: Any, ids: torch.Tensor, spec: StateKnockoutSpec,
+                       baseline: torch.Tensor | None = None) -> StateAblationResult:
+    """Forward `ids` [batch, seq] with and without `spec` (an MIModel on a stateful backend, e.g. RWKV)."""
+    base = baseline if baseline is not None else _logits(model, ids, HookSpec())
+    out = _logits(model, ids, HookSpec().set_state_knockout(spec))
+    return StateAblationResult(base, out, list(spec.positions),
+                               None if spec.target_layers is None else list(spec.target_layers))
+
+
+def run_state_steering(model: Any, ids: torch.Tensor, spec: StateSteeringSpec,
+                       baseline: torch.Tensor | None = None) -> StateSteeringResult:
+    """Forward `ids` with and without the steering `spec`."""
+    base = baseline if baseline is not None else _logits(model, ids, HookSpec())
+    out = _logits(model, ids, HookSpec().set_state_steering(spec))
+    return StateSteeringResult(base, out, list(spec.positions),
+                               None if spec.target_layers is None else list(spec.target_layers),
+                               scale=spec.scale)
