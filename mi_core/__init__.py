@@ -22,7 +22,8 @@ from mi_core.interp import (
     AblationResult, DoseResponseCurve, DoseResponsePoint, FactoredMatrix, KnockoutSpec,
     LogitLensAnalysis, LogitLensResult, PatchingResult, RecurrentFeedbackEntry,
     RecurrentPassSpec, StateAblationResult, StateSteeringResult, SteeringCalibration,
-    SteeringResult, SteeringSpec, TokenPrediction, apply_steering, create_knockout_mask, forward_recurrent, generate_recurrent, kl_divergence,
+    SteeringResult, SteeringSpec, TokenPrediction, apply_steering, create_knockout_mask,
+    forward_recurrent, generate_recurrent, kl_divergence,
 )
 from mi_core.util.memory import MemoryReport, MemorySnapshot
 from mi_core.util.pca import PcaResult, pca

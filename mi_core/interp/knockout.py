@@ -165,11 +165,17 @@ class AblationResult:
                              float(p1[i]), float(v)) for v, i in zip(vals, idx)]
 
 
+def kl_rows(p_logits: torch.Tensor, q_logits: torch.Tensor,
+            dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """KL(softmax(p) || softmax(q)) over the last dim, one value per row (nats), in `dtype`."""
+    lp = torch.log_softmax(p_logits.to(dtype), -1)
+    lq = torch.log_softmax(q_logits.to(dtype), -1)
+    return (lp.exp() * (lp - lq)).sum(-1)
+
+
 def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     """KL(softmax(p) || softmax(q)) over the last dim, summed (nats); finite for finite logits."""
-    lp = torch.log_softmax(p_logits.float(), -1)
-    lq = torch.log_softmax(q_logits.float(), -1)
-    return float((lp.exp() * (lp - lq)).sum())
+    return float(kl_rows(p_logits, q_logits).sum())
 
 
 def ablation_result(model: MIModel, baseline: torch.Tensor, ablated: torch.Tensor,

@@ -10,14 +10,8 @@ import attrs
 import torch
 
 from mi_core.hooks import HookSpec
+from mi_core.interp.knockout import kl_rows
 from mi_core.state import StateKnockoutSpec, StateSteeringSpec
-
-
-def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
-    """KL(P || Q) over the last axis, from logits (natural log units)."""
-    lp = torch.log_softmax(p_logits.double(), dim=-1)
-    lq = torch.log_softmax(q_logits.double(), dim=-1)
-    return (lp.exp() * (lp - lq)).sum(-1)
 
 
 @attrs.define
@@ -32,11 +26,12 @@ class _StateResult:
     def kl_divergence(self, position: int = -1) -> float:
         """KL(baseline || intervened) of the next-token distribution at `position`,
         averaged over the batch (nats)."""
-        return float(_kl(self.baseline_logits[:, position], self.intervened_logits[:, position]).mean())
+        return float(kl_rows(self.baseline_logits[:, position], self.intervened_logits[:, position],
+                             torch.float64).mean())
 
     def kl_per_position(self) -> torch.Tensor:
         """[seq] KL(baseline || intervened) per position, averaged over the batch."""
-        return _kl(self.baseline_logits, self.intervened_logits).mean(0).float()
+        return kl_rows(self.baseline_logits, self.intervened_logits, torch.float64).mean(0).float()
 
     def max_abs_logit_diff(self) -> float:
         return float((self.baseline_logits - self.intervened_logits).abs().max())
