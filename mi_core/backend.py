@@ -170,10 +170,15 @@ class MIModel:
             self._names = {p.name for p in self._points}
         return list(self._points)
 
-    def has_hook_point(self, point: HookLike) -> bool:
-        self.hook_points()
+    def _hook_names(self) -> set[str]:
+        """Names of every hook point, computed once."""
+        if self._names is None:
+            self.hook_points()
         assert self._names is not None
-        return HookPoint.parse(point).name in self._names
+        return self._names
+
+    def has_hook_point(self, point: HookLike) -> bool:
+        return HookPoint.parse(point).name in self._hook_names()
 
     # -- tokens -------------------------------------------------------------------------
     def to_tokens(self, text: str | Sequence[str], prepend_bos: bool | None = None) -> torch.Tensor:
@@ -226,7 +231,7 @@ class MIModel:
         """Check every point exists and every operand broadcasts; before any compute."""
         if hooks.is_empty():
             return
-        hooks.validate(self.hook_points(), num_layers=self.num_layers)
+        hooks.validate(self._hook_names(), num_layers=self.num_layers)
         shape_of = getattr(self.backend, "hook_shape", None)
         if shape_of is None or ids is None:
             return

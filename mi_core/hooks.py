@@ -225,12 +225,15 @@ class HookSpec:
     def interventions_at(self, point: HookLike) -> list[InterventionLike]:
         return [iv for _, iv in self._interventions.get(hook_name(point), [])]
 
-    def validate(self, available: Iterable[HookPoint], *, num_layers: int | None = None) -> None:
+    def validate(self, available: Iterable[HookPoint] | set[str], *,
+                 num_layers: int | None = None) -> None:
         """Raise :class:`HookError` for any point the model does not provide.
 
+        `available`: the model's points, or the set of their names (cached by MIModel).
         The message names the point, the valid layer range and the nearest valid names.
         """
-        names = {hp.name for hp in available}
+        names = available if isinstance(available, set) else {
+            HookPoint.parse(hp).name for hp in available}
         for hp in self.points():
             if hp.name in names:
                 continue
