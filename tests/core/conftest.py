@@ -2,45 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 import mi_core as mi
 
-VOCAB, D, LAYERS = 11, 8, 3
-
-
-def write_toy_checkpoint(directory: Path, seed: int = 0) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    weights = {"embed": torch.randn(VOCAB, D, generator=g),
-               "unembed": torch.randn(D, VOCAB, generator=g)}
-    for i in range(LAYERS):
-        weights[f"layers.{i}.w"] = torch.randn(D, D, generator=g) / D**0.5
-    directory.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(directory / "model.safetensors"))
-    (directory / "config.json").write_text(json.dumps(
-        {"model_type": "toy-mlp", "vocab_size": VOCAB, "d_model": D, "n_layers": LAYERS}))
-    return weights
-
-
-def toy_reference(weights: dict[str, torch.Tensor], ids: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The toy model's forward written out independently of the backend (the reference)."""
-    out = {}
-    x = weights["embed"][ids]
-    out["hook_embed"] = x
-    for i in range(LAYERS):
-        out[f"blocks.{i}.hook_resid_pre"] = x
-        h = torch.tanh(x @ weights[f"layers.{i}.w"])
-        out[f"blocks.{i}.hook_mlp_out"] = h
-        x = x + h
-        out[f"blocks.{i}.hook_resid_post"] = x
-    n = x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
-    out["logits"] = n @ weights["unembed"]
-    return out
+from tests.support.toy_checkpoint import write_toy_checkpoint
 
 
 @pytest.fixture()

@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from fake_backend import fake_model  # noqa: E402
+from tests.support.fake_backend import fake_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

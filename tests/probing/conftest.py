@@ -10,7 +10,7 @@ import pytest
 import mi_core as mi
 from mi_core import plugins
 
-from probing_toy import ToyBackend, ToyPlugin, save_toy
+from tests.support.probing_toy import ToyBackend, ToyPlugin, save_toy
 
 DATA = Path(__file__).parent / "data"
 

@@ -12,7 +12,7 @@ import pytest
 from mi_core.cli.main import main
 from mi_probing import ActivationSet
 
-from probing_toy import LABELS, TEXTS
+from tests.support.probing_toy import LABELS, TEXTS
 
 
 @pytest.fixture()

@@ -14,7 +14,7 @@ import torch
 
 import mi_core as mi
 from mi_probing import collect_activations
-from probing_toy import make_tokenizer
+from tests.support.probing_toy import make_tokenizer
 
 transformers = pytest.importorskip("transformers")
 

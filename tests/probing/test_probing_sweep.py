@@ -18,7 +18,7 @@ from mi_probing import (
     plot_sweep,
     probe_model,
 )
-from probing_toy import LABELS, TEXTS
+from tests.support.probing_toy import LABELS, TEXTS
 
 DATA = LabelledDataset.from_lists(TEXTS, LABELS, source="toy-sentiment")
 

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import rwkv_ckpt  # noqa: E402
+from tests.support import rwkv_ckpt  # noqa: E402
 
 import mi_core as mi  # noqa: E402
 
-from rwkv_ckpt import HEAD, HIDDEN, LAYERS, VOCAB  # noqa: E402
+from tests.support.rwkv_ckpt import HEAD, HIDDEN, LAYERS, VOCAB  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from rwkv_ckpt import random_ids
+from tests.support.rwkv_ckpt import random_ids
 
 import mi_core as mi
 

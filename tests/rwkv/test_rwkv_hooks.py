@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rwkv_ckpt import random_ids
+from tests.support.rwkv_ckpt import random_ids
 
 import mi_core as mi
 

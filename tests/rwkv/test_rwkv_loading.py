@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import rwkv_ckpt
-from rwkv_ckpt import HEAD, HIDDEN, LAYERS, VOCAB, random_ids
+from tests.support import rwkv_ckpt
+from tests.support.rwkv_ckpt import HEAD, HIDDEN, LAYERS, VOCAB, random_ids
 
 import mi_core as mi
 from mi_rwkv import WorldTokenizer

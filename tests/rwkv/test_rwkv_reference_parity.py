@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-import rwkv_ckpt
-from rwkv_ckpt import HEAD, HIDDEN, LAYERS, VOCAB, random_ids
+from tests.support import rwkv_ckpt
+from tests.support.rwkv_ckpt import HEAD, HIDDEN, LAYERS, VOCAB, random_ids
 
 import mi_core as mi
 

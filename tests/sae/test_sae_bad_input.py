@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import mi_core as mi
-from sae_tiny_backend import tiny_model, write_saelens_sae
+from tests.support.sae_tiny_backend import tiny_model, write_saelens_sae
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import torch
 
 import mi_core as mi
 from mi_sae import SaeConfig, SparseAutoencoder
-from sae_tiny_backend import write_saelens_sae
+from tests.support.sae_tiny_backend import write_saelens_sae
 
 
 def _fake_cache(cache: Path, repo: str, sha: str = "0123456789abcdef0123456789abcdef01234567") -> Path:

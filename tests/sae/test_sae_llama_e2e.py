@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import mi_core as mi
-from sae_tiny_backend import write_saelens_sae
+from tests.support.sae_tiny_backend import write_saelens_sae
 
 transformers = pytest.importorskip("transformers")
 

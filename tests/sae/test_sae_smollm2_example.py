@@ -5,7 +5,6 @@ projection the SAE is built to compute. Two forward passes only (CPU time is sca
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,6 @@ import torch
 import mi_core as mi
 from mi_sae import activation_metrics
 from mi_sae.formats.saelens import save
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 sae_smollm2 = pytest.importorskip("sae_smollm2")
 
 

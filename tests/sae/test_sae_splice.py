@@ -14,7 +14,7 @@ import torch
 import mi_core as mi
 from mi_sae import (ReconstructionMetrics, activation_metrics, capture_features, evaluate,
                     top_activating)
-from sae_tiny_backend import tiny_model, write_saelens_sae
+from tests.support.sae_tiny_backend import tiny_model, write_saelens_sae
 
 TOL = 1e-5
 

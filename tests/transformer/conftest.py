@@ -17,7 +17,7 @@ import torch
 
 import mi_core as mi
 
-from tiny_families import _COMMON, FAMILIES, VOCAB  # noqa: E402
+from tests.support.tiny_families import _COMMON, FAMILIES, VOCAB  # noqa: E402
 
 
 @attrs.define

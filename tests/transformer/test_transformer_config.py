@@ -12,7 +12,7 @@ from mi_core.errors import ConfigError
 from mi_transformer.config import (FAMILY_PARSERS, Activation, MlpLayout, NormType, QkvLayout,
                                    RopeScaling, TransformerConfig, parse_config)
 
-from tiny_families import FAMILIES
+from tests.support.tiny_families import FAMILIES
 
 
 def _to_hub_format(cfg: dict) -> dict:

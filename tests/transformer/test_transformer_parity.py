@@ -11,7 +11,7 @@ import torch
 
 import mi_core as mi
 
-from tiny_families import FAMILIES
+from tests.support.tiny_families import FAMILIES
 
 TOL = 1e-4
 SEQ = 16  # > WINDOW, so sliding-window layers really cut

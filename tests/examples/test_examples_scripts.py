@@ -6,7 +6,6 @@ leave margin around them."""
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,14 +15,12 @@ pytestmark = pytest.mark.slow
 
 
 def run_example(name: str, *args, **kwargs):
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod.main(*args, **kwargs)
-    finally:
-        sys.path.remove(str(EXAMPLES))
+    """Import examples/<name>.py (examples/ is on pytest's pythonpath for its `_load`) and
+    call its main()."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main(*args, **kwargs)
 
 
 def test_quick_start(smollm2):

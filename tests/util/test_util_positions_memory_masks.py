@@ -37,8 +37,7 @@ def test_char_positions_map_to_their_tokens(hf_tok):
 
 
 def test_positions_count_special_tokens_like_to_tokens():
-    sys.path.insert(0, str(Path(__file__).parents[1] / "interp"))
-    from fake_backend import fake_model
+    from tests.support.fake_backend import fake_model
 
     m = fake_model()
     r = convert_positions(m, "abc", [0, 2])

@@ -14,7 +14,7 @@ import torch
 import mi_core as mi
 from mi_core import plugins
 from mi_core.hookspecs import hookimpl
-from tests.core.conftest import toy_reference
+from tests.support.toy_checkpoint import toy_reference
 
 
 def test_builtin_and_third_party_plugins_are_discovered_through_entry_points() -> None:

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 import mi_core as mi
 from mi_core.loading import SafetensorsCheckpoint, looks_like_hub_id, resolve_source
-from tests.core.conftest import write_toy_checkpoint
+from tests.support.toy_checkpoint import write_toy_checkpoint
 
 
 def test_sharded_checkpoint_is_read_through_its_index(tmp_path: Path) -> None:

@@ -74,7 +74,7 @@ def test_out_of_range_ids_and_bad_files_are_tokenizer_errors(tok_dir: Path, tmp_
 
 
 def test_model_directory_tokenizer_is_loaded_and_prepend_bos_overrides(tok_dir: Path, tmp_path: Path) -> None:
-    from tests.core.conftest import write_toy_checkpoint
+    from tests.support.toy_checkpoint import write_toy_checkpoint
 
     d = tmp_path / "toy"
     write_toy_checkpoint(d)

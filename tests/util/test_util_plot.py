@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,8 +26,7 @@ def _decode(path: Path):
 
 @pytest.fixture(scope="module")
 def model():
-    sys.path.insert(0, str(Path(__file__).parents[1] / "interp"))
-    from fake_backend import fake_model
+    from tests.support.fake_backend import fake_model
 
     return fake_model()
 

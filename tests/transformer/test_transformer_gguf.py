@@ -20,7 +20,7 @@ import mi_core as mi
 from mi_core.errors import UnsupportedModelError, WeightLoadError
 from mi_transformer.gguf import (GgufCheckpoint, default_model_path, read_gguf,
                                  read_gguf_header, unpermute_qk)
-from smollm2_hf import smollm2_hf_dir
+from tests.support.smollm2_hf import smollm2_hf_dir
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")

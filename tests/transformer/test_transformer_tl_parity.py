@@ -33,7 +33,7 @@ import torch
 
 import mi_core as mi
 
-from smollm2_hf import smollm2_hf_dir
+from tests.support.smollm2_hf import smollm2_hf_dir
 
 tl_bridge = pytest.importorskip("transformer_lens.model_bridge")
 

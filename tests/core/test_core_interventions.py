@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import mi_core as mi
-from tests.core.conftest import toy_reference
+from tests.support.toy_checkpoint import toy_reference
 
 TOL = 1e-6  # F32, same ops in the same order: only rounding differences
 

@@ -12,9 +12,7 @@ import pytest
 import mi_core as mi
 from mi_core.cli import analysis
 from mi_core.cli.main import main
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "interp"))
-from fake_backend import fake_model  # noqa: E402
+from tests.support.fake_backend import fake_model  # noqa: E402
 
 
 @pytest.fixture

@@ -17,12 +17,10 @@ from mi_core.interp import (
     run_knockout,
 )
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "rwkv"))
-
 
 @pytest.fixture(scope="module")
 def rwkv(tmp_path_factory):
-    import rwkv_ckpt
+    from tests.support import rwkv_ckpt
 
     d = rwkv_ckpt.write_checkpoint(tmp_path_factory.mktemp("rwkv7"),
                                    rwkv_ckpt.v7_tensors(2, 128, 64, 300),
