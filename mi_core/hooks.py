@@ -14,8 +14,11 @@ from typing import Any, Callable, Iterable, Iterator, Union
 import attrs
 import torch
 
-from mi_core.errors import HookError, InterventionError
-from mi_core.interventions import Intervention, apply_intervention
+from mi_core.errors import HookError, InterventionError, PluginError
+from mi_core.interventions import (
+    Intervention, Knockout, apply_intervention, neg_inf_operand, prepare,
+)
+from mi_core.shapes import GLOBAL_NAMES, LAYER_SUFFIXES, PRE_SOFTMAX_SCORES
 from mi_core.state import StateKnockoutSpec, StateSteeringSpec
 
 _LAYER_RE = re.compile(r"^blocks\.(\d+)\.(.+)$")
@@ -24,16 +27,10 @@ _LAYER_RE = re.compile(r"^blocks\.(\d+)\.(.+)$")
 _ALIASES_GLOBAL = {"hook_final_norm": "ln_final.hook_normalized"}
 _ALIASES_LAYER = {"attn.hook_scores": "attn.hook_attn_scores"}
 
-#: Per-layer suffixes the core knows by name (any backend may add custom points).
-KNOWN_LAYER_SUFFIXES = (
-    "hook_resid_pre", "ln1.hook_scale", "ln1.hook_normalized",
-    "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k",
-    "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z", "attn.hook_result",
-    "hook_attn_out", "hook_resid_mid", "ln2.hook_scale", "ln2.hook_normalized",
-    "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
-    "rwkv.hook_state", "rwkv.hook_decay", "rwkv.hook_effective_attn",
-)
-KNOWN_GLOBAL_NAMES = ("hook_embed", "ln_final.hook_scale", "ln_final.hook_normalized")
+#: Per-layer suffixes known by name: the standard ones, plus those plugins declare
+#: (:func:`declare_layer_points`). Any other name is a custom point, kept verbatim.
+KNOWN_LAYER_SUFFIXES: set[str] = set(LAYER_SUFFIXES)
+KNOWN_GLOBAL_NAMES = GLOBAL_NAMES
 
 
 @attrs.frozen(repr=False)
@@ -93,7 +90,7 @@ def _factory(suffix: str) -> Callable[[type[HookPoint], int], HookPoint]:
     return classmethod(make)  # type: ignore[return-value]
 
 
-for _meth, _suffix in {
+_STANDARD_FACTORIES = {
     "resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid", "resid_post": "hook_resid_post",
     "ln1_scale": "ln1.hook_scale", "ln1_normalized": "ln1.hook_normalized",
     "ln2_scale": "ln2.hook_scale", "ln2_normalized": "ln2.hook_normalized",
@@ -101,11 +98,42 @@ for _meth, _suffix in {
     "attn_rot_q": "attn.hook_rot_q", "attn_rot_k": "attn.hook_rot_k",
     "attn_scores": "attn.hook_attn_scores", "attn_pattern": "attn.hook_pattern",
     "attn_z": "attn.hook_z", "attn_result": "attn.hook_result", "attn_out": "hook_attn_out",
+    "attn_in": "attn.hook_in", "mlp_in": "mlp.hook_in",
     "mlp_pre": "mlp.hook_pre", "mlp_post": "mlp.hook_post", "mlp_out": "hook_mlp_out",
-    "rwkv_state": "rwkv.hook_state", "rwkv_decay": "rwkv.hook_decay",
-    "rwkv_effective_attn": "rwkv.hook_effective_attn",
-}.items():
+}
+for _meth, _suffix in _STANDARD_FACTORIES.items():
     setattr(HookPoint, _meth, _factory(_suffix))
+
+_SUFFIX_RE = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*\.)*hook_[A-Za-z0-9_]+$")
+_DECLARED: dict[str, str] = {}  # factory name -> suffix, from plugins
+
+
+def declare_layer_points(factories: "dict[str, str]", owner: str = "a plugin") -> None:
+    """Make per-layer suffixes known (not custom) and add ``HookPoint.<name>(layer)`` factories.
+
+    `factories`: factory name -> suffix, e.g. ``{"my_state": "mixer.hook_state"}``. A backend
+    plugin declares its own points this way (through ``mi_declare_hook_points``); the core
+    knows only the standard ones. Declaring the same pair twice is a no-op; a name that
+    clashes with another meaning is a PluginError naming it and `owner`.
+    """
+    for name, suffix in factories.items():
+        if not (isinstance(name, str) and name.isidentifier() and isinstance(suffix, str)
+                and _SUFFIX_RE.match(suffix)):
+            raise PluginError(f"{owner}: cannot declare hook point factory {name!r} -> "
+                              f"{suffix!r}: need an identifier and a suffix like 'x.hook_y'")
+        known = _STANDARD_FACTORIES.get(name) or _DECLARED.get(name)
+        if known is not None and known != suffix:
+            raise PluginError(f"{owner}: HookPoint.{name} already means 'blocks.{{i}}.{known}', "
+                              f"not {suffix!r}")
+        if known is None and hasattr(HookPoint, name):
+            raise PluginError(f"{owner}: HookPoint.{name} is already an attribute")
+    for name, suffix in factories.items():
+        if name not in _DECLARED and name not in _STANDARD_FACTORIES:
+            setattr(HookPoint, name, _factory(suffix))
+            _DECLARED[name] = suffix
+        KNOWN_LAYER_SUFFIXES.add(suffix)
+    _PARSE_CACHE.clear()  # earlier parses may have called these points custom
+
 
 _PARSE_CACHE: dict[str, HookPoint] = {}
 
@@ -128,7 +156,8 @@ def _parse_cached(name: str) -> HookPoint:
 
 
 HookLike = Union[str, HookPoint]
-InterventionLike = Union[Intervention, Callable[[torch.Tensor, HookPoint], Any]]
+InterventionLike = Union[Intervention, Callable[[torch.Tensor, HookPoint], Any],
+                         Callable[[torch.Tensor], Any]]
 
 
 def hook_name(point: HookLike) -> str:
@@ -147,7 +176,7 @@ class HookSpec:
 
     def __init__(self) -> None:
         self._captures: dict[str, HookPoint] = {}
-        self._interventions: dict[str, list[tuple[HookPoint, InterventionLike]]] = {}
+        self._interventions: dict[str, list[tuple[HookPoint, InterventionLike, Intervention]]] = {}
         self.state_knockout: StateKnockoutSpec | None = None
         self.state_steering: StateSteeringSpec | None = None
 
@@ -163,20 +192,38 @@ class HookSpec:
         return self
 
     def intervene(self, point: HookLike, intervention: InterventionLike) -> "HookSpec":
+        """Apply `intervention` at `point` (after earlier ones there).
+
+        Checked now, not per forward: a Knockout only at the pre-softmax scores
+        (``attn.hook_attn_scores``), a callable's arity from its signature.
+        """
         hp = HookPoint.parse(point)
-        if not (isinstance(intervention, Intervention) or callable(intervention)):
+        if isinstance(intervention, Knockout) and hp.suffix != PRE_SOFTMAX_SCORES:
             raise InterventionError(
-                f"intervention at {hp.name} must be an Intervention or a callable "
-                f"(tensor, hook) -> tensor, got {type(intervention).__name__}"
-            )
-        self._interventions.setdefault(hp.name, []).append((hp, intervention))
+                f"Knockout at {hp.name}: a Knockout is an additive pre-softmax mask and means "
+                f"removal only at 'blocks.{{i}}.{PRE_SOFTMAX_SCORES}'; use mi.Steer at "
+                f"attn.hook_pattern, or mi.Zero / mi.Replace elsewhere")
+        if hp.suffix != PRE_SOFTMAX_SCORES and neg_inf_operand(intervention):
+            raise InterventionError(
+                f"{type(intervention).__name__} at {hp.name}: the operand holds -inf, which "
+                f"means masking only at the pre-softmax scores (attn.hook_attn_scores)")
+        prepared = prepare(hp, intervention)
+        self._interventions.setdefault(hp.name, []).append((hp, intervention, prepared))
         return self
 
     def set_state_knockout(self, spec: StateKnockoutSpec) -> "HookSpec":
+        """Skip recurrent-state writes (backends with the state-interventions capability)."""
+        if not isinstance(spec, StateKnockoutSpec):
+            raise InterventionError(f"set_state_knockout needs a StateKnockoutSpec, got "
+                                    f"{type(spec).__name__}")
         self.state_knockout = spec
         return self
 
     def set_state_steering(self, spec: StateSteeringSpec) -> "HookSpec":
+        """Scale recurrent-state writes (backends with the state-interventions capability)."""
+        if not isinstance(spec, StateSteeringSpec):
+            raise InterventionError(f"set_state_steering needs a StateSteeringSpec, got "
+                                    f"{type(spec).__name__}")
         self.state_steering = spec
         return self
 
@@ -211,10 +258,6 @@ class HookSpec:
     def has_intervention_at(self, point: HookLike) -> bool:
         return hook_name(point) in self._interventions
 
-    def touches(self, name: str) -> bool:
-        """Whether `name` (canonical) is captured or intervened on: the backend's fast check."""
-        return name in self._captures or name in self._interventions
-
     def points(self) -> list[HookPoint]:
         """Every point this spec names (captures, then intervention-only points)."""
         seen = dict(self._captures)
@@ -223,7 +266,8 @@ class HookSpec:
         return list(seen.values())
 
     def interventions_at(self, point: HookLike) -> list[InterventionLike]:
-        return [iv for _, iv in self._interventions.get(hook_name(point), [])]
+        """The interventions registered at `point`, as given (in registration order)."""
+        return [iv for _, iv, _ in self._interventions.get(hook_name(point), [])]
 
     def validate(self, available: Iterable[HookPoint] | set[str], *,
                  num_layers: int | None = None) -> None:
@@ -280,7 +324,7 @@ class HookRun:
     def apply(self, name: str, x: torch.Tensor) -> torch.Tensor:
         items = self._ivs.get(name)
         if items is not None:
-            for hp, iv in items:
+            for hp, _, iv in items:
                 x = apply_intervention(hp, iv, x)
         if name in self._caps:
             self.captures[name] = x
@@ -297,7 +341,7 @@ class HookCache:
                  **extra: Any) -> None:
         self.output = output
         self._captures: dict[str, torch.Tensor] = dict(captures or {})
-        #: backend-specific extras (e.g. ``past`` for generation, final RWKV state)
+        #: backend-specific extras (e.g. ``past`` for generation, a final recurrent state)
         self.extra: dict[str, Any] = extra
 
     def __getitem__(self, point: HookLike) -> torch.Tensor:

@@ -1,6 +1,8 @@
-"""The pluggy hook specifications: the whole surface a plugin implements.
+"""The plugin surface: the pluggy specifications a plugin implements.
 
-Every hook is optional. Built-in plugins implement exactly these, as a third party would.
+Every function is optional. Built-in plugins implement exactly these, as a third party
+would, marking each with ``@plugin_impl`` (``hookimpl`` is kept as an alias; the names say
+"plugin" so they do not read like :class:`mi_core.HookSpec`, which is about model hooks).
 """
 
 from __future__ import annotations
@@ -14,46 +16,59 @@ if TYPE_CHECKING:
 
     from mi_core.registry import BackendSpec, Detection, DictionaryFormat, ModelSource, TokenizerSpec
 
-hookspec = pluggy.HookspecMarker("mi_core")
-hookimpl = pluggy.HookimplMarker("mi_core")
+#: Marks a specification of the plugin surface (used in this module only).
+plugin_spec = pluggy.HookspecMarker("mi_core")
+#: Marks a plugin's implementation: ``@mi_core.plugin_impl def mi_register_backends(): ...``
+plugin_impl = pluggy.HookimplMarker("mi_core")
+#: Aliases kept for plugin authors (pluggy's own names).
+hookspec = plugin_spec
+hookimpl = plugin_impl
 
 
-@hookspec
+@plugin_spec
 def mi_register_backends() -> "list[BackendSpec]":
     """Return the backends this plugin provides (name, loader, description)."""
 
 
-@hookspec
+@plugin_spec
 def mi_detect_backend(source: "ModelSource") -> "list[Detection] | Detection | None":
     """Given a checkpoint (parsed config.json and tensor names; no weights), say whether and
     how well each of your backends can load it (score in [0, 1], 0 = cannot) and why."""
 
 
-@hookspec
+@plugin_spec
 def mi_register_dictionary_formats() -> "list[DictionaryFormat]":
     """Return the SAE / transcoder / CLT file formats this plugin can detect and load."""
 
 
-@hookspec
+@plugin_spec
 def mi_register_tokenizers() -> "list[TokenizerSpec]":
-    """Return tokenizer loaders (e.g. the RWKV World tokenizer) for model directories."""
+    """Return tokenizer loaders for model directories (e.g. a model-specific vocabulary file)."""
 
 
-@hookspec
+@plugin_spec
+def mi_declare_hook_points() -> "dict[str, str]":
+    """Per-layer hook points your backends add beyond the standard ones, as
+    {factory name: suffix}, e.g. ``{"mixer_state": "mixer.hook_state"}``: the suffix becomes a
+    known point (``blocks.{i}.mixer.hook_state``) and ``HookPoint.mixer_state(i)`` a factory.
+    Shapes come from the backend's ``hook_shape`` (the HookShapes capability)."""
+
+
+@plugin_spec
 def mi_hub_file_patterns() -> "list[str]":
     """Extra glob patterns a hub download must fetch for this plugin's models/dictionaries."""
 
 
-@hookspec
+@plugin_spec
 def mi_register_commands(subparsers: "argparse._SubParsersAction") -> None:
     """Add CLI subcommands to ``mi``; set ``func=callable(args) -> int`` on each parser."""
 
 
-@hookspec(firstresult=True)
+@plugin_spec(firstresult=True)
 def mi_default_model() -> "str | None":
     """Path of an embedded default model for ``mi demo`` (first plugin that has one wins)."""
 
 
-@hookspec
+@plugin_spec
 def mi_plugin_info() -> "dict[str, Any]":
     """Free-form description for ``mi plugins`` (e.g. {"provides": [...]})."""

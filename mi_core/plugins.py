@@ -1,6 +1,6 @@
 """The plugin manager: entry points of group ``mi_core``, loaded lazily on first use.
 
-``MI_CORE_PLUGINS=rwkv,transformer`` restricts which entry points load (by name);
+``MI_CORE_PLUGINS=name1,name2`` restricts which entry points load (by name);
 unset or empty loads them all. Built-in plugins are ordinary entry points too.
 """
 
@@ -16,6 +16,8 @@ import attrs
 import pluggy
 
 from mi_core import hookspecs
+from mi_core.errors import PluginError
+from mi_core.hooks import declare_layer_points
 from mi_core.registry import BackendSpec, DictionaryFormat, TokenizerSpec
 
 ENTRY_POINT_GROUP = "mi_core"
@@ -74,13 +76,27 @@ def get_plugin_manager() -> pluggy.PluginManager:
             infos.append(info)
         _infos[:] = infos
         _pm = pm
+        for plugin_name, result in call_per_plugin("mi_declare_hook_points"):
+            _declare(plugin_name, result)
     return _pm
+
+
+def _declare(plugin_name: str, points: Any) -> None:
+    if points is None:
+        return
+    if not isinstance(points, dict):
+        raise PluginError(f"plugin {plugin_name!r}: mi_declare_hook_points must return a dict "
+                          f"{{factory name: suffix}}, got {type(points).__name__}")
+    declare_layer_points(points, owner=f"plugin {plugin_name!r}")
 
 
 def register_plugin(plugin: Any, name: str) -> None:
     """Register an in-process plugin object (tests, notebooks) as if it were an entry point."""
     pm = get_plugin_manager()
     pm.register(plugin, name=name)
+    declare = getattr(plugin, "mi_declare_hook_points", None)
+    if declare is not None:
+        _declare(name, declare())
     _infos.append(PluginInfo(name=name, distribution="(in-process)", version="-",
                              module=getattr(plugin, "__name__", repr(plugin))))
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from mi_core.hookspecs import hookimpl
+from mi_core import plugin_impl
 from mi_core.registry import Detection, DictionaryFormat
 
 _LOOKS_FOR = ("a directory with W_enc_{i}.safetensors + W_dec_{i}.safetensors (circuit-tracer "
@@ -30,7 +30,7 @@ def _load(path: Path, device: torch.device, dtype: torch.dtype) -> Any:
     return CrossLayerTranscoder.load(path, device, dtype)
 
 
-@hookimpl
+@plugin_impl
 def mi_register_dictionary_formats() -> list[DictionaryFormat]:
     return [DictionaryFormat(name="circuit-tracer-clt", detect=_detect, load=_load,
                              looks_for=_LOOKS_FOR,
@@ -38,6 +38,6 @@ def mi_register_dictionary_formats() -> list[DictionaryFormat]:
                                            "W_dec_*.safetensors", "layer_*.safetensors"])]
 
 
-@hookimpl
+@plugin_impl
 def mi_plugin_info() -> dict[str, Any]:
     return {"provides": ["attribution graphs"]}

@@ -5,16 +5,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mi_core.hookspecs import hookimpl
+from mi_core import plugin_impl
 
 
-@hookimpl
+@plugin_impl
 def mi_register_commands(subparsers: "argparse._SubParsersAction[Any]") -> None:
     from mi_probing.cli import add_probe_parser
 
     add_probe_parser(subparsers)
 
 
-@hookimpl
+@plugin_impl
 def mi_plugin_info() -> dict[str, Any]:
     return {"provides": ["linear probes (mi probe)"]}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mi_core.errors import ConfigError, UnsupportedModelError
-from mi_core.hookspecs import hookimpl
+from mi_core import plugin_impl
 from mi_core.registry import BackendSpec, Detection, ModelSource, TokenizerSpec
 
 from mi_rwkv.config import parse_v6, parse_v7, rwkv_version
@@ -19,7 +19,7 @@ _MARKERS = {
 }
 
 
-@hookimpl
+@plugin_impl
 def mi_register_backends() -> list[BackendSpec]:
     return [
         BackendSpec("rwkv6", load_rwkv6, "RWKV-6 (Finch), HF format (rwkv.blocks.*)"),
@@ -27,7 +27,7 @@ def mi_register_backends() -> list[BackendSpec]:
     ]
 
 
-@hookimpl
+@plugin_impl
 def mi_detect_backend(source: ModelSource) -> list[Detection]:
     if source.path.is_file():
         return []
@@ -52,12 +52,19 @@ def mi_detect_backend(source: ModelSource) -> list[Detection]:
     return [Detection(name, 1.0, f"RWKV-{version} checkpoint (model_type and tensor names)")]
 
 
-@hookimpl
+@plugin_impl
+def mi_declare_hook_points() -> dict[str, str]:
+    """RWKV's own per-layer points; ``HookPoint.rwkv_state(i)`` etc. once plugins load."""
+    return {"rwkv_state": "rwkv.hook_state", "rwkv_decay": "rwkv.hook_decay",
+            "rwkv_effective_attn": "rwkv.hook_effective_attn"}
+
+
+@plugin_impl
 def mi_register_tokenizers() -> list[TokenizerSpec]:
     return [TokenizerSpec("rwkv-world", detect_world_vocab, load_world_vocab)]
 
 
-@hookimpl
+@plugin_impl
 def mi_hub_file_patterns() -> list[str]:
     return [VOCAB_FILE]
 

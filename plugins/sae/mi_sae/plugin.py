@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from mi_core.hookspecs import hookimpl
+from mi_core import plugin_impl
 from mi_core.registry import DictionaryFormat
 
 
-@hookimpl
+@plugin_impl
 def mi_register_dictionary_formats() -> list[DictionaryFormat]:
     from mi_sae.formats import gemmascope, llamascope, saelens, sparsify
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mi_core.errors import MIError
-from mi_core.hookspecs import hookimpl
+from mi_core import plugin_impl
 from mi_core.registry import BackendSpec, Detection, ModelSource
 
 from mi_transformer.config import FAMILY_PARSERS, auto_config
@@ -14,12 +14,12 @@ from mi_transformer.weights import check_tensors
 BACKEND = "transformer"
 
 
-@hookimpl
+@plugin_impl
 def mi_plugin_info() -> dict[str, Any]:
     return {"provides": ["GGUF files (LLaMA family)"]}
 
 
-@hookimpl
+@plugin_impl
 def mi_register_backends() -> list[BackendSpec]:
     from mi_transformer.loader import load_backend
 
@@ -28,7 +28,7 @@ def mi_register_backends() -> list[BackendSpec]:
                                     + ", ".join(FAMILY_PARSERS) + ", LLaMA-like auto-config, GGUF")]
 
 
-@hookimpl
+@plugin_impl
 def mi_detect_backend(source: ModelSource) -> Detection:
     """Known model_type: 0.9; LLaMA-like unknown type whose tensors all match: 0.5;
     anything else: 0 with the missing / unexpected tensor lists."""
@@ -59,7 +59,7 @@ def mi_detect_backend(source: ModelSource) -> Detection:
                      missing=chk.missing, unexpected=chk.unexpected)
 
 
-@hookimpl
+@plugin_impl
 def mi_default_model() -> str | None:
     """The embedded SmolLM2 GGUF, when mi_transformer.gguf can find it."""
     try:

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from mi_core import BackendSpec, Detection, ModelSource
-from mi_core.hookspecs import hookimpl
+from mi_core import plugin_impl
 from mi_toy.model import ToyBackend
 
 
-@hookimpl
+@plugin_impl
 def mi_register_backends() -> list[BackendSpec]:
     return [BackendSpec(name="toy", load=ToyBackend.load,
                         description="toy residual-MLP language model (example plugin)")]
 
 
-@hookimpl
+@plugin_impl
 def mi_detect_backend(source: ModelSource) -> Detection:
     model_type = (source.config or {}).get("model_type")
     if model_type != "toy-mlp":
