@@ -1,14 +1,16 @@
 """mi-core: mechanistic interpretability of language models on PyTorch.
 
-Public names only (see docs and ../shared/design/API.md); backends and formats are plugins.
+Public names only (see docs/); backends and formats are plugins.
 """
 
 from mi_core.backend import GenerationResult, MIBackend, MIModel, check_compatibility, sample_token
 from mi_core.dictionaries import CltFeatureId, SparseActivations, SparseDictionary, load_dictionary
 from mi_core.errors import (
+    CapabilityError,
     ConfigError,
     DictionaryError,
     HookError,
+    InputError,
     InterventionError,
     MIError,
     PluginError,
@@ -17,6 +19,8 @@ from mi_core.errors import (
     WeightLoadError,
 )
 from mi_core.hooks import HookCache, HookPoint, HookRun, HookSpec
+from mi_core.hookspecs import hookimpl, hookspec, plugin_impl, plugin_spec
+from mi_core.shapes import standard_shape
 from mi_core.interventions import Add, Intervention, Knockout, Replace, Scale, Steer, Zero
 from mi_core.interp import (
     AblationResult, DoseResponseCurve, DoseResponsePoint, FactoredMatrix, KnockoutSpec,
@@ -43,7 +47,8 @@ from mi_core.tokenizer import EncodingWithOffsets, HFTokenizer, MITokenizer
 __version__ = "0.1.0"
 
 __all__ = [
-    "Add", "BackendSpec", "CltFeatureId", "CompatibilityReport", "ConfigError", "Detection",
+    "Add", "BackendSpec", "CapabilityError", "InputError", "hookimpl", "hookspec",
+    "plugin_impl", "plugin_spec", "standard_shape", "CltFeatureId", "CompatibilityReport", "ConfigError", "Detection",
     "DictionaryError", "DictionaryFormat", "EncodingWithOffsets", "GenerationResult",
     "HFTokenizer", "HookCache", "HookError", "HookPoint", "HookRun", "HookSpec", "Intervention",
     "InterventionError", "Knockout", "MIBackend", "MIError", "MIModel", "MITokenizer",

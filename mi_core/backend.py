@@ -7,15 +7,19 @@ generation. A backend owns its forward pass and calls ``run.apply(name, x)`` at 
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import attrs
 import torch
 
+from mi_core import capabilities as caps
 from mi_core import plugins
-from mi_core.errors import HookError, MIError, TokenizerError, UnsupportedModelError
+from mi_core.errors import (
+    HookError, InputError, PluginError, TokenizerError, UnsupportedModelError,
+)
 from mi_core.hooks import HookCache, HookLike, HookPoint, HookSpec
 from mi_core.interventions import Intervention, check_broadcast
 from mi_core.loading import DEFAULT_HUB_PATTERNS, read_config, resolve_source, tensor_names_of
@@ -25,14 +29,14 @@ from mi_core.tokenizer import HFTokenizer, MITokenizer
 
 @runtime_checkable
 class MIBackend(Protocol):
-    """What a backend implements. Optional members are noted; see docs/PLUGINS.md.
+    """What every backend implements; see docs/PLUGINS.md.
 
     Attributes: ``name``, ``config`` (attrs), ``num_layers``, ``num_heads``,
     ``num_kv_heads``, ``hidden_size``, ``vocab_size``, ``device``, ``dtype``,
     ``tokenizer`` (MITokenizer or None).
-    Optional: ``max_positions`` (int | None), ``hook_shape(point, batch, seq)`` for
-    validating intervention operands before compute, ``new_past(batch_size)`` +
-    ``forward(..., past=...)`` for KV-cached / stateful generation.
+    Anything more is a capability the backend declares by implementing a protocol of
+    :mod:`mi_core.capabilities` (hook shapes, KV-cached generation, layer schedules, state
+    interventions, weight access, readout, gradients); the core checks them before compute.
     """
 
     name: str
@@ -103,6 +107,38 @@ def check_compatibility(source: str | os.PathLike[str]) -> CompatibilityReport:
     return _report(os.fspath(source), src, _detections(src))
 
 
+def resolve_device(device: str | torch.device) -> torch.device:
+    """`device` as a torch.device that exists and is available here; InputError otherwise."""
+    if not isinstance(device, (str, torch.device)):
+        raise InputError(f"device must be a str or torch.device, got {type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise InputError(f"device {device!r} is not a device torch knows: {exc}") from None
+    if dev.type == "cpu" or dev.type == "meta":
+        return dev
+    module = getattr(torch, dev.type, None)  # torch.cuda, torch.mps, torch.xpu, ...
+    available = module is not None and hasattr(module, "is_available") and module.is_available()
+    if not available:
+        raise InputError(f"device {device!r}: {dev.type} is not available on this machine")
+    count = getattr(module, "device_count", None)
+    if dev.index is not None and count is not None and dev.index >= count():
+        raise InputError(f"device {device!r}: this machine has {count()} {dev.type} device(s)")
+    return dev
+
+
+def _check_dtype(dtype: Any) -> torch.dtype:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise InputError(f"dtype must be a floating torch.dtype (e.g. torch.float32), got "
+                         f"{dtype!r}")
+    return dtype
+
+
+_BACKEND_MEMBERS = ("name", "num_layers", "num_heads", "num_kv_heads", "hidden_size",
+                    "vocab_size", "device", "dtype", "tokenizer", "hook_points", "forward",
+                    "project_to_vocab")
+
+
 def _load_tokenizer(path: Path) -> MITokenizer | None:
     directory = path if path.is_dir() else path.parent
     for spec in plugins.tokenizer_specs():
@@ -125,6 +161,7 @@ class MIModel:
     def from_pretrained(cls, source: str | os.PathLike[str], device: str | torch.device = "cpu",
                         dtype: torch.dtype = torch.float32, backend: str | None = None) -> "MIModel":
         """Load a hub id, a local directory or a single file a plugin claims (e.g. ``.gguf``)."""
+        dev, dtype = resolve_device(device), _check_dtype(dtype)
         src = _source_of(source)
         available = plugins.backends()
         if backend is None:
@@ -133,15 +170,19 @@ class MIModel:
             if not report.supported:
                 if not available:
                     raise UnsupportedModelError(
-                        f"{source}: no backend plugins are installed (pip install "
-                        f"'mi-core[transformer]' or 'mi-core[rwkv]')")
+                        f"{source}: no backend plugins are installed (install mi-core with "
+                        f"the extra of a backend plugin, e.g. pip install 'mi-core[all]')")
                 raise UnsupportedModelError("no plugin can load this checkpoint:\n" + report.summary())
             backend = report.backend
         if backend not in available:
             raise UnsupportedModelError(f"backend {backend!r} is not installed; installed: "
                                         f"{', '.join(sorted(available)) or 'none'}")
-        be = available[backend].load(src, torch.device(device), dtype)
-        if getattr(be, "tokenizer", None) is None:
+        be = available[backend].load(src, dev, dtype)
+        missing = [m for m in _BACKEND_MEMBERS if not hasattr(be, m)]
+        if missing:
+            raise PluginError(f"backend {backend!r} returned a {type(be).__name__} without the "
+                              f"MIBackend member(s) {', '.join(missing)}")
+        if be.tokenizer is None:
             be.tokenizer = _load_tokenizer(src.path)
         return cls(be, source=os.fspath(source))
 
@@ -159,10 +200,22 @@ class MIModel:
 
     @property
     def tokenizer(self) -> MITokenizer:
-        tok = getattr(self.backend, "tokenizer", None)
+        tok = self.backend.tokenizer
         if tok is None:
             raise TokenizerError(f"{self.source}: this model has no tokenizer")
         return tok
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return self.backend.tokenizer is not None
+
+    def capabilities(self) -> list[str]:
+        """The capabilities the backend declares (see :mod:`mi_core.capabilities`)."""
+        return caps.capabilities(self.backend)
+
+    def require(self, capability: type, needed_for: str) -> None:
+        """CapabilityError before compute unless the backend declares `capability`."""
+        caps.require(self.backend, capability, needed_for)
 
     def hook_points(self) -> list[HookPoint]:
         if self._points is None:
@@ -227,13 +280,20 @@ class MIModel:
         return self.tokenizer.decode(ids)
 
     # -- forward ------------------------------------------------------------------------
-    def validate(self, hooks: HookSpec, ids: torch.Tensor | None = None) -> None:
-        """Check every point exists and every operand broadcasts; before any compute."""
+    def validate(self, hooks: HookSpec, ids: torch.Tensor | None = None, *,
+                 stateful: bool = False) -> None:
+        """Before any compute: every point exists, every operand broadcasts, and the backend
+        has what the spec needs (a state knockout/steering spec needs the state-interventions
+        capability). `stateful`: the call carries a state (positions are absolute)."""
         if hooks.is_empty():
             return
         hooks.validate(self._hook_names(), num_layers=self.num_layers)
-        shape_of = getattr(self.backend, "hook_shape", None)
-        if shape_of is None or ids is None:
+        be = self.backend
+        for spec in (hooks.state_knockout, hooks.state_steering):
+            if spec is not None:
+                caps.require(be, caps.StateInterventions, f"a {type(spec).__name__}")
+                be.check_state_spec(spec, None if ids is None or stateful else int(ids.shape[1]))
+        if ids is None or not isinstance(be, caps.HookShapes):
             return
         batch, seq = ids.shape
         for hp in hooks.points():
@@ -241,37 +301,98 @@ class MIModel:
                 if not isinstance(iv, Intervention):
                     continue
                 op = iv.operand_shape()
-                target = shape_of(hp, batch, seq)
+                target = be.hook_shape(hp, batch, seq)
                 if op is not None and target is not None:
                     check_broadcast(hp, type(iv).__name__, op, tuple(target))
 
-    def _check_ids(self, ids: torch.Tensor) -> torch.Tensor:
+    def _check_ids(self, ids: Any, what: str = "ids") -> torch.Tensor:
+        """Token ids as LongTensor [batch, seq] on the model's device; InputError (shape,
+        dtype, ragged, empty) or TokenizerError (out of the vocabulary) naming `what`."""
         if not isinstance(ids, torch.Tensor):
-            ids = torch.as_tensor(ids, dtype=torch.long)
+            try:
+                ids = torch.as_tensor(ids)
+            except (ValueError, TypeError, RuntimeError) as exc:
+                raise InputError(f"{what} cannot be made a [batch, seq] tensor ({exc}); rows of "
+                                 f"unequal length must be padded (with attention_mask)") from None
+        if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+            raise InputError(f"{what} must hold integer token ids, got dtype {ids.dtype}")
         if ids.dim() == 1:
             ids = ids.unsqueeze(0)
         if ids.dim() != 2:
-            raise MIError(f"token ids must be [batch, seq], got shape {list(ids.shape)}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            raise InputError(f"{what} must be [batch, seq] (or [seq]), got shape {list(ids.shape)}")
+        if ids.numel() == 0:
+            raise InputError(f"{what} is empty (shape {list(ids.shape)})")
+        if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
             bad = ids[(ids < 0) | (ids >= self.vocab_size)].unique()[:5].tolist()
-            raise TokenizerError(f"token ids {bad} out of vocabulary range [0, {self.vocab_size})")
-        return ids.to(self.device)
+            raise TokenizerError(f"{what}: token ids {bad} out of vocabulary range "
+                                 f"[0, {self.vocab_size})")
+        return ids.to(device=self.device, dtype=torch.long)
+
+    def _check_mask(self, mask: Any, ids: torch.Tensor, cached: bool = False
+                    ) -> torch.Tensor | None:
+        """attention_mask [batch, seq] of 0/1 (bool or numeric), no all-zero row; with a
+        cache (`cached`) it may also cover the cached positions, [batch, cached + seq]."""
+        if mask is None:
+            return None
+        if not isinstance(mask, torch.Tensor):
+            try:
+                mask = torch.as_tensor(mask)
+            except (ValueError, TypeError, RuntimeError) as exc:
+                raise InputError(f"attention_mask cannot be made a tensor: {exc}") from None
+        batch, seq = ids.shape
+        if mask.dim() != 2 or mask.shape[0] != batch or (
+                mask.shape[1] != seq and not (cached and mask.shape[1] > seq)):
+            raise InputError(f"attention_mask has shape {list(mask.shape)}; ids have shape "
+                             f"{list(ids.shape)} (expected the same)")
+        if mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
+            raise InputError("attention_mask must hold only 0 (padding) and 1 (token), got "
+                             f"{mask[(mask != 0) & (mask != 1)].unique()[:5].tolist()}")
+        if not cached:
+            empty = (mask.sum(-1) == 0).nonzero().flatten().tolist()
+            if empty:
+                raise InputError(f"attention_mask rows {empty[:5]} are all zero: those "
+                                 f"sequences have no tokens")
+        return mask.to(self.device)
+
+    def _check_options(self, options: Mapping[str, Any]) -> None:
+        """Forward options that need a capability are refused before compute without it."""
+        for key, (cap, what) in _OPTION_CAPABILITIES.items():
+            if options.get(key) is not None:
+                caps.require(self.backend, cap, what)
+        schedule = options.get("layer_schedule")
+        if schedule is not None:
+            bad = [x for x in schedule if isinstance(x, bool) or not isinstance(x, int)
+                   or not 0 <= x < self.num_layers]
+            if bad or not len(schedule):
+                raise InputError(f"layer_schedule {list(schedule)}: need layer indices in "
+                                 f"0..{self.num_layers - 1}" + (f"; bad: {bad[:5]}" if bad else ""))
+            self.backend.check_layer_schedule(schedule)
 
     def forward(self, ids: torch.Tensor, hooks: HookSpec | None = None,
                 attention_mask: torch.Tensor | None = None, **kwargs: Any) -> HookCache:
-        """Run the model; `hooks` captures and intervenes. Returns a HookCache (logits always)."""
+        """Run the model; `hooks` captures and intervenes. Returns a HookCache (logits always).
+
+        `kwargs` are backend forward options; those needing a capability (``past``,
+        ``layer_schedule``, ``between_layers``) are checked against it before compute.
+        """
         hooks = hooks if hooks is not None else HookSpec()
+        if not isinstance(hooks, HookSpec):
+            raise HookError(f"hooks must be a HookSpec, got {type(hooks).__name__}")
         ids = self._check_ids(ids)
-        self.validate(hooks, ids)
-        if attention_mask is not None:
-            attention_mask = attention_mask.to(self.device)
-            if attention_mask.shape != ids.shape and kwargs.get("past") is None:
-                raise MIError(f"attention_mask shape {list(attention_mask.shape)} != ids shape "
-                              f"{list(ids.shape)}")
-        with torch.inference_mode(not torch.is_grad_enabled()):
-            return self.backend.forward(ids, hooks, attention_mask=attention_mask, **kwargs)
+        cached = kwargs.get("past") is not None
+        if kwargs:
+            self._check_options(kwargs)
+        self.validate(hooks, ids, stateful=cached)
+        mask = self._check_mask(attention_mask, ids, cached=cached)
+        return self._run(ids, hooks, mask, kwargs)
 
     __call__ = forward
+
+    def _run(self, ids: torch.Tensor, hooks: HookSpec, mask: torch.Tensor | None,
+             options: Mapping[str, Any]) -> HookCache:
+        """The backend's forward on checked inputs (no validation: callers did it)."""
+        with torch.inference_mode(not torch.is_grad_enabled()):
+            return self.backend.forward(ids, hooks, attention_mask=mask, **options)
 
     def project_to_vocab(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.backend.project_to_vocab(hidden.to(device=self.device, dtype=self.dtype))
@@ -311,29 +432,66 @@ class MIModel:
     def generate(self, ids: torch.Tensor | str, max_new_tokens: int = 20, temperature: float = 0.0,
                  hooks: HookSpec | None = None, attention_mask: torch.Tensor | None = None,
                  stop_at_eos: bool = True, return_logits: bool = False,
-                 generator: torch.Generator | None = None) -> GenerationResult:
-        """Greedy (temperature 0) or sampled generation with the backend's cache.
+                 generator: torch.Generator | None = None,
+                 forward_options: ForwardOptions | None = None,
+                 prefill_options: Mapping[str, Any] | None = None) -> GenerationResult:
+        """Greedy (temperature 0) or sampled generation; the one generation loop.
 
-        Hooks and interventions apply at every step (prefill and each new token).
+        ids [batch, prompt] (left-padded batches with `attention_mask`; right padding is
+        refused). Hooks and interventions apply at every forward call. With the KV-cached
+        generation capability the prompt is computed once and each step feeds one token;
+        without it every step recomputes the whole sequence.
+        `forward_options`: backend forward options for every call (e.g. ``layer_schedule``),
+        or a function of the number of tokens the cache already holds (0 for the prompt)
+        returning them. `prefill_options`: options for the first token only, computed by one
+        uncached forward of the prompt; the cached loop then starts from prompt + that token.
+        After EOS a finished row is filled with EOS; the loop ends when every row is done.
         """
         ids = self._check_ids(self._ids(ids))
         hooks = hooks if hooks is not None else HookSpec()
-        new_past = getattr(self.backend, "new_past", None)
+        if not isinstance(hooks, HookSpec):
+            raise HookError(f"hooks must be a HookSpec, got {type(hooks).__name__}")
+        n_new = _check_max_new_tokens(max_new_tokens)
+        _check_temperature(temperature)
+        mask = self._check_mask(attention_mask, ids)
+        if mask is not None:
+            _check_left_padded(mask)
+        options: Callable[[int], Mapping[str, Any]]
+        if callable(forward_options):
+            options = forward_options
+        else:
+            fixed = dict(forward_options or {})
+            options = lambda _offset: fixed  # noqa: E731
+        for opts in (options(0), prefill_options or {}):
+            if "past" in opts:
+                raise InputError("generate manages the cache itself; do not pass 'past' in "
+                                 "forward_options / prefill_options")
+            self._check_options(opts)
+        cached = caps.has(self.backend, caps.KVCachedGeneration)
+        self.validate(hooks, ids, stateful=cached)
+        tok = self.backend.tokenizer
+        eos = tok.eos_token_id if stop_at_eos and tok is not None else None
         batch = ids.shape[0]
-        mask = attention_mask.to(self.device) if attention_mask is not None else None
-        past = new_past(batch) if new_past is not None else None
-        eos = getattr(self.backend.tokenizer, "eos_token_id", None) if stop_at_eos else None
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
         new: list[torch.Tensor] = []
         step_logits: list[torch.Tensor] = []
-        cur = ids
-        for _ in range(max_new_tokens):
-            if past is not None:
-                cache = self.forward(cur, hooks, attention_mask=mask, past=past)
-            else:  # no cache: recompute the whole prefix
-                full = torch.cat([ids] + [t[:, None] for t in new], dim=1)
-                cache = self.forward(full, hooks, attention_mask=mask)
-            logits = cache.output[:, -1, :].float()
+        seq, past, offset = ids, None, 0
+        for step in range(n_new):
+            if step == 0 and prefill_options is not None:
+                out = self._run(ids, hooks, mask, dict(prefill_options))
+            elif cached:
+                if past is None:  # the prompt (and a prefill token) in one call
+                    past, cur = self.backend.new_past(batch), seq
+                else:
+                    cur = seq[:, -1:]
+                opts = options(offset)
+                if callable(forward_options) and step > 0:
+                    self._check_options(opts)
+                out = self._run(cur, hooks, mask, {**opts, "past": past})
+                offset += cur.shape[1]
+            else:  # no cache: recompute the whole sequence
+                out = self._run(seq, hooks, mask, options(0))
+            logits = out.output[:, -1, :].float()
             if return_logits:
                 step_logits.append(logits)
             nxt = sample_token(logits, temperature, generator)
@@ -341,16 +499,15 @@ class MIModel:
                 nxt = torch.where(done, torch.full_like(nxt, eos), nxt)
                 done |= nxt == eos
             new.append(nxt)
-            cur = nxt[:, None]
+            seq = torch.cat([seq, nxt[:, None]], dim=1)
             if mask is not None:
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             if eos is not None and bool(done.all()):
                 break
-        new_t = torch.stack(new, dim=1) if new else ids.new_zeros((batch, 0))
-        tok = getattr(self.backend, "tokenizer", None)
+        new_t = seq[:, ids.shape[1]:]
         text = [tok.decode(r.tolist()) for r in new_t] if tok is not None else []
-        return GenerationResult(tokens=torch.cat([ids, new_t], dim=1), new_tokens=new_t,
-                                text=text, step_logits=step_logits if return_logits else None)
+        return GenerationResult(tokens=seq, new_tokens=new_t, text=text,
+                                step_logits=step_logits if return_logits else None)
 
     def __repr__(self) -> str:
         return (f"MIModel(backend={self.backend_name!r}, layers={self.num_layers}, "
@@ -360,10 +517,41 @@ class MIModel:
 def sample_token(logits: torch.Tensor, temperature: float = 0.0,
                  generator: torch.Generator | None = None) -> torch.Tensor:
     """logits [batch, vocab] -> ids [batch]: argmax at temperature 0, else softmax sampling."""
-    if temperature <= 0:
+    if _check_temperature(temperature) == 0:
         return logits.argmax(dim=-1)
     probs = torch.softmax(logits / temperature, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+#: Forward options that need a capability, and how a refusal describes them.
+_OPTION_CAPABILITIES: dict[str, tuple[type, str]] = {
+    "past": (caps.KVCachedGeneration, "forward(past=...)"),
+    "layer_schedule": (caps.LayerSchedule, "forward(layer_schedule=...)"),
+    "between_layers": (caps.LayerSchedule, "forward(between_layers=...)"),
+}
+
+ForwardOptions = Mapping[str, Any] | Callable[[int], Mapping[str, Any]]
+
+
+def _check_max_new_tokens(n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InputError(f"max_new_tokens must be a non-negative int, got {n!r}")
+    return n
+
+
+def _check_temperature(t: Any) -> float:
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        raise InputError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+    return float(t)
+
+
+def _check_left_padded(mask: torch.Tensor) -> None:
+    """generate appends after the last column: every row's padding must come first."""
+    gaps = (mask[:, 1:].long() < mask[:, :-1].long()).any(dim=1).nonzero().flatten().tolist()
+    if gaps:
+        raise InputError(f"attention_mask rows {gaps[:5]} have padding after a token (right "
+                         f"padding): generate needs left padding, e.g. "
+                         f"model.to_tokens_padded(texts, side='left')")
 
 
 def require_points(model: MIModel, points: Iterable[HookLike]) -> None:

@@ -37,3 +37,13 @@ class DictionaryError(MIError):
 
 class PluginError(MIError):
     """A plugin failed to load or registered something invalid."""
+
+
+class CapabilityError(MIError):
+    """The backend lacks a capability the call needs (state interventions, a layer schedule,
+    weight access, a KV cache, ...); raised before any compute, never a silent no-op."""
+
+
+class InputError(MIError):
+    """A call argument is invalid (token ids, attention mask, generation settings, device);
+    the message names the argument."""

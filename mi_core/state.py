@@ -1,4 +1,11 @@
-"""RWKV-style recurrent state interventions (specs only; backends that own a state apply them)."""
+"""Recurrent-state interventions: specs only.
+
+A recurrent backend (one that carries a state from token to token instead of attending to
+a KV cache) writes a key-value outer product into its state at each position. These specs
+skip (knockout) or scale (steering) that write at chosen positions and layers. Backends
+with the state-interventions capability (:class:`mi_core.capabilities.StateInterventions`)
+apply them; on any other backend a spec is a CapabilityError before compute.
+"""
 
 from __future__ import annotations
 

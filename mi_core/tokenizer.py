@@ -22,7 +22,7 @@ class EncodingWithOffsets:
 
 @runtime_checkable
 class MITokenizer(Protocol):
-    """What mi-core needs of a tokenizer. Other tokenizers (RWKV World) implement it too."""
+    """What mi-core needs of a tokenizer. Plugins' own tokenizers implement it too."""
 
     @property
     def vocab_size(self) -> int: ...

@@ -80,11 +80,10 @@ def progress(it: Iterable[T], desc: str, total: int | None = None, enabled: bool
 
 
 def token_str(model: Any, token_id: int) -> str:
-    tok = getattr(model.backend, "tokenizer", None)
-    if tok is None:
+    if not model.has_tokenizer:
         return f"<{token_id}>"
     try:
-        return tok.decode([int(token_id)])
+        return model.tokenizer.decode([int(token_id)])
     except MIError:
         return f"<{token_id}>"
 

@@ -5,7 +5,7 @@ Weights come from ``model.backend.get_weight(name, layer)`` in TransformerLens n
 shapes (W_Q [H, D, dh], W_K / W_V [H_kv, D, dh], W_O [H, dh, D]); with grouped-query
 attention, query head ``h`` uses kv head ``h // (H / H_kv)``. Norm weights are not folded
 in unless ``fold_ln=True`` (then ``ln1.w`` scales the rows of W_Q, W_K and W_V; for
-Gemma-style norms whose gain is ``1 + w`` this fold is not the true gain).
+norms whose gain is ``1 + w`` this fold is not the true gain).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import attrs
 import torch
 
+from mi_core import capabilities as caps
 from mi_core.backend import MIModel, require_points
 from mi_core.errors import HookError, MIError
 from mi_core.hooks import HookPoint, HookSpec
@@ -114,10 +115,8 @@ def _kv_index(model: MIModel, heads: list[int]) -> list[int]:
 
 
 def _w(model: MIModel, name: str, layer: int) -> torch.Tensor:
-    get = getattr(model.backend, "get_weight", None)
-    if get is None:
-        raise HookError(f"the {model.backend_name} backend has no get_weight(); {name} is needed")
-    return get(name, layer).float()
+    model.require(caps.WeightAccess, f"weight {name} (circuit analysis)")
+    return model.backend.get_weight(name, layer).float()
 
 
 def _ln1(model: MIModel, layer: int, fold_ln: bool) -> torch.Tensor | None:
@@ -264,7 +263,7 @@ def repeated_random_tokens(model: MIModel, length: int = 20, batch: int = 4, see
     low = min(low, model.vocab_size // 2)
     r = torch.randint(low, model.vocab_size, (batch, length), generator=g)
     ids = torch.cat([r, r], 1)
-    bos = getattr(getattr(model.backend, "tokenizer", None), "bos_token_id", None)
+    bos = model.tokenizer.bos_token_id if model.has_tokenizer else None
     if bos is not None:
         ids = torch.cat([torch.full((batch, 1), bos), ids], 1)
     return ids.to(model.device)

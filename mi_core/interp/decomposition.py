@@ -7,7 +7,7 @@ each component's contribution to the logits is well defined:
 ``attr(c) = unembed(norm(c) - norm(0))`` with ``norm(x) = backend.final_norm(x, scale)``.
 The constant ``unembed(norm(0)) + b_U`` is the remainder that makes the attributions sum
 to the logits. Attributions use ``W_U`` directly when the backend has ``get_weight`` (so
-they are linear; a logit soft-cap, as in Gemma 2, is then part of the remainder).
+they are linear; a final logit soft-cap is then part of the remainder).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any, Sequence
 import attrs
 import torch
 
+from mi_core import capabilities as caps
 from mi_core.backend import MIModel, require_points
-from mi_core.errors import HookError
+from mi_core.errors import HookError, MIError
 from mi_core.hooks import HookCache, HookPoint, HookSpec
 from mi_core.interp._common import as_ids, norm_position, resolve_token, token_str
 
@@ -100,18 +101,15 @@ def stack_head_results(model: MIModel, cache: HookCache, layers: Sequence[int] |
 
 def _weight(model: MIModel, name: str, layer: int | None, optional: bool = False
             ) -> torch.Tensor | None:
-    get = getattr(model.backend, "get_weight", None)
-    if get is None:
-        if optional:
-            return None
-        raise HookError(f"the {model.backend_name} backend has no get_weight(); {name} is needed")
+    if optional and not caps.has(model.backend, caps.WeightAccess):
+        return None
+    model.require(caps.WeightAccess, f"weight {name}")
     try:
-        w = get(name, layer)
-    except Exception:
+        return model.backend.get_weight(name, layer)
+    except MIError:
         if optional:
             return None
         raise
-    return w
 
 
 def apply_ln_to_stack(model: MIModel, stack: torch.Tensor, cache: HookCache,
@@ -125,6 +123,7 @@ def apply_ln_to_stack(model: MIModel, stack: torch.Tensor, cache: HookCache,
     scale = cache.require(HookPoint.ln_final_scale())
     if position is not None:
         scale = scale[:, position]
+    model.require(caps.Readout, "apply_ln_to_stack (the final norm as a function)")
     norm = model.backend.final_norm
     return norm(stack, scale=scale) - norm(torch.zeros_like(stack[:1]), scale=scale)
 
@@ -161,6 +160,7 @@ def logit_attrs(model: MIModel, stack: torch.Tensor, cache: HookCache, token: in
         cols = [token] + ([incorrect] if incorrect is not None else [])
         lg = normed @ w_u[:, cols].to(normed.dtype)
         return lg[..., 0] - (lg[..., 1] if incorrect is not None else 0.0)
+    model.require(caps.Readout, "logit attribution without W_U (the unembedding as a function)")
     logits = model.backend.unembed(normed) - model.backend.unembed(torch.zeros_like(normed[:1]))
     out = logits[..., token]
     if incorrect is not None:

@@ -121,5 +121,5 @@ def lens_result(model: MIModel, ids: torch.Tensor, pos: int,
         tg = [TokenPrediction(t, name(t), float(pr[t]), float(lg[t]), int((lg > lg[t]).sum()))
               for t in targets]
         out.append(LayerPrediction(label, layer, hp.name, top, tg))
-    return LogitLensResult(model.to_str_tokens(ids[0]) if getattr(model.backend, "tokenizer", None)
+    return LogitLensResult(model.to_str_tokens(ids[0]) if model.has_tokenizer
                            else [str(i) for i in ids[0].tolist()], pos, out)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import attrs
 import torch
 
+from mi_core import capabilities as caps
 from mi_core.backend import MIModel, require_points
 from mi_core.errors import InterventionError
 from mi_core.hooks import HookPoint, HookSpec
@@ -158,6 +159,7 @@ def attribution_patching(model: MIModel, clean: Any, corrupted: Any, metric: Met
 
     Needs a backend whose forward is differentiable (gradients flow through hook points).
     """
+    model.require(caps.Gradients, "attribution_patching")
     c_ids, k_ids, layers, pos, points = _setup(model, clean, corrupted, kind, layers, positions)
     clean_cache = model.forward(c_ids, HookSpec().capture_all(points))
     corr_cache = model.forward(k_ids, HookSpec().capture_all(points))

@@ -14,10 +14,11 @@ from typing import Any, Callable
 import attrs
 import torch
 
-from mi_core.backend import GenerationResult, MIModel, sample_token
+from mi_core.backend import GenerationResult, MIModel
+from mi_core.capabilities import LayerSchedule
 from mi_core.errors import InterventionError
 from mi_core.hooks import HookCache, HookSpec
-from mi_core.interp._common import as_ids, check_layers
+from mi_core.interp._common import as_ids, check_layers, norm_position
 
 
 @attrs.define
@@ -34,8 +35,8 @@ class RecurrentFeedbackEntry:
 class RecurrentPassSpec:
     """Layers ``loop_start..loop_end`` (inclusive) run ``1 + extra_passes`` times.
 
-    ``sustained``: in :func:`generate_recurrent`, use the recurrent schedule at every
-    generation step (True) or only for the first step, the prefill (False).
+    ``sustained``: in :func:`generate_recurrent`, use the recurrent schedule for every
+    forward call (True) or only for the first generated token (False).
     """
 
     loop_start: int
@@ -69,7 +70,14 @@ class RecurrentPassSpec:
         return {first_end + k * n for k in range(self.extra_passes)}
 
 
-def _between(spec: RecurrentPassSpec) -> Callable[[int, int, torch.Tensor], torch.Tensor] | None:
+def _between(spec: RecurrentPassSpec, offset: int = 0
+             ) -> Callable[[int, int, torch.Tensor], torch.Tensor] | None:
+    """The ``between_layers`` hook for one forward call over tokens ``offset..offset+seq``.
+
+    A feedback position p >= 0 is the absolute token p (applied in the call that processes
+    it); p < 0 counts from the end of the call's tokens (with a KV cache each generation
+    step processes one token, so -1 feeds back into every generated token as it is made).
+    """
     if not spec.feedback:
         return None
     steps = spec.feedback_steps()
@@ -77,47 +85,51 @@ def _between(spec: RecurrentPassSpec) -> Callable[[int, int, torch.Tensor], torc
     def between(step: int, layer: int, resid: torch.Tensor) -> torch.Tensor:
         if step not in steps:
             return resid
+        seq = resid.shape[1]
         resid = resid.clone()
         for fb in spec.feedback:
-            v = fb.vector.reshape(-1).to(device=resid.device, dtype=resid.dtype)
-            resid[:, fb.position] += fb.scale * v
+            i = seq + fb.position if fb.position < 0 else fb.position - offset
+            if 0 <= i < seq:
+                v = fb.vector.reshape(-1).to(device=resid.device, dtype=resid.dtype)
+                resid[:, i] += fb.scale * v
         return resid
     return between
 
 
+def _options(model: MIModel, spec: RecurrentPassSpec, offset: int = 0) -> dict[str, Any]:
+    return {"layer_schedule": spec.schedule(model.num_layers),
+            "between_layers": _between(spec, offset)}
+
+
 def forward_recurrent(model: MIModel, prompt: Any, spec: RecurrentPassSpec,
                       hooks: HookSpec | None = None, **kwargs: Any) -> HookCache:
-    """One forward pass with the block re-run (and feedback injected) per `spec`."""
+    """One forward pass with the block re-run (and feedback injected) per `spec`.
+    Needs the layer-schedule capability (CapabilityError before compute otherwise)."""
+    model.require(LayerSchedule, "a recurrent pass")
     spec.validate(model)
     ids = as_ids(model, prompt)
-    return model.forward(ids, hooks, layer_schedule=spec.schedule(model.num_layers),
-                         between_layers=_between(spec), **kwargs)
+    for fb in spec.feedback:
+        norm_position(fb.position, ids.shape[1], "feedback position")
+    return model.forward(ids, hooks, **_options(model, spec), **kwargs)
 
 
 def generate_recurrent(model: MIModel, prompt: Any, spec: RecurrentPassSpec,
                        max_new_tokens: int = 20, temperature: float = 0.0,
                        hooks: HookSpec | None = None, stop_at_eos: bool = True,
                        generator: torch.Generator | None = None) -> GenerationResult:
-    """Generate with the recurrent schedule (every step when ``spec.sustained``, else the
-    first step only). Without a KV cache: each step recomputes the whole prefix, so with
-    ``sustained=False`` later steps see the prompt through the plain forward."""
+    """:meth:`MIModel.generate` with the recurrent schedule as per-step forward options:
+    the same loop (KV cache, EOS, sampling, padding) as plain generation.
+
+    ``spec.sustained``: every forward call runs the recurrent schedule; otherwise only the
+    first token is computed with it (one uncached pass over the prompt) and the rest is
+    plain generation from the prompt and that token.
+    """
+    model.require(LayerSchedule, "generate_recurrent")
     spec.validate(model)
     ids = as_ids(model, prompt)
-    eos = getattr(getattr(model.backend, "tokenizer", None), "eos_token_id", None) \
-        if stop_at_eos else None
-    new: list[torch.Tensor] = []
-    cur = ids
-    for step in range(max_new_tokens):
-        if step == 0 or spec.sustained:
-            logits = forward_recurrent(model, cur, spec, hooks).output
-        else:
-            logits = model.forward(cur, hooks).output
-        nxt = sample_token(logits[:, -1].float(), temperature, generator)
-        new.append(nxt)
-        cur = torch.cat([cur, nxt[:, None]], 1)
-        if eos is not None and bool((nxt == eos).all()):
-            break
-    new_t = torch.stack(new, 1) if new else ids.new_zeros((ids.shape[0], 0))
-    tok = getattr(model.backend, "tokenizer", None)
-    text = [tok.decode(r.tolist()) for r in new_t] if tok is not None else []
-    return GenerationResult(tokens=cur, new_tokens=new_t, text=text)
+    if spec.sustained:
+        return model.generate(ids, max_new_tokens, temperature, hooks=hooks,
+                              stop_at_eos=stop_at_eos, generator=generator,
+                              forward_options=lambda offset: _options(model, spec, offset))
+    return model.generate(ids, max_new_tokens, temperature, hooks=hooks, stop_at_eos=stop_at_eos,
+                          generator=generator, prefill_options=_options(model, spec))

@@ -1,6 +1,6 @@
 """Results of recurrent-state interventions (knockout / steering of the key-value write) and
-runners: backend-agnostic, for any backend that honours ``HookSpec.state_knockout`` /
-``state_steering`` (the RWKV backends do)."""
+runners: backend-agnostic, for any backend with the state-interventions capability
+(:class:`mi_core.capabilities.StateInterventions`); others refuse before compute."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 import torch
 
+from mi_core.capabilities import StateInterventions
 from mi_core.hooks import HookSpec
 from mi_core.interp.knockout import kl_rows
 from mi_core.state import StateKnockoutSpec, StateSteeringSpec
@@ -55,7 +56,8 @@ def _logits(model: Any, ids: torch.Tensor, hooks: HookSpec) -> torch.Tensor:
 
 def run_state_knockout(model: Any, ids: torch.Tensor, spec: StateKnockoutSpec,
                        baseline: torch.Tensor | None = None) -> StateAblationResult:
-    """Forward `ids` [batch, seq] with and without `spec` (an MIModel on a stateful backend, e.g. RWKV)."""
+    """Forward `ids` [batch, seq] with and without `spec` (an MIModel on a recurrent backend)."""
+    model.require(StateInterventions, "run_state_knockout")
     base = baseline if baseline is not None else _logits(model, ids, HookSpec())
     out = _logits(model, ids, HookSpec().set_state_knockout(spec))
     return StateAblationResult(base, out, list(spec.positions),
@@ -65,6 +67,7 @@ def run_state_knockout(model: Any, ids: torch.Tensor, spec: StateKnockoutSpec,
 def run_state_steering(model: Any, ids: torch.Tensor, spec: StateSteeringSpec,
                        baseline: torch.Tensor | None = None) -> StateSteeringResult:
     """Forward `ids` with and without the steering `spec`."""
+    model.require(StateInterventions, "run_state_steering")
     base = baseline if baseline is not None else _logits(model, ids, HookSpec())
     out = _logits(model, ids, HookSpec().set_state_steering(spec))
     return StateSteeringResult(base, out, list(spec.positions),

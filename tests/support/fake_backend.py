@@ -15,6 +15,7 @@ import torch
 
 from mi_core.errors import HookError
 from mi_core.hooks import HookCache, HookPoint, HookSpec
+from mi_core.shapes import standard_shape
 from mi_core.tokenizer import EncodingWithOffsets
 
 _LAYER_SUFFIXES = (
@@ -69,6 +70,9 @@ class FakeBackend:
     """A random-weight decoder-only transformer with every TransformerLens hook point."""
 
     name = "fake"
+    #: Capabilities: hook shapes, layer schedule, weight access, readout, gradients (no KV
+    #: cache: generation recomputes the prefix; no recurrent state).
+    differentiable = True
 
     def __init__(self, cfg: FakeConfig | None = None, seed: int = 0,
                  rwkv_like: bool = False) -> None:
@@ -188,20 +192,12 @@ class FakeBackend:
 
     def hook_shape(self, point: HookPoint, batch: int, seq: int) -> tuple[int, ...] | None:
         c = self.config
-        s = point.suffix
-        if s in ("attn.hook_attn_scores", "attn.hook_pattern"):
-            return (batch, c.n_heads, seq, seq)
-        if s in ("attn.hook_q", "attn.hook_rot_q", "attn.hook_z"):
-            return (batch, seq, c.n_heads, c.d_head)
-        if s in ("attn.hook_k", "attn.hook_v", "attn.hook_rot_k"):
-            return (batch, seq, c.n_kv_heads, c.d_head)
-        if s.endswith("hook_scale"):
-            return (batch, seq, 1)
-        if s in ("mlp.hook_pre", "mlp.hook_post"):
-            return (batch, seq, c.d_mlp)
-        if s == "attn.hook_result":
-            return (batch, seq, c.n_heads, c.d_model)
-        return (batch, seq, c.d_model)
+        return standard_shape(point, batch, seq, d_model=c.d_model, n_heads=c.n_heads,
+                              n_kv_heads=c.n_kv_heads, d_head=c.d_head, d_mlp=c.d_mlp,
+                              key_len=seq)
+
+    def check_layer_schedule(self, schedule: Sequence[int]) -> None:
+        """Any order of existing layers runs (the core checked the indices)."""
 
 
 def fake_model(seed: int = 0, rwkv_like: bool = False, **cfg: Any):

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from mi_core.errors import InterventionError, MIError, WeightLoadError
 from mi_core.hooks import HookCache, HookPoint, HookRun, HookSpec
+from mi_core.shapes import standard_shape
 from mi_core.state import StateKnockoutSpec, StateSteeringSpec
 
 from mi_rwkv.config import RwkvConfig
@@ -203,24 +204,32 @@ class RwkvBackend:
         return pts
 
     def hook_shape(self, point: HookPoint, batch: int, seq: int) -> tuple[int, ...] | None:
-        c, h, d = self.hidden_size, self.num_heads, self.config.head_dim
+        """The core's standard shapes, plus RWKV's own points."""
+        h, d = self.num_heads, self.config.head_dim
         s = HookPoint.parse(point).suffix
-        if s in ("attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_z", "rwkv.hook_decay"):
-            return (batch, seq, h, d)
-        if s == "rwkv.hook_state":
-            return (batch, h, d, d)
-        if s == "rwkv.hook_effective_attn":
-            return (batch, h, seq, seq)
-        if s.endswith("hook_scale"):
-            return (batch, seq, 1)
-        if s in ("mlp.hook_pre", "mlp.hook_post"):
-            return (batch, seq, self.config.intermediate_size)
-        return (batch, seq, c)
+        own = {"rwkv.hook_decay": (batch, seq, h, d), "rwkv.hook_state": (batch, h, d, d),
+               "rwkv.hook_effective_attn": (batch, h, seq, seq)}
+        if s in own:
+            return own[s]
+        return standard_shape(point, batch, seq, d_model=self.hidden_size, n_heads=h,
+                              n_kv_heads=h, d_head=d, d_mlp=self.config.intermediate_size)
 
     # -- state --------------------------------------------------------------------------
     def new_past(self, batch_size: int) -> RwkvState:
         """A zero recurrent state for `batch_size` sequences; forward(past=...) updates it in place."""
         return RwkvState.zeros(self.config, batch_size, self.device, self.dtype)
+
+    # -- capabilities (mi_core.capabilities) -------------------------------------------
+    def check_state_spec(self, spec: StateKnockoutSpec | StateSteeringSpec, seq: int | None,
+                         call_len: int | None = None) -> None:
+        """StateInterventions: layers in range; without a carried state (`seq` given) the
+        positions must lie in this call; with one they are absolute across calls."""
+        spec.validate(self.num_layers, seq)
+        t = seq if call_len is None else call_len
+        for p in spec.positions:
+            if t is not None and p < -t:
+                raise InterventionError(f"{type(spec).__name__}: position {p} out of "
+                                        f"range for a call of {t} tokens")
 
     # -- forward ------------------------------------------------------------------------
     def forward(self, ids: torch.Tensor, hooks: HookSpec, attention_mask: torch.Tensor | None = None,
@@ -242,15 +251,8 @@ class RwkvBackend:
             active = None if bool(m.all()) else m
         ko, st = hooks.state_knockout, hooks.state_steering
         for spec in (ko, st):
-            if spec is None:
-                continue
-            # Without a carried state the positions must lie in this call; with one they
-            # are absolute and may refer to earlier or later calls.
-            spec.validate(self.num_layers, t if past is None else None)
-            for p in spec.positions:
-                if p < -t:
-                    raise InterventionError(f"{type(spec).__name__}: position {p} out of "
-                                            f"range for a call of {t} tokens")
+            if spec is not None:
+                self.check_state_spec(spec, t if past is None else None, t)
         run = hooks.start()
         eps = self.config.norm_eps
         x = run.apply("hook_embed", self.embed[ids])

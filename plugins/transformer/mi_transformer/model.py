@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from mi_core.errors import MIError, WeightLoadError
 from mi_core.hooks import HookCache, HookPoint, HookRun, HookSpec
+from mi_core.shapes import standard_shape
 from mi_core.tokenizer import MITokenizer
 
 from mi_transformer.attention import AttnNames, Masks, attention
@@ -111,6 +112,9 @@ class TransformerBackend:
     """A loaded decoder-only transformer (the MIBackend the ``transformer`` plugin returns)."""
 
     name = "transformer"
+    #: Capabilities (mi_core.capabilities): hook shapes, KV-cached generation, layer
+    #: schedules, weight access, readout, and gradients, declared here.
+    differentiable = True
 
     def __init__(self, config: TransformerConfig, weights: Weights, device: torch.device,
                  dtype: torch.dtype, tokenizer: MITokenizer | None = None) -> None:
@@ -141,25 +145,23 @@ class TransformerBackend:
         return [HookPoint.parse(n) for n in names]
 
     def hook_shape(self, point: HookPoint | str, batch: int, seq: int) -> tuple[int, ...] | None:
-        """Shape of the activation at `point` for ids [batch, seq] (key length -1: any)."""
+        """Shape of the activation at `point` for ids [batch, seq] (key length -1: any): the
+        core's standard table, plus this backend's q/k-norm and post-norm points."""
         hp = HookPoint.parse(point)
         c = self.config
-        suffix = hp.suffix
-        d, h, kv, hd = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
-        if suffix.endswith("hook_scale"):
-            heads = {"attn.q_ln.hook_scale": h, "attn.k_ln.hook_scale": kv}.get(suffix)
-            return (batch, seq, heads, 1) if heads else (batch, seq, 1)
-        table: dict[str, tuple[int, ...]] = {
-            "attn.hook_q": (batch, seq, h, hd), "attn.hook_rot_q": (batch, seq, h, hd),
-            "attn.hook_z": (batch, seq, h, hd),
-            "attn.hook_k": (batch, seq, kv, hd), "attn.hook_rot_k": (batch, seq, kv, hd),
-            "attn.hook_v": (batch, seq, kv, hd),
-            "attn.hook_attn_scores": (batch, h, seq, -1), "attn.hook_pattern": (batch, h, seq, -1),
-            "attn.hook_result": (batch, seq, h, d),
-            "mlp.hook_pre": (batch, seq, c.intermediate_size),
-            "mlp.hook_post": (batch, seq, c.intermediate_size),
-        }
-        return table.get(suffix, (batch, seq, d))
+        heads = {"attn.q_ln.hook_scale": c.num_heads, "attn.k_ln.hook_scale": c.num_kv_heads}
+        if hp.suffix in heads:
+            return (batch, seq, heads[hp.suffix], 1)
+        shape = standard_shape(hp, batch, seq, d_model=c.hidden_size, n_heads=c.num_heads,
+                               n_kv_heads=c.num_kv_heads, d_head=c.head_dim,
+                               d_mlp=c.intermediate_size)
+        if shape is not None:
+            return shape
+        return (batch, seq, 1) if hp.suffix.endswith("hook_scale") else (batch, seq, c.hidden_size)
+
+    def check_layer_schedule(self, schedule: Sequence[int]) -> None:
+        """LayerSchedule capability: any layer order (repeats allowed) runs."""
+        self._check_schedule(tuple(schedule), None)
 
     # -- generation --------------------------------------------------------------------
     def new_past(self, batch_size: int) -> KVCache:

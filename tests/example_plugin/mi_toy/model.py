@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import torch
 
-from mi_core import HookCache, HookPoint, HookSpec
+from mi_core import HookCache, HookPoint, HookSpec, standard_shape
 from mi_core.loading import SafetensorsCheckpoint, require_field
 from mi_core.registry import ModelSource
 
@@ -35,7 +35,11 @@ class ToyConfig:
 
 
 class ToyBackend:
+    """Capabilities (mi_core.capabilities) it declares: hook shapes, readout (final_norm,
+    unembed) and gradients; no KV cache, layer schedule, weight access or state."""
+
     name = "toy"
+    differentiable = True
 
     def __init__(self, config: ToyConfig, weights: dict[str, torch.Tensor],
                  device: torch.device, dtype: torch.dtype) -> None:
@@ -68,10 +72,8 @@ class ToyBackend:
         pts += ["ln_final.hook_scale", "ln_final.hook_normalized"]
         return [HookPoint.parse(p) for p in pts]
 
-    def hook_shape(self, point: HookPoint, batch: int, seq: int) -> tuple[int, ...]:
-        if point.name == "ln_final.hook_scale":
-            return (batch, seq, 1)
-        return (batch, seq, self.hidden_size)
+    def hook_shape(self, point: HookPoint, batch: int, seq: int) -> tuple[int, ...] | None:
+        return standard_shape(point, batch, seq, d_model=self.hidden_size)
 
     def forward(self, ids: torch.Tensor, hooks: HookSpec,
                 attention_mask: torch.Tensor | None = None, **kw: Any) -> HookCache:
