@@ -22,7 +22,9 @@ from mi_core.errors import (
 )
 from mi_core.hooks import HookCache, HookLike, HookPoint, HookSpec
 from mi_core.interventions import Intervention, check_broadcast
-from mi_core.loading import DEFAULT_HUB_PATTERNS, read_config, resolve_source, tensor_names_of
+from mi_core.loading import (
+    DEFAULT_HUB_PATTERNS, read_config, refuse_pickle, resolve_source, tensor_names_of,
+)
 from mi_core.registry import CompatibilityReport, Detection, ModelSource
 from mi_core.tokenizer import HFTokenizer, MITokenizer
 
@@ -74,6 +76,7 @@ class GenerationResult:
 def _source_of(source: str | os.PathLike[str]) -> ModelSource:
     patterns = DEFAULT_HUB_PATTERNS + plugins.hub_file_patterns()
     path = resolve_source(source, patterns)
+    refuse_pickle(path)
     if path.is_dir():
         names, shapes = tensor_names_of(path)
         return ModelSource(path=path, config=read_config(path), tensor_names=names,

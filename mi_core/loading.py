@@ -1,7 +1,10 @@
 """Source resolution (hub id / directory / single file) and safetensors helpers.
 
 Nothing here unpickles: weights come from safetensors (memory-mapped) or from formats a
-plugin parses itself (GGUF, NPZ with ``allow_pickle=False``).
+plugin parses itself (e.g. NPZ with ``allow_pickle=False``). A pickle-based checkpoint
+(``pytorch_model.bin``, ``*.pt``, ``*.pth``, ``*.ckpt``) is refused without being opened.
+Every header is validated before use: a malformed file is a WeightLoadError / ConfigError
+naming it, never a raw ValueError / KeyError / TypeError.
 """
 
 from __future__ import annotations
@@ -69,17 +72,48 @@ def resolve_source(source: str | os.PathLike[str], patterns: Iterable[str] | Non
     return local
 
 
+#: Suffixes of pickle-based checkpoints: refused, never opened (unpickling runs code).
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def read_json(path: Path, what: str = "config") -> dict[str, Any]:
+    """A JSON object from `path`; ConfigError naming the file for anything else (missing,
+    unreadable, not UTF-8, invalid JSON, NaN / Infinity literals, not an object)."""
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            data = json.load(f, parse_constant=_no_constant)
     except FileNotFoundError:
         raise ConfigError(f"{what} file {path} not found") from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ConfigError(f"{what} file {path} is not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{what} file {path} cannot be read: {exc}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{what} file {path} must hold a JSON object")
+        raise ConfigError(f"{what} file {path} must hold a JSON object, got "
+                          f"{type(data).__name__}")
     return data
+
+
+def refuse_pickle(path: Path) -> None:
+    """WeightLoadError if `path` (a file, or a directory without safetensors) is a
+    pickle-based checkpoint. Only names are looked at: the files are never opened."""
+    if path.is_file():
+        if path.suffix.lower() in PICKLE_SUFFIXES:
+            raise WeightLoadError(f"{path}: pickle-based checkpoints are refused (loading one "
+                                  f"can run arbitrary code); convert it to safetensors")
+        return
+    if not path.is_dir() or any(path.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in path.iterdir()
+                     if p.is_file() and p.suffix.lower() in PICKLE_SUFFIXES)
+    if pickles:
+        raise WeightLoadError(f"{path}: only pickle-based weights ({', '.join(pickles[:5])}); "
+                              f"they are refused (loading one can run arbitrary code): convert "
+                              f"them to safetensors")
 
 
 def read_config(directory: Path) -> dict[str, Any] | None:
@@ -94,8 +128,23 @@ def require_field(config: Mapping[str, Any], key: str, source: str = "config.jso
     return config[key]
 
 
+#: Bytes per element of each safetensors dtype.
+SAFETENSORS_DTYPES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
+    "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8,
+}
+_MAX_HEADER = 100_000_000  # the safetensors format's own limit
+
+
 def safetensors_header(path: Path) -> dict[str, Any]:
-    """Parse a safetensors header without reading tensor data; truncation is detected."""
+    """Parse and validate a safetensors header without reading tensor data.
+
+    Checked: the header is a JSON object of tensor entries (plus an optional string-valued
+    ``__metadata__``); each has a known dtype, a shape of non-negative ints and
+    ``data_offsets`` [begin, end] of exactly shape x dtype bytes; the tensors do not overlap
+    and lie inside the file (truncation). Anything else is a WeightLoadError naming the file
+    (and the tensor).
+    """
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -103,16 +152,63 @@ def safetensors_header(path: Path) -> dict[str, Any]:
             if len(raw) < 8:
                 raise WeightLoadError(f"{path}: truncated safetensors file (no header)")
             (n,) = struct.unpack("<Q", raw)
-            if n > size - 8:
-                raise WeightLoadError(f"{path}: truncated safetensors file (header length {n})")
-            header = json.loads(f.read(n))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            if n > size - 8 or n > _MAX_HEADER:
+                raise WeightLoadError(f"{path}: truncated or corrupt safetensors file (header "
+                                      f"length {n}, file size {size})")
+            header = json.loads(f.read(n), parse_constant=_no_constant)
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise WeightLoadError(f"{path}: unreadable safetensors header: {exc}") from exc
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    if 8 + n + end > size:
-        raise WeightLoadError(f"{path}: truncated safetensors file: header declares "
-                              f"{8 + n + end} bytes, file has {size}")
+    if not isinstance(header, dict):
+        raise WeightLoadError(f"{path}: safetensors header must be a JSON object, got "
+                              f"{type(header).__name__}")
+    spans = []
+    for name, meta in header.items():
+        if name == "__metadata__":
+            if not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+                raise WeightLoadError(f"{path}: __metadata__ must map strings to strings")
+            continue
+        spans.append((*_entry_span(path, name, meta), name))
+    data_size = size - 8 - n
+    prev_end, prev_name = 0, ""
+    for begin, end, name in sorted(spans):
+        if begin < prev_end:
+            raise WeightLoadError(f"{path}: tensor {name!r} (bytes {begin}..{end}) overlaps "
+                                  f"tensor {prev_name!r}")
+        prev_end, prev_name = end, name
+    if prev_end > data_size:
+        raise WeightLoadError(f"{path}: truncated safetensors file: tensor {prev_name!r} ends at "
+                              f"byte {prev_end} of the data, the file holds {data_size}")
     return header
+
+
+def _entry_span(path: Path, name: str, meta: Any) -> tuple[int, int]:
+    """(begin, end) of a validated header entry; WeightLoadError naming the tensor otherwise."""
+    where = f"{path}: tensor {name!r}"
+    if not isinstance(meta, dict) or not {"dtype", "shape", "data_offsets"} <= set(meta):
+        raise WeightLoadError(f"{where}: header entry must be an object with dtype, shape and "
+                              f"data_offsets, got {str(meta)[:80]}")
+    dtype, shape, offsets = meta["dtype"], meta["shape"], meta["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES:
+        raise WeightLoadError(f"{where}: unknown dtype {dtype!r} (known: "
+                              f"{', '.join(SAFETENSORS_DTYPES)})")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise WeightLoadError(f"{where}: shape must be a list of non-negative ints, got {shape!r}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_count, offsets))
+            and offsets[0] <= offsets[1]):
+        raise WeightLoadError(f"{where}: data_offsets must be [begin, end] with 0 <= begin <= "
+                              f"end, got {offsets!r}")
+    numel = 1
+    for d in shape:
+        numel *= d
+    if offsets[1] - offsets[0] != numel * SAFETENSORS_DTYPES[dtype]:
+        raise WeightLoadError(f"{where}: data_offsets {offsets} span {offsets[1] - offsets[0]} "
+                              f"bytes; shape {shape} of {dtype} needs "
+                              f"{numel * SAFETENSORS_DTYPES[dtype]}")
+    return offsets[0], offsets[1]
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 class SafetensorsCheckpoint:
@@ -132,6 +228,8 @@ class SafetensorsCheckpoint:
             for name, meta in safetensors_header(f).items():
                 if name == "__metadata__":
                     continue
+                if name in self._where:
+                    raise WeightLoadError(f"tensor {name!r} is in both {self._where[name]} and {f}")
                 self._where[name] = f
                 self.shapes[name] = tuple(meta["shape"])
         self._handles: dict[Path, Any] = {}
@@ -141,7 +239,12 @@ class SafetensorsCheckpoint:
         index = sorted(directory.glob("*.safetensors.index.json"))
         if index:
             data = read_json(index[0], "safetensors index")
-            names = sorted(set(data.get("weight_map", {}).values()))
+            wmap = data.get("weight_map", {})
+            if not isinstance(wmap, dict) or not all(
+                    isinstance(v, str) and v and Path(v).name == v for v in wmap.values()):
+                raise WeightLoadError(f"{index[0]}: weight_map must map tensor names to shard "
+                                      f"file names in the same directory")
+            names = sorted(set(wmap.values()))
             files = [directory / n for n in names]
             missing = [str(f) for f in files if not f.exists()]
             if missing:
@@ -149,6 +252,7 @@ class SafetensorsCheckpoint:
             return cls(files)
         files = sorted(directory.glob("*.safetensors"))
         if not files:
+            refuse_pickle(directory)
             raise WeightLoadError(f"{directory}: no *.safetensors files found")
         return cls(files)
 

@@ -53,8 +53,16 @@ class HFTokenizer:
             raise TokenizerError(f"{source}: not a tokenizers.Tokenizer")
         self._tok = tokenizer
         self.source = source
-        self._bos = self._tok.token_to_id(bos_token) if bos_token else None
-        self._eos = self._tok.token_to_id(eos_token) if eos_token else None
+        self._bos = self._special_id(bos_token, "bos_token")
+        self._eos = self._special_id(eos_token, "eos_token")
+
+    def _special_id(self, token: str | None, key: str) -> int | None:
+        if not token:
+            return None
+        i = self._tok.token_to_id(token)
+        if i is None:  # a BOS/EOS the vocabulary lacks would silently never be added / matched
+            raise TokenizerError(f"{self.source}: {key} {token!r} is not in the vocabulary")
+        return int(i)
 
     @classmethod
     def from_file(cls, path: Path) -> "HFTokenizer":
@@ -69,9 +77,12 @@ class HFTokenizer:
         if cfg.exists():
             try:
                 data = json.loads(cfg.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as exc:
+            except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
                 raise TokenizerError(f"{cfg}: invalid JSON: {exc}") from exc
-            bos, eos = _token_str(data.get("bos_token")), _token_str(data.get("eos_token"))
+            if not isinstance(data, dict):
+                raise TokenizerError(f"{cfg}: must hold a JSON object, got {type(data).__name__}")
+            bos = _token_str(data.get("bos_token"), cfg, "bos_token")
+            eos = _token_str(data.get("eos_token"), cfg, "eos_token")
         return cls(tok, bos, eos, source=str(path))
 
     @classmethod
@@ -97,10 +108,17 @@ class HFTokenizer:
         return self._eos
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if not isinstance(text, str):
+            raise TokenizerError(f"{self.source}: encode needs a str, got {type(text).__name__}")
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
-        ids = [int(i) for i in ids]
+        if isinstance(ids, (str, bytes)) or any(isinstance(i, (bool, float)) for i in ids):
+            raise TokenizerError(f"{self.source}: decode needs integer token ids, got {ids!r:.60}")
+        try:
+            ids = [int(i) for i in ids]
+        except (TypeError, ValueError) as exc:
+            raise TokenizerError(f"{self.source}: decode needs integer token ids: {exc}") from None
         n = self.vocab_size
         bad = [i for i in ids if not 0 <= i < n]
         if bad:
@@ -108,6 +126,8 @@ class HFTokenizer:
         return self._tok.decode(ids, skip_special_tokens=False)
 
     def encode_with_offsets(self, text: str, add_special_tokens: bool = True) -> EncodingWithOffsets:
+        if not isinstance(text, str):
+            raise TokenizerError(f"{self.source}: encode needs a str, got {type(text).__name__}")
         enc = self._tok.encode(text, add_special_tokens=add_special_tokens)
         return EncodingWithOffsets(list(enc.ids), list(enc.tokens),
                                    [tuple(o) for o in enc.offsets])
@@ -117,9 +137,10 @@ class HFTokenizer:
         return [self.decode([i]) for i in ids]
 
 
-def _token_str(tok: object) -> str | None:
-    if isinstance(tok, str):
+def _token_str(tok: object, cfg: Path, key: str) -> str | None:
+    """A special token's text from tokenizer_config.json (str, {"content": str} or null)."""
+    if tok is None or isinstance(tok, str):
         return tok
     if isinstance(tok, dict) and isinstance(tok.get("content"), str):
         return tok["content"]
-    return None
+    raise TokenizerError(f"{cfg}: {key} must be a string or {{\"content\": string}}, got {tok!r:.60}")
