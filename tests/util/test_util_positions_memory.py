@@ -1,4 +1,4 @@
-"""Character <-> token positions, memory reports, cached masks."""
+"""Character <-> token positions, memory reports."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 
 import mi_core as mi
 from mi_core.serialize import from_json, to_json
-from mi_core.util.masks import clear_mask_caches, create_causal_mask, create_generation_mask
 from mi_core.util.memory import MemoryReport, MemorySnapshot
 from mi_core.util.positions import PositionConversion, convert_positions, token_to_char_span
 
@@ -71,13 +70,3 @@ def test_memory_report_sees_an_allocation():
     snap = MemorySnapshot.now()
     assert snap.peak_rss_bytes >= snap.rss_bytes > 0
     assert from_json(to_json(rep), MemoryReport) == rep
-
-
-def test_masks():
-    m = create_causal_mask(3)
-    assert m.shape == (1, 1, 3, 3) and m[0, 0, 0, 1] == float("-inf") and m[0, 0, 2, 0] == 0
-    assert create_causal_mask(3) is m
-    g = create_generation_mask(2, 2)
-    assert g.shape == (1, 1, 2, 4) and g[0, 0, 0, 3] == float("-inf") and g[0, 0, 1, 3] == 0
-    clear_mask_caches()
-    assert create_causal_mask(3) is not m
