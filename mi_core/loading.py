@@ -306,9 +306,10 @@ class SafetensorsCheckpoint:
 
 
 def tensor_names_of(directory: Path) -> tuple[list[str], dict[str, tuple[int, ...]]]:
-    """Tensor names and shapes of the safetensors in `directory` (headers only); empty if none."""
-    try:
-        ckpt = SafetensorsCheckpoint.from_directory(directory)
-    except WeightLoadError:
+    """Tensor names and shapes of the safetensors in `directory` (headers only); empty if it
+    has none. A malformed or truncated file is a WeightLoadError naming it (not "no tensors")."""
+    if not any(directory.glob("*.safetensors")) and not any(
+            directory.glob("*.safetensors.index.json")):
         return [], {}
+    ckpt = SafetensorsCheckpoint.from_directory(directory)
     return ckpt.names(), dict(ckpt.shapes)
