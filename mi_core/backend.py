@@ -252,6 +252,12 @@ class MIModel:
                          prepend_bos: bool | None = None, pad_id: int = 0
                          ) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids [batch, max_seq], attention_mask [batch, max_seq]) padded on `side`."""
+        if side not in ("left", "right"):
+            raise InputError(f"side must be 'left' or 'right', got {side!r}")
+        if isinstance(pad_id, bool) or not isinstance(pad_id, int) or not 0 <= pad_id < self.vocab_size:
+            raise InputError(f"pad_id must be a token id in [0, {self.vocab_size}), got {pad_id!r}")
+        if isinstance(texts, str) or not len(texts):
+            raise InputError("texts must be a non-empty list of strings")
         rows = [self._encode(t, prepend_bos) for t in texts]
         n = max(len(r) for r in rows)
         ids = torch.full((len(rows), n), pad_id, dtype=torch.long)

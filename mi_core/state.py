@@ -9,6 +9,9 @@ apply them; on any other backend a spec is a CapabilityError before compute.
 
 from __future__ import annotations
 
+import math
+import operator
+
 import attrs
 
 from mi_core.errors import InterventionError
@@ -21,29 +24,33 @@ class _StateSpecBase:
     target_layers: list[int] | None = None
 
     def position(self, pos: int) -> "_StateSpecBase":
-        self.positions.append(int(pos))
+        self.positions.append(_index(pos, "position"))
         return self
 
     def layer(self, layer: int) -> "_StateSpecBase":
-        self.target_layers = [int(layer)]
+        self.target_layers = [_index(layer, "layer")]
         return self
 
     def layers(self, layers: list[int]) -> "_StateSpecBase":
-        self.target_layers = [int(x) for x in layers]
+        self.target_layers = [_index(x, "layer") for x in layers]
         return self
 
     def layer_range(self, start: int, end: int) -> "_StateSpecBase":
         """Inclusive range, as in the seed crate."""
+        start, end = _index(start, "layer_range start"), _index(end, "layer_range end")
         if end < start:
             raise InterventionError(f"layer_range({start}, {end}): end must be >= start")
-        self.target_layers = list(range(int(start), int(end) + 1))
+        self.target_layers = list(range(start, end + 1))
         return self
 
     def applies_to(self, layer: int) -> bool:
         return self.target_layers is None or layer in self.target_layers
 
     def validate(self, num_layers: int, seq_len: int | None = None) -> None:
+        for p in self.positions:
+            _index(p, f"{type(self).__name__} position")
         for lay in self.target_layers or []:
+            _index(lay, f"{type(self).__name__} layer")
             if not 0 <= lay < num_layers:
                 raise InterventionError(
                     f"{type(self).__name__}: layer {lay} out of range [0, {num_layers - 1}]"
@@ -69,5 +76,23 @@ class StateSteeringSpec(_StateSpecBase):
 
     def __init__(self, scale: float = 1.0, positions: list[int] | None = None,
                  target_layers: list[int] | None = None) -> None:
-        self.__attrs_init__(positions=list(positions or []), target_layers=target_layers,
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
+                or not math.isfinite(scale):
+            raise InterventionError(f"StateSteeringSpec scale must be a finite number, got "
+                                    f"{scale!r}")
+        self.__attrs_init__(positions=[_index(p, "position") for p in positions or []],
+                            target_layers=None if target_layers is None else
+                            [_index(x, "layer") for x in target_layers],
                             scale=float(scale))
+
+
+def _index(value: object, what: str) -> int:
+    """An int position / layer (negative allowed for positions); InterventionError otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)  # numpy / torch integers
+        except TypeError:
+            pass
+    raise InterventionError(f"{what} must be an int, got {value!r}")

@@ -9,6 +9,7 @@ capture keeps the last pass).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import attrs
@@ -53,6 +54,16 @@ class RecurrentPassSpec:
         if self.extra_passes < 0:
             raise InterventionError(f"extra_passes must be >= 0, got {self.extra_passes}")
         for fb in self.feedback:
+            if not isinstance(fb.vector, torch.Tensor) or not fb.vector.is_floating_point():
+                raise InterventionError(f"feedback vector must be a float tensor, got "
+                                        f"{type(fb.vector).__name__}")
+            if not bool(torch.isfinite(fb.vector).all()):
+                raise InterventionError("feedback vector holds NaN or inf values")
+            if isinstance(fb.scale, bool) or not isinstance(fb.scale, (int, float)) \
+                    or not math.isfinite(fb.scale):
+                raise InterventionError(f"feedback scale must be a finite number, got {fb.scale!r}")
+            if isinstance(fb.position, bool) or not isinstance(fb.position, int):
+                raise InterventionError(f"feedback position must be an int, got {fb.position!r}")
             if fb.vector.reshape(-1).shape[0] != model.hidden_size:
                 raise InterventionError(f"feedback vector has {fb.vector.numel()} elements, the "
                                         f"model's d_model is {model.hidden_size}")

@@ -537,3 +537,52 @@ def test_bad_tokenizer_calls_are_tokenizer_errors(tmp_path, call, fragment) -> N
     tok = mi.HFTokenizer.from_file(write_word_tokenizer(tmp_path, {"bos_token": "<s>"}))
     with _raises(mi.TokenizerError, fragment):
         call(tok)
+
+
+# -- state specs, recurrent feedback, padded tokenisation ---------------------------------------
+@pytest.mark.parametrize("make, fragment", [
+    (lambda: mi.StateSteeringSpec(NAN), "scale must be a finite number, got nan"),
+    (lambda: mi.StateSteeringSpec("0.5"), "got '0.5'"),
+    (lambda: mi.StateKnockoutSpec().position("a"), "position must be an int, got 'a'"),
+    (lambda: mi.StateKnockoutSpec().position(True), "got True"),
+    (lambda: mi.StateKnockoutSpec().layer(1.5), "layer must be an int, got 1.5"),
+    (lambda: mi.StateSteeringSpec(0.5, positions=[None]), "position must be an int"),
+    (lambda: mi.StateKnockoutSpec().layer_range(3, 1), "end must be >= start"),
+], ids=["nan_scale", "str_scale", "str_position", "bool_position", "float_layer",
+        "none_position", "reversed_range"])
+def test_bad_state_specs_are_refused_at_construction(make, fragment) -> None:
+    with _raises(mi.InterventionError, fragment):
+        make()
+
+
+@pytest.mark.parametrize("entry, fragment", [
+    (lambda d: dict(vector=torch.full((d,), NAN)), "NaN or inf"),
+    (lambda d: dict(vector=torch.ones(d), scale=INF), "feedback scale"),
+    (lambda d: dict(vector=torch.ones(d), position=1.0), "feedback position"),
+    (lambda d: dict(vector=torch.ones(d, dtype=torch.long)), "float tensor"),
+    (lambda d: dict(vector=torch.ones(d + 1)), "d_model"),
+], ids=["nan_vector", "inf_scale", "float_position", "int_vector", "wrong_size"])
+def test_bad_recurrent_feedback_is_refused_before_compute(fake, ids, entry, fragment) -> None:
+    from mi_core.interp import RecurrentFeedbackEntry, RecurrentPassSpec, forward_recurrent
+
+    spec = RecurrentPassSpec(0, 1, feedback=[RecurrentFeedbackEntry(**entry(fake.hidden_size))])
+    err = _no_compute(fake, lambda: forward_recurrent(fake, ids, spec))
+    assert isinstance(err, mi.InterventionError) and fragment in str(err)
+
+
+def test_a_feedback_position_outside_the_prompt_is_refused(fake, ids) -> None:
+    from mi_core.interp import RecurrentFeedbackEntry, RecurrentPassSpec, forward_recurrent
+
+    spec = RecurrentPassSpec(0, 1, feedback=[RecurrentFeedbackEntry(torch.ones(32), 1.0, 9)])
+    err = _no_compute(fake, lambda: forward_recurrent(fake, ids, spec))
+    assert isinstance(err, mi.InterventionError) and "feedback position 9" in str(err)
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"side": "middle"}, "side must be 'left' or 'right'"),
+    ({"pad_id": 999}, "pad_id"), ({"pad_id": -1}, "pad_id"),
+    ({"texts": []}, "non-empty"), ({"texts": "ab"}, "non-empty list"),
+], ids=["side", "pad_big", "pad_negative", "empty", "a_string"])
+def test_bad_padding_arguments_are_refused(fake, kwargs, fragment) -> None:
+    with _raises(mi.InputError, fragment):
+        fake.to_tokens_padded(**{"texts": ["a", "bc"], **kwargs})

