@@ -95,7 +95,7 @@ def test_missing_config_field_is_a_config_error_naming_it(tiny, field):
         parse_config(cfg, "some/config.json")
 
 
-@pytest.mark.parametrize("kind", ["yarn", "longrope", "su"])
+@pytest.mark.parametrize("kind", ["su", "ntk_by_parts_v9"])
 def test_unsupported_rope_scaling_is_a_config_error(tiny, kind):
     cfg = tiny("llama").config
     cfg["rope_parameters"] = {"rope_type": kind, "factor": 2.0, "rope_theta": 1e4}
@@ -119,4 +119,4 @@ def test_heads_not_divisible_by_kv_heads_is_a_config_error(tiny):
 
 def test_every_family_of_the_issue_has_a_parser():
     assert set(FAMILY_PARSERS) == {"llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
-                                   "phi3", "starcoder2", "mistral"}
+                                   "phi3", "starcoder2", "mistral", "helium"}
