@@ -67,9 +67,9 @@ class GenerationResult:
     step_logits: list[torch.Tensor] | None = None  # per step [batch, vocab] when requested
 
 
-def _source_of(source: str | os.PathLike[str]) -> ModelSource:
+def _source_of(source: str | os.PathLike[str], revision: str | None = None) -> ModelSource:
     patterns = DEFAULT_HUB_PATTERNS + plugins.hub_file_patterns()
-    path = resolve_source(source, patterns)
+    path = resolve_source(source, patterns, revision=revision)
     if path.is_dir():
         names, shapes = tensor_names_of(path)
         return ModelSource(path=path, config=read_config(path), tensor_names=names,
@@ -123,9 +123,13 @@ class MIModel:
     # -- loading ------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, source: str | os.PathLike[str], device: str | torch.device = "cpu",
-                        dtype: torch.dtype = torch.float32, backend: str | None = None) -> "MIModel":
-        """Load a hub id, a local directory or a single file a plugin claims (e.g. ``.gguf``)."""
-        src = _source_of(source)
+                        dtype: torch.dtype = torch.float32, backend: str | None = None,
+                        revision: str | None = None) -> "MIModel":
+        """Load a hub id, a local directory or a single file a plugin claims (e.g. ``.gguf``).
+
+        `revision`: a hub branch, tag or commit (Pythia's ``"step1000"``); hub ids only.
+        """
+        src = _source_of(source, revision)
         available = plugins.backends()
         if backend is None:
             dets = _detections(src)

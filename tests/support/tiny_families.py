@@ -18,6 +18,10 @@ _COMMON: dict[str, Any] = dict(hidden_size=HIDDEN, intermediate_size=D_MLP, num_
 _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
 
+# LongRoPE factors, one per rotated frequency (head_dim 16 -> 8)
+_SHORT = [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 3.5]
+_LONG = [1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 12.0, 16.0]
+
 #: name -> (model_type, config overrides). Every family of issue 3, with the variants it names.
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("llama", {}),
@@ -39,4 +43,11 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "phi3": ("phi3", {}),
     "starcoder2": ("starcoder2", {}),
     "mistral": ("mistral", {"sliding_window": WINDOW}),
+    # RoPE scaling: the test prompts (16 tokens) pass original_max_position_embeddings, so the
+    # long factors / yarn interpolation really apply; factors far from 1 so a wrong one shows.
+    "phi3_longrope": ("phi3", {"original_max_position_embeddings": 8,
+                               "rope_scaling": {"type": "longrope",
+                                                "short_factor": _SHORT, "long_factor": _LONG}}),
+    "qwen2_yarn": ("qwen2", {"rope_scaling": {"type": "yarn", "factor": 4.0,
+                                              "original_max_position_embeddings": 16}}),
 }

@@ -389,6 +389,8 @@ def _rope(r: ConfigReader, key: str, theta: float | None, max_pos: int | None,
         raise ConfigError(f"{p.src}: keys {extra} are not understood for RoPE type {kind!r}")
     if kind == "default":
         return RopeConfig(theta=theta)
+    if kind in ("yarn", "longrope"):
+        return _rope_long(p, kind, theta, max_pos, top_original)
     factor = p.float("factor", gt=0)
     if kind == "linear":
         return RopeConfig(theta=theta, scaling=RopeScaling.LINEAR, factor=factor)
@@ -400,8 +402,6 @@ def _rope(r: ConfigReader, key: str, theta: float | None, max_pos: int | None,
                           low_freq_factor=low, high_freq_factor=high,
                           original_max_positions=top_original or p.int(
                               "original_max_position_embeddings", max_pos or 8192))
-    if kind in ("yarn", "longrope"):
-        return _rope_long(p, kind, theta, max_pos, top_original)
     omp = p.int("original_max_position_embeddings", max_pos)
     if not omp:
         raise ConfigError(f"{p.src}: dynamic RoPE needs max_position_embeddings")

@@ -19,9 +19,9 @@ from mi_core.hooks import HookCache, HookPoint, HookRun, HookSpec
 from mi_core.tokenizer import MITokenizer
 
 from mi_transformer.attention import AttnNames, Masks, attention
-from mi_transformer.config import RopeConfig, RopeScaling, TransformerConfig
+from mi_transformer.config import RopeConfig, TransformerConfig
 from mi_transformer.mlp import ACTIVATIONS, mlp
-from mi_transformer.rope import cos_sin, inv_freq
+from mi_transformer.rope import attention_scaling, cos_sin, inv_freq
 from mi_transformer.weights import LayerWeights, Weights
 
 BetweenLayers = Callable[[int, int, torch.Tensor], torch.Tensor]
@@ -195,8 +195,8 @@ class TransformerBackend:
         positions = key_positions[:, offset:]
         masks = Masks(key_valid, offset, seq, ids.device,
                       key_positions if key_valid is not None else None)
-        rope = [cos_sin(self._inv_freq(r, inv, positions), positions, self.dtype)
-                for r, inv in zip(c.ropes, self.inv_freqs)]
+        rope = [cos_sin(self._inv_freq(r, inv, positions), positions, self.dtype,
+                        attention_scaling(r)) for r, inv in zip(c.ropes, self.inv_freqs)]
         explicit = {None: None, "explicit": True, "sdpa": False}[attn_impl]
 
         x = F.embedding(ids, w.embed)
@@ -237,7 +237,7 @@ class TransformerBackend:
 
     def _inv_freq(self, rope: RopeConfig, cached: torch.Tensor, positions: torch.Tensor
                   ) -> torch.Tensor:
-        if rope.scaling is not RopeScaling.DYNAMIC:
+        if not rope.position_dependent:  # dynamic NTK, longrope
             return cached
         longest = int(positions.max()) + 1  # one sync, only for dynamic-NTK models
         return inv_freq(rope, self.config.rot_dim, longest).to(self.device)
