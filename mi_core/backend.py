@@ -16,7 +16,7 @@ import torch
 
 from mi_core import plugins
 from mi_core.errors import HookError, MIError, TokenizerError, UnsupportedModelError
-from mi_core.hooks import HookCache, HookLike, HookPoint, HookSpec
+from mi_core.hooks import OPT_IN_SUFFIXES, HookCache, HookLike, HookPoint, HookSpec
 from mi_core.interventions import Intervention, check_broadcast
 from mi_core.loading import DEFAULT_HUB_PATTERNS, read_config, resolve_source, tensor_names_of
 from mi_core.registry import CompatibilityReport, Detection, ModelSource
@@ -291,7 +291,7 @@ class MIModel:
         """(logits, cache) capturing every point (or those `names_filter` accepts)."""
         points = self.hook_points()
         if names_filter is None:
-            chosen = [p for p in points if not p.name.endswith("attn.hook_result")]
+            chosen = [p for p in points if p.suffix not in OPT_IN_SUFFIXES]
         elif callable(names_filter):
             chosen = [p for p in points if names_filter(p.name)]
         elif isinstance(names_filter, (str, HookPoint)):

@@ -22,17 +22,25 @@ _LAYER_RE = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
 #: Names accepted on input and mapped to their canonical TransformerLens spelling.
 _ALIASES_GLOBAL = {"hook_final_norm": "ln_final.hook_normalized"}
-_ALIASES_LAYER = {"attn.hook_scores": "attn.hook_attn_scores"}
+_ALIASES_LAYER = {"attn.hook_scores": "attn.hook_attn_scores",
+                  # TransformerLens puts the per-head inputs on the block, not the attention
+                  "attn.hook_q_input": "hook_q_input", "attn.hook_k_input": "hook_k_input",
+                  "attn.hook_v_input": "hook_v_input"}
 
 #: Per-layer suffixes the core knows by name (any backend may add custom points).
 KNOWN_LAYER_SUFFIXES = (
-    "hook_resid_pre", "ln1.hook_scale", "ln1.hook_normalized",
+    "hook_resid_pre", "hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input",
+    "ln1.hook_scale", "ln1.hook_normalized", "attn.hook_in",
     "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k",
     "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z", "attn.hook_result",
-    "hook_attn_out", "hook_resid_mid", "ln2.hook_scale", "ln2.hook_normalized",
-    "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
+    "hook_attn_out", "hook_resid_mid", "hook_mlp_in", "ln2.hook_scale", "ln2.hook_normalized",
+    "mlp.hook_in", "mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post", "hook_mlp_out",
+    "hook_resid_post",
     "rwkv.hook_state", "rwkv.hook_decay", "rwkv.hook_effective_attn",
 )
+#: Points computed only when hooked (extra work or memory): a default run_with_cache skips them.
+OPT_IN_SUFFIXES = ("attn.hook_result", "hook_attn_in", "hook_q_input", "hook_k_input",
+                   "hook_v_input")
 KNOWN_GLOBAL_NAMES = ("hook_embed", "ln_final.hook_scale", "ln_final.hook_normalized")
 
 
@@ -102,6 +110,8 @@ for _meth, _suffix in {
     "attn_scores": "attn.hook_attn_scores", "attn_pattern": "attn.hook_pattern",
     "attn_z": "attn.hook_z", "attn_result": "attn.hook_result", "attn_out": "hook_attn_out",
     "mlp_pre": "mlp.hook_pre", "mlp_post": "mlp.hook_post", "mlp_out": "hook_mlp_out",
+    "attn_in": "attn.hook_in", "mlp_in": "mlp.hook_in", "mlp_pre_linear": "mlp.hook_pre_linear",
+    "q_input": "hook_q_input", "k_input": "hook_k_input", "v_input": "hook_v_input",
     "rwkv_state": "rwkv.hook_state", "rwkv_decay": "rwkv.hook_decay",
     "rwkv_effective_attn": "rwkv.hook_effective_attn",
 }.items():

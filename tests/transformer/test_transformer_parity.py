@@ -35,7 +35,10 @@ def test_family_matches_transformers_logits_resid_and_patterns(tiny, make_ids, n
     assert (cache["hook_embed"] - ref.hidden_states[0]).abs().max().item() < TOL
     for i in range(L - 1):
         assert (cache[mi.HookPoint.resid_post(i)] - ref.hidden_states[i + 1]).abs().max() < TOL, i
-    assert (cache["hook_final_norm"] - ref.hidden_states[L]).abs().max().item() < TOL
+    # ln_final.hook_normalized is x / scale before the gain (TransformerLens); HF's last
+    # hidden state is the norm's full output
+    final = model.backend.final_norm(cache[mi.HookPoint.resid_post(L - 1)])
+    assert (final - ref.hidden_states[L]).abs().max().item() < TOL
     for i in range(L):
         assert (cache[mi.HookPoint.attn_pattern(i)] - ref.attentions[i]).abs().max() < TOL, i
     # the logits must actually vary, or the comparison above proves little

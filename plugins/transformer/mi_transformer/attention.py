@@ -120,23 +120,45 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, run: HookRun,
     return run.apply(name, apply_rope(x.transpose(1, 2), cos, sin).transpose(1, 2)).transpose(1, 2)
 
 
+def _per_head(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n: int,
+              head_dim: int) -> torch.Tensor:
+    """x [b, s, n, d_model], weight [n * d_head, d_model] -> [b, s, n, d_head], head h reading
+    only its own input row."""
+    out = torch.einsum("bsnm,ndm->bsnd", x, weight.view(n, head_dim, -1))
+    return out + bias.view(n, head_dim) if bias is not None else out
+
+
 def attention(w: AttnWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               masks: Masks, window: int | None, run: HookRun, n: AttnNames, *,
               num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
               softcap: float | None, explicit: bool | None,
               cache_update: Callable[[torch.Tensor, torch.Tensor],
-                                     tuple[torch.Tensor, torch.Tensor]] | None = None
+                                     tuple[torch.Tensor, torch.Tensor]] | None = None,
+              head_inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
               ) -> torch.Tensor:
     """x [batch, seq, d_model] (already normalised) -> attention output [batch, seq, d_model].
 
     `explicit`: True/False forces a path, None picks (explicit iff scores/pattern are hooked);
     a soft-capping layer is always explicit. `cache_update(k, v)` appends this call's rotated
     keys and values [batch, kv_heads, seq, d_head] to the cache and returns the full ones.
+    `head_inputs`: normalised per-head inputs of q, k and v ([batch, seq, heads or kv_heads,
+    d_model], from ``hook_q_input`` / ``hook_k_input`` / ``hook_v_input``) used instead of x.
     """
     b, s, _ = x.shape
-    q = F.linear(x, w.w_q, w.b_q).view(b, s, num_heads, head_dim)
-    k = F.linear(x, w.w_k, w.b_k).view(b, s, num_kv_heads, head_dim)
-    v = F.linear(x, w.w_v, w.b_v).view(b, s, num_kv_heads, head_dim)
+    if head_inputs is None:
+        q = F.linear(x, w.w_q, w.b_q).view(b, s, num_heads, head_dim)
+        k = F.linear(x, w.w_k, w.b_k).view(b, s, num_kv_heads, head_dim)
+        v = F.linear(x, w.w_v, w.b_v).view(b, s, num_kv_heads, head_dim)
+    else:
+        if head_inputs[1].shape[2] != num_kv_heads:  # per query head keys/values (hook_attn_in)
+            groups = num_heads // num_kv_heads
+            w = attrs.evolve(w, **{n_: None if t is None else t.view(
+                num_kv_heads, -1).repeat_interleave(groups, 0).view(-1, *t.shape[1:])
+                for n_, t in (("w_k", w.w_k), ("w_v", w.w_v), ("b_k", w.b_k), ("b_v", w.b_v))})
+            num_kv_heads = num_heads
+        q, k, v = (_per_head(xi, wi, bi, n_i, head_dim) for xi, wi, bi, n_i in zip(
+            head_inputs, (w.w_q, w.w_k, w.w_v), (w.b_q, w.b_k, w.b_v),
+            (num_heads, num_kv_heads, num_kv_heads)))
     if w.q_norm is not None and w.k_norm is not None:
         q = w.q_norm(q, run, n.q_scale)
         k = w.k_norm(k, run, n.k_scale)

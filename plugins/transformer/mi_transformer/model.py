@@ -19,7 +19,7 @@ from mi_core.hooks import HookCache, HookPoint, HookRun, HookSpec
 from mi_core.tokenizer import MITokenizer
 
 from mi_transformer.attention import AttnNames, Masks, attention
-from mi_transformer.config import RopeConfig, TransformerConfig
+from mi_transformer.config import MlpLayout, RopeConfig, TransformerConfig
 from mi_transformer.mlp import ACTIVATIONS, mlp
 from mi_transformer.rope import attention_scaling, cos_sin, inv_freq
 from mi_transformer.weights import LayerWeights, Weights
@@ -47,6 +47,14 @@ class LayerNames:
     ln2_post_normalized: str
     mlp_out: str
     resid_post: str
+    attn_in: str = ""  # attn.hook_in: ln1's output after gain/bias
+    mlp_in: str = ""  # mlp.hook_in
+    tl_attn_in: str = ""  # hook_attn_in: resid_pre per head [b, s, heads, d_model] (opt-in)
+    q_input: str = ""  # hook_q_input / hook_k_input / hook_v_input (opt-in)
+    k_input: str = ""
+    v_input: str = ""
+    tl_mlp_in: str = ""  # hook_mlp_in: resid_mid before ln2
+    mlp_pre_linear: str = ""  # mlp.hook_pre_linear (gated MLPs)
 
     @classmethod
     def of(cls, i: int) -> "LayerNames":
@@ -66,16 +74,22 @@ class LayerNames:
             mlp_pre=p + "mlp.hook_pre", mlp_post=p + "mlp.hook_post",
             ln2_post_scale=p + "ln2_post.hook_scale",
             ln2_post_normalized=p + "ln2_post.hook_normalized",
-            mlp_out=p + "hook_mlp_out", resid_post=p + "hook_resid_post")
+            mlp_out=p + "hook_mlp_out", resid_post=p + "hook_resid_post",
+            attn_in=a + "hook_in", mlp_in=p + "mlp.hook_in", tl_attn_in=p + "hook_attn_in",
+            q_input=p + "hook_q_input", k_input=p + "hook_k_input", v_input=p + "hook_v_input",
+            tl_mlp_in=p + "hook_mlp_in", mlp_pre_linear=p + "mlp.hook_pre_linear")
 
-    def in_order(self, post_norms: bool, qk_norm: bool) -> list[str]:
+    def in_order(self, post_norms: bool, qk_norm: bool, gated: bool = False) -> list[str]:
         a = self.attn
-        out = [self.resid_pre, self.ln1_scale, self.ln1_normalized]
+        out = [self.resid_pre, self.tl_attn_in, self.q_input, self.k_input, self.v_input,
+               self.ln1_scale, self.ln1_normalized, self.attn_in]
         out += [a.q_scale, a.k_scale] if qk_norm else []
         out += [a.q, a.k, a.v, a.rot_q, a.rot_k, a.scores, a.pattern, a.z, a.result]
         out += [self.ln1_post_scale, self.ln1_post_normalized] if post_norms else []
-        out += [self.attn_out, self.resid_mid, self.ln2_scale, self.ln2_normalized,
-                self.mlp_pre, self.mlp_post]
+        out += [self.attn_out, self.resid_mid, self.tl_mlp_in, self.ln2_scale,
+                self.ln2_normalized, self.mlp_in, self.mlp_pre]
+        out += [self.mlp_pre_linear] if gated else []
+        out += [self.mlp_post]
         out += [self.ln2_post_scale, self.ln2_post_normalized] if post_norms else []
         out += [self.mlp_out, self.resid_post]
         return out
@@ -136,7 +150,7 @@ class TransformerBackend:
         c = self.config
         names = ["hook_embed"]
         for n in self.names:
-            names += n.in_order(c.post_norms, c.qk_norm)
+            names += n.in_order(c.post_norms, c.qk_norm, c.mlp_layout is not MlpLayout.PLAIN)
         names += ["ln_final.hook_scale", "ln_final.hook_normalized"]
         return [HookPoint.parse(n) for n in names]
 
@@ -155,7 +169,10 @@ class TransformerBackend:
             "attn.hook_k": (batch, seq, kv, hd), "attn.hook_rot_k": (batch, seq, kv, hd),
             "attn.hook_v": (batch, seq, kv, hd),
             "attn.hook_attn_scores": (batch, h, seq, -1), "attn.hook_pattern": (batch, h, seq, -1),
-            "attn.hook_result": (batch, seq, h, d),
+            "attn.hook_result": (batch, seq, h, d), "hook_attn_in": (batch, seq, h, d),
+            "hook_q_input": (batch, seq, h, d), "hook_k_input": (batch, seq, kv, d),
+            "hook_v_input": (batch, seq, kv, d),
+            "mlp.hook_pre_linear": (batch, seq, c.intermediate_size),
             "mlp.hook_pre": (batch, seq, c.intermediate_size),
             "mlp.hook_post": (batch, seq, c.intermediate_size),
         }
@@ -221,19 +238,47 @@ class TransformerBackend:
         """One pre-norm block: x [batch, seq, d_model] -> [batch, seq, d_model]."""
         c, lw, n = self.config, self.w.layers[i], self.names[i]
         x = run.apply(n.resid_pre, x)
-        h = lw.ln1(x, run, n.ln1_scale, n.ln1_normalized)
+        h = lw.ln1(x, run, n.ln1_scale, n.ln1_normalized, out_name=n.attn_in)
         a = attention(lw.attn, h, cos, sin, masks, c.layer_windows[i], run, n.attn,
                       num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
                       scale=c.attn_scale, softcap=c.attn_softcap, explicit=explicit,
-                      cache_update=cache_update)
+                      cache_update=cache_update, head_inputs=self._head_inputs(i, x, run))
         if lw.ln1_post is not None:
             a = lw.ln1_post(a, run, n.ln1_post_scale, n.ln1_post_normalized)
         x = run.apply(n.resid_mid, x + run.apply(n.attn_out, a))
-        h = lw.ln2(x, run, n.ln2_scale, n.ln2_normalized)
-        m = mlp(lw.mlp, h, self.act, run, n.mlp_pre, n.mlp_post)
+        h = lw.ln2(run.apply(n.tl_mlp_in, x), run, n.ln2_scale, n.ln2_normalized,
+                   out_name=n.mlp_in)
+        m = mlp(lw.mlp, h, self.act, run, n.mlp_pre, n.mlp_post, n.mlp_pre_linear)
         if lw.ln2_post is not None:
             m = lw.ln2_post(m, run, n.ln2_post_scale, n.ln2_post_normalized)
         return run.apply(n.resid_post, x + run.apply(n.mlp_out, m))
+
+    def _head_inputs(self, i: int, x: torch.Tensor, run: HookRun
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """TransformerLens' ``hook_attn_in`` / ``hook_q_input`` / ``hook_k_input`` /
+        ``hook_v_input``: resid_pre repeated per head [b, s, heads (kv_heads for k, v), d_model].
+
+        Opt-in: None (the fused path) unless one is hooked; captured only, the forward is
+        unchanged. An intervention there makes q/k/v read ln1 of each head's own input.
+        """
+        n = self.names[i]
+        if not (run.wants(n.tl_attn_in) or run.wants(n.q_input) or run.wants(n.k_input)
+                or run.wants(n.v_input)):
+            return None
+        c, has = self.config, run.spec.has_intervention_at
+        # copies, not expanded views: a hook may write into its tensor in place
+        rep = lambda t, heads: t.unsqueeze(2).expand(-1, -1, heads, -1).clone()  # noqa: E731
+        attn_in = run.apply(n.tl_attn_in, rep(x, c.num_heads))
+        # As TransformerLens: a changed hook_attn_in gives every query head its own keys and
+        # values (GQA weights repeated per query head); otherwise k/v inputs are per KV head.
+        kv_of = (lambda: attn_in.clone()) if c.num_kv_heads == c.num_heads or has(
+            n.tl_attn_in) else (lambda: rep(x, c.num_kv_heads))
+        ins = (run.apply(n.q_input, attn_in), run.apply(n.k_input, kv_of()),
+               run.apply(n.v_input, kv_of()))
+        if not any(has(p) for p in (n.tl_attn_in, n.q_input, n.k_input, n.v_input)):
+            return None
+        ln1 = self.w.layers[i].ln1
+        return ln1(ins[0]), ln1(ins[1]), ln1(ins[2])
 
     def _inv_freq(self, rope: RopeConfig, cached: torch.Tensor, positions: torch.Tensor
                   ) -> torch.Tensor:
