@@ -147,8 +147,8 @@ def checked_tensor(t: torch.Tensor, name: str, origin: str, dtype: torch.dtype |
         t = t.to(dtype=dtype or t.dtype, device=device or t.device)
     if not bool(torch.isfinite(t).all()):
         bad = int((~torch.isfinite(t)).sum())
-        raise WeightLoadError(f"{origin}: tensor {name!r} has {bad} NaN/inf values"
-                              + (f" (in {t.dtype})" if dtype is not None else ""))
+        raise WeightLoadError(f"{origin}: NaN or inf values (in {t.dtype}): {name} "
+                              f"({bad} of {t.numel()} entries)")
     return t
 
 
