@@ -16,7 +16,7 @@ import torch
 from mi_core.errors import DictionaryError
 from mi_core.hooks import HookPoint
 from mi_core.registry import Detection, DictionaryFormat
-from mi_sae.formats._common import detection, folder_of, json_config, read_safetensors, take
+from mi_sae.formats._common import Fields, detection, folder_of, json_config, read_safetensors, take
 from mi_sae.hooknames import hf_to_hook_point
 from mi_sae.sae import SaeConfig, SparseAutoencoder
 
@@ -38,9 +38,12 @@ def _hooks(folder: Path, transcode: bool) -> tuple[HookPoint | None, HookPoint |
 
 def load(path: Path, device: torch.device, dtype: torch.dtype) -> SparseAutoencoder:
     folder = folder_of(path)
-    raw = json_config(folder / CFG, "sparsify cfg.json")
-    if "d_in" not in raw:
-        raise DictionaryError(f"{folder / CFG}: required field 'd_in' is missing")
+    f = Fields(json_config(folder / CFG, "sparsify cfg.json"), folder / CFG)
+    d_in = f.integer("d_in")
+    d_sae = f.integer("num_latents", 0, minimum=0) or d_in * f.integer("expansion_factor", 32)
+    activation = f.text("activation", "topk", ("topk", "groupmax"))
+    transcode = f.flag("transcode", False)
+    k = f.integer("k", 32)
     wpath = folder / WEIGHTS
     w = read_safetensors(wpath, device, dtype)
     enc = take(w, ("encoder.weight",), wpath)
@@ -53,16 +56,10 @@ def load(path: Path, device: torch.device, dtype: torch.dtype) -> SparseAutoenco
     skip = take(w, ("W_skip",), wpath, required=False)
     if skip is not None:
         weights["W_skip"] = skip
-    d_in = int(raw["d_in"])
-    d_sae = int(raw.get("num_latents") or 0) or d_in * int(raw.get("expansion_factor", 32))
-    activation = raw.get("activation", "topk")
-    if activation not in ("topk", "groupmax"):
-        raise DictionaryError(f"{folder / CFG}: unknown sparsify activation {activation!r}")
-    transcode = bool(raw.get("transcode", False))
     pin, pout = _hooks(folder, transcode)
     cfg = SaeConfig(d_in=d_in, d_sae=d_sae, activation=activation, architecture=activation,
                     hook_point=pin, hook_point_out=pout, transcoder=transcode,
-                    d_out=d_in if transcode else None, k=int(raw.get("k", 32)),
+                    d_out=d_in if transcode else None, k=k,
                     apply_b_dec_to_input=not transcode)
     return SparseAutoencoder(cfg, weights, format="sparsify", source=str(wpath))  # type: ignore[arg-type]
 
