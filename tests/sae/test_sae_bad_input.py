@@ -55,7 +55,7 @@ def test_nan_in_weights_names_file_and_tensor(tmp_path: Path) -> None:
     w = load_file(str(d / "sae_weights.safetensors"))
     w["W_dec"][3, 2] = float("nan")
     save_file(w, str(d / "sae_weights.safetensors"))
-    with pytest.raises(mi.DictionaryError, match=r"sae_weights\.safetensors.*'W_dec'.*NaN"):
+    with pytest.raises(mi.DictionaryError, match=r"sae_weights\.safetensors(?=.*W_dec)(?=.*NaN)"):
         mi.load_dictionary(d)
 
 
@@ -170,7 +170,7 @@ def test_unknown_tensor_in_saelens_file_is_named(tmp_path: Path) -> None:
 
 def test_integer_tensor_is_refused_by_name(tmp_path: Path) -> None:
     d = _edit_weights(tmp_path, lambda w: w.update(b_enc=torch.zeros(32, dtype=torch.int32)))
-    with pytest.raises(mi.DictionaryError, match=r"sae_weights\.safetensors.*b_enc.*int32"):
+    with pytest.raises(mi.DictionaryError, match=r"sae_weights\.safetensors(?=.*b_enc)(?=.*int)"):
         mi.load_dictionary(d)
 
 
@@ -178,7 +178,7 @@ def test_inf_in_encoder_names_the_tensor(tmp_path: Path) -> None:
     def poison(w: dict[str, torch.Tensor]) -> None:
         w["W_enc"][0, 0] = float("inf")
 
-    with pytest.raises(mi.DictionaryError, match=r"sae_weights\.safetensors.*'W_enc'"):
+    with pytest.raises(mi.DictionaryError, match=r"sae_weights\.safetensors(?=.*W_enc)(?=.*inf)"):
         mi.load_dictionary(_edit_weights(tmp_path, poison))
 
 

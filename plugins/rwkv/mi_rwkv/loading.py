@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -72,28 +73,15 @@ def _open(src: ModelSource, version: int) -> tuple[SafetensorsCheckpoint, dict, 
     return ckpt, cfg, path
 
 
-class _Reader:
-    """Reads tensors cast to `dtype` on `device`; remembers the non-finite ones."""
-
-    def __init__(self, ckpt: SafetensorsCheckpoint, device: torch.device, dtype: torch.dtype) -> None:
-        self.ckpt, self.device, self.dtype = ckpt, device, dtype
-        self.non_finite: list[str] = []
-
-    def __call__(self, name: str) -> torch.Tensor:
-        t = self.ckpt.get(name, dtype=self.dtype, device=self.device)
-        # Checked after the cast: an F32 value too large for F16 becomes inf here.
-        if not bool(torch.isfinite(t).all()):
-            self.non_finite.append(name)
-        return t
-
-    def check(self) -> None:
-        if self.non_finite:
-            raise WeightLoadError(f"{', '.join(map(str, self.ckpt.files))}: tensors with NaN or "
-                                  f"inf values (in {self.dtype}): {_listing(self.non_finite)}")
+def _reader(ckpt: SafetensorsCheckpoint, device: torch.device, dtype: torch.dtype
+            ) -> Callable[[str], torch.Tensor]:
+    """Tensor name -> tensor cast to `dtype` on `device`; the checkpoint checks each one as
+    it is read (integer dtype, NaN / inf after the cast) and names it."""
+    return lambda name: ckpt.get(name, dtype=dtype, device=device)
 
 
 def _head(ckpt: SafetensorsCheckpoint, cfg: RwkvConfig, names: tuple[str, ...],
-          embed: torch.Tensor, get: _Reader) -> torch.Tensor:
+          embed: torch.Tensor, get: Callable[[str], torch.Tensor]) -> torch.Tensor:
     """The output head: the checkpoint's, or the embedding when tied (a stored head that
     differs from the embedding while tie_word_embeddings is true is refused)."""
     present = [n for n in names if n in ckpt]
@@ -129,7 +117,7 @@ def load_rwkv6(src: ModelSource, device: torch.device, dtype: torch.dtype) -> Rw
                                            cfg.time_mix_rank, cfg.time_decay_rank))
     heads = ("head.weight",)
     _account(ckpt, expected, heads, cfg, str(path / "config.json"))
-    get = _Reader(ckpt, device, dtype)
+    get = _reader(ckpt, device, dtype)
     layers = []
     for i in range(cfg.num_layers):
         p = f"rwkv.blocks.{i}."
@@ -140,7 +128,6 @@ def load_rwkv6(src: ModelSource, device: torch.device, dtype: torch.dtype) -> Rw
                           (get("rwkv.blocks.0.pre_ln.weight"), get("rwkv.blocks.0.pre_ln.bias")),
                           (get("rwkv.ln_out.weight"), get("rwkv.ln_out.bias")),
                           _head(ckpt, cfg, heads, embed, get), device, dtype)
-    get.check()
     return backend
 
 
@@ -168,7 +155,7 @@ def load_rwkv7(src: ModelSource, device: torch.device, dtype: torch.dtype) -> Rw
         expected.update(block)
     heads = ("lm_head.weight", "model.lm_head.weight")
     _account(ckpt, expected, heads, cfg, str(path / "config.json"))
-    get = _Reader(ckpt, device, dtype)
+    get = _reader(ckpt, device, dtype)
     layers = []
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
@@ -183,5 +170,4 @@ def load_rwkv7(src: ModelSource, device: torch.device, dtype: torch.dtype) -> Rw
                           (get("model.layers.0.pre_norm.weight"), get("model.layers.0.pre_norm.bias")),
                           (get("model.norm.weight"), get("model.norm.bias")),
                           _head(ckpt, cfg, heads, embed, get), device, dtype)
-    get.check()
     return backend

@@ -506,7 +506,8 @@ def _hook_width(model: Any, hp: HookPoint, heads_flat: bool) -> int | None:
                 return int(shape[-2] * shape[-1])
             return int(shape[-1])
     resid = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_mlp_out",
-             "hook_attn_out", "ln2.hook_normalized", "ln1.hook_normalized")
+             "hook_attn_out", "ln2.hook_normalized", "ln1.hook_normalized", "attn.hook_in",
+             "mlp.hook_in")
     if hp.suffix in resid or hp.name == "hook_embed":
         return int(model.hidden_size)
     return None

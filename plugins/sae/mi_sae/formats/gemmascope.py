@@ -59,8 +59,9 @@ def _gs1_hook(folder: Path) -> tuple[HookPoint | None, bool]:
 
 def _gs2_hooks(folder: Path, f: Fields) -> tuple[HookPoint | None, HookPoint | None]:
     hin, hout = f.text("hf_hook_point_in"), f.text("hf_hook_point_out")
-    pin = hf_to_hook_point(hin) if hin else None
-    pout = hf_to_hook_point(hout) if hout else None
+    # Gemma 3 has post-norms: post_attention_layernorm.output is the attention's output.
+    pin = hf_to_hook_point(hin, post_norms=True) if hin else None
+    pout = hf_to_hook_point(hout, post_norms=True) if hout else None
     if pin is None:  # fall back to the folder name, as SAELens does
         layer, name = _layer(folder.as_posix()), folder.as_posix()
         if layer is not None:
@@ -68,8 +69,8 @@ def _gs2_hooks(folder: Path, f: Fields) -> tuple[HookPoint | None, HookPoint | N
                                 ("mlp_out", "hook_mlp_out")):
                 if key in name:
                     pin = HookPoint.layer_point(layer, suffix)
-            if "transcoder" in name:
-                pin = HookPoint.layer_point(layer, "ln2.hook_normalized")
+            if "transcoder" in name:  # trained on pre_feedforward_layernorm.output
+                pin = HookPoint.layer_point(layer, "mlp.hook_in")
                 pout = HookPoint.layer_point(layer, "hook_mlp_out")
     return pin, pout
 

@@ -4,7 +4,8 @@ Tensors as ``SparseCoder.save_to_disk`` writes them: ``encoder.weight`` [d_sae, 
 ``encoder.bias`` [d_sae], ``W_dec`` [d_sae, d_in] (already row-per-latent: no transpose),
 ``b_dec`` [d_in], optional ``W_skip`` [d_in, d_in]. Encode: relu(x' @ W_enc.T + b), then
 top-k (or groupmax), x' = x - b_dec unless ``transcode``. The folder name is the
-hookpoint (``layers.5``, ``layers.5.mlp``, ``embed_tokens``).
+hookpoint (``layers.5``, ``layers.5.mlp``, ``embed_tokens``); a transcoder on an MLP module
+reads that module's input, ``blocks.5.mlp.hook_in``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def _hooks(folder: Path, transcode: bool) -> tuple[HookPoint | None, HookPoint |
     if not transcode or out is None:
         return out, None
     if out.suffix == "hook_mlp_out" and out.layer is not None:  # MLP transcoder: MLP in -> out
-        return HookPoint.layer_point(out.layer, "ln2.hook_normalized"), out
+        # the MLP module's input: the pre-MLP norm's output after its gain
+        return HookPoint.layer_point(out.layer, "mlp.hook_in"), out
     return out, out
 
 
