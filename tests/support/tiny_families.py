@@ -50,4 +50,14 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                                 "short_factor": _SHORT, "long_factor": _LONG}}),
     "qwen2_yarn": ("qwen2", {"rope_scaling": {"type": "yarn", "factor": 4.0,
                                               "original_max_position_embeddings": 16}}),
+    # Mixture of experts: Mixtral always renormalises the top-k weights; Qwen2-MoE (shared
+    # expert with its sigmoid gate; layer 1 dense via mlp_only_layers) and OLMoE (full-width
+    # q/k norms, clip_qkv that really clips) do not; Qwen3-MoE does (norm_topk_prob).
+    "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen2_moe": ("qwen2_moe", {"num_experts": 4, "num_experts_per_tok": 2,
+                                "moe_intermediate_size": 32,
+                                "shared_expert_intermediate_size": 48, "mlp_only_layers": [1]}),
+    "qwen3_moe": ("qwen3_moe", {"head_dim": 16, "num_experts": 8, "num_experts_per_tok": 3,
+                                "moe_intermediate_size": 32, "norm_topk_prob": True}),
+    "olmoe": ("olmoe", {"num_experts": 4, "num_experts_per_tok": 2, "clip_qkv": 1.0}),
 }

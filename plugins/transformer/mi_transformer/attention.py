@@ -135,7 +135,8 @@ class LayerSettings:
         scale = c.attn_scale / (i + 1) if c.attn_scale_by_layer else c.attn_scale
         return cls(num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
                    scale=scale, softcap=c.attn_softcap, window=c.layer_windows[i],
-                   rope=c.layer_rope[i] if c.positions is Positions.ROPE else None,
+                   rope=c.layer_rope[i] if c.positions is Positions.ROPE and (
+                       not c.layer_use_rope or c.layer_use_rope[i]) else None,  # NoPE layers
                    interleaved=c.rope_layout is RopeLayout.INTERLEAVED)
 
 

@@ -102,6 +102,26 @@ class RopeConfig:
 
 
 @attrs.frozen
+class MoeConfig:
+    """A mixture-of-experts MLP: softmax router, top-k gated experts (mi_transformer.moe)."""
+
+    num_experts: int
+    top_k: int
+    expert_size: int  # d_mlp of each routed expert
+    norm_topk_prob: bool  # renormalise the top-k weights to sum to 1 (Mixtral: always)
+    shared_expert_size: int = 0  # d_mlp of the always-on shared expert; 0 = none
+    shared_expert_gate: bool = False  # sigmoid(gate(x)) scales the shared expert (Qwen2-MoE)
+    # checkpoint names: the block module and each expert's (gate, up, down) projections
+    block: str = "mlp"
+    expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+
+    def __attrs_post_init__(self) -> None:
+        if not 0 < self.top_k <= self.num_experts:
+            raise ConfigError(f"MoE: num_experts_per_tok {self.top_k} must be in "
+                              f"1..{self.num_experts} (the number of experts)")
+
+
+@attrs.frozen
 class TransformerConfig:
     """The axes the generic forward pass reads. Per-layer tuples have `num_layers` entries."""
 
@@ -142,6 +162,17 @@ class TransformerConfig:
     attn_scaled: bool = True  # GPT-2 scale_attn_weights: False -> scores not scaled
     attn_scale_by_layer: bool = False  # GPT-2 scale_attn_by_inverse_layer_idx: / (layer + 1)
     max_positions: int | None = None
+    # -- axes of the LLaMA-like families with twists (OLMo, OLMo2, Granite, SmolLM3, MoE) --
+    qk_norm_full: bool = False  # q/k norms over the whole projection, not per head (OLMo2/OLMoE)
+    clip_qkv: float | None = None  # clamp q, k, v to [-c, c] after the projections (OLMo)
+    pre_norms: bool = True  # False: no norm before attention / MLP, post-norms only (OLMo2)
+    norm_affine: bool = True  # False: norms without weights (OLMo's non-parametric LayerNorm)
+    residual_scale: float = 1.0  # branch outputs scaled before the residual add (Granite)
+    attn_multiplier: float | None = None  # scores scaled by this, not head_dim**-0.5 (Granite)
+    logit_scale: float = 1.0  # logits multiplied by this (Granite: 1 / logits_scaling)
+    layer_use_rope: tuple[bool, ...] = ()  # per layer, False = no positions (SmolLM3); () = all
+    moe: MoeConfig | None = None  # the mixture-of-experts MLP of the layers layer_moe marks
+    layer_moe: tuple[bool, ...] = ()  # per layer, True = MoE MLP; () = all dense
 
     def __attrs_post_init__(self) -> None:
         """Relations between axes; the parsers check the same on JSON keys first, so this
@@ -175,6 +206,14 @@ class TransformerConfig:
                 if rope.scaling is RopeScaling.LONGROPE and n != self.rot_dim // 2:
                     raise ConfigError(f"{where}: longrope {key} has {n} entries; the rotary "
                                       f"dimension {self.rot_dim} needs {self.rot_dim // 2}")
+        for name, flags in (("layer_use_rope", self.layer_use_rope), ("layer_moe", self.layer_moe)):
+            if flags and len(flags) != self.num_layers:
+                raise ConfigError(f"{where}: {name} has {len(flags)} entries for "
+                                  f"{self.num_layers} layers")
+        if any(self.layer_moe) and self.moe is None:
+            raise ConfigError(f"{where}: layer_moe marks MoE layers but no MoE config is given")
+        if not self.pre_norms and not self.post_norms:
+            raise ConfigError(f"{where}: a block needs pre-norms or post-norms")
         if self.positions is Positions.LEARNED and self.max_positions is None:
             raise ConfigError(f"{where}: learned positions need max_positions")
         for name in ("attn_softcap", "final_softcap", "query_pre_attn_scalar", "embedding_scale"):
@@ -186,6 +225,8 @@ class TransformerConfig:
     def attn_scale(self) -> float:
         if not self.attn_scaled:
             return 1.0
+        if self.attn_multiplier is not None:
+            return self.attn_multiplier
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
@@ -675,6 +716,79 @@ def parse_starcoder2(r: ConfigReader) -> TransformerConfig:
 
 
 # ----------------------------------------------------------------------------------------
+# Mixture-of-experts families (the MLP is mi_transformer.moe)
+# ----------------------------------------------------------------------------------------
+
+def _moe(r: ConfigReader, experts_keys: tuple[str, ...], size_key: str,
+         norm_default: bool | None, shared: bool = False, **names: Any) -> MoeConfig:
+    """The MoE axes. experts_keys: spellings of the expert count (Qwen3-MoE configs on the hub
+    say ``num_experts``, transformers 5 writes ``num_local_experts``); they must agree when
+    both are present. norm_default: the family's ``norm_topk_prob`` default, or None when the
+    family always renormalises and has no such key (Mixtral)."""
+    counts = {k: r.int(k, None) for k in experts_keys}
+    given = {k: v for k, v in counts.items() if v is not None}
+    if not given:
+        raise ConfigError(f"{r.src}: required field {experts_keys[0]!r} is missing")
+    if len(set(given.values())) > 1:
+        raise ConfigError(f"{r.src}: expert counts disagree: {given}")
+    norm = True if norm_default is None else r.bool("norm_topk_prob", norm_default)
+    shared_size = r.int("shared_expert_intermediate_size") if shared else 0
+    return MoeConfig(num_experts=next(iter(given.values())), top_k=r.int("num_experts_per_tok"),
+                     expert_size=r.int(size_key), norm_topk_prob=norm,
+                     shared_expert_size=shared_size, shared_expert_gate=shared, **names)
+
+
+def _sparse_layers(r: ConfigReader, n: int) -> tuple[bool, ...]:
+    """Qwen-MoE: layer i is sparse unless listed in mlp_only_layers or (i + 1) is not a
+    multiple of decoder_sparse_step."""
+    step = r.int("decoder_sparse_step", 1)
+    only = r.list("mlp_only_layers") or []
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n for i in only):
+        raise r.bad("mlp_only_layers", only, f"a list of layer indices in 0..{n - 1}")
+    return tuple(i not in only and (i + 1) % step == 0 for i in range(n))
+
+
+def parse_mixtral(r: ConfigReader) -> TransformerConfig:
+    base = _base(r, "mixtral")
+    moe = _moe(r, ("num_local_experts",), "intermediate_size", None, block="block_sparse_moe",
+               expert_names=("w1", "w3", "w2"))
+    base.update(moe=moe, layer_moe=(True,) * base["num_layers"])
+    return _all_sliding(r, base)
+
+
+def parse_qwen2_moe(r: ConfigReader) -> TransformerConfig:
+    base = _base(r, "qwen2_moe")
+    base.update(qkv_bias=r.bool("qkv_bias", True),
+                moe=_moe(r, ("num_experts", "num_local_experts"), "moe_intermediate_size",
+                         False, shared=True),
+                layer_moe=_sparse_layers(r, base["num_layers"]))
+    return _qwen(r, base)
+
+
+def parse_qwen3_moe(r: ConfigReader) -> TransformerConfig:
+    base = _base(r, "qwen3_moe")
+    bias = r.bool("attention_bias", False)
+    base.update(qkv_bias=bias, o_bias=bias, qk_norm=True,
+                moe=_moe(r, ("num_experts", "num_local_experts"), "moe_intermediate_size", False),
+                layer_moe=_sparse_layers(r, base["num_layers"]))
+    return _qwen(r, base)
+
+
+def parse_olmoe(r: ConfigReader) -> TransformerConfig:
+    base = _base(r, "olmoe", eps_default=1e-5)
+    bias = r.bool("attention_bias", False)
+    base.update(qkv_bias=bias, o_bias=bias, qk_norm=True, qk_norm_full=True,
+                clip_qkv=r.float("clip_qkv", None, gt=0),
+                moe=_moe(r, ("num_experts", "num_local_experts"), "intermediate_size", False),
+                layer_moe=(True,) * base["num_layers"])
+    return _full(r, base)
+
+
+_MOE_HARMLESS = {"output_router_logits", "router_aux_loss_coef", "router_jitter_noise"}
+_QWEN_WINDOWS = {"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"}
+
+
+# ----------------------------------------------------------------------------------------
 # The registry: a family is a parser plus the keys it reads and the ones it may ignore
 # ----------------------------------------------------------------------------------------
 
@@ -728,6 +842,42 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
         "_sliding_window_pattern", "rope_local_base_freq"},
         harmless={"cache_implementation"}),
     _family("phi3", parse_phi3, _LLAMA | {"sliding_window", "original_max_position_embeddings"}),
+    _family("mixtral", parse_mixtral, _LLAMA | {"sliding_window", "num_local_experts",
+                                                "num_experts_per_tok"}, harmless=_MOE_HARMLESS),
+    _family("qwen2_moe", parse_qwen2_moe, _LLAMA | _QWEN_WINDOWS | {
+        "qkv_bias", "num_experts", "num_local_experts", "num_experts_per_tok",
+        "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob",
+        "decoder_sparse_step", "mlp_only_layers"}, harmless=_MOE_HARMLESS),
+    _family("qwen3_moe", parse_qwen3_moe, _LLAMA | _QWEN_WINDOWS | {
+        "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+        "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"}, harmless=_MOE_HARMLESS),
+    _family("olmoe", parse_olmoe, _LLAMA | {"num_experts", "num_local_experts",
+                                            "num_experts_per_tok", "norm_topk_prob",
+                                            "clip_qkv"}, harmless=_MOE_HARMLESS),
+    _family("gpt2", parse_gpt2, {
+        "vocab_size", "n_embd", "n_head", "n_layer", "n_inner", "n_positions", "n_ctx",
+        "layer_norm_epsilon", "activation_function", "tie_word_embeddings",
+        "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"},
+        harmless=_GPT2_HARMLESS),
+    _family("gpt_neox", parse_gpt_neox, _SHAPE_KEYS | _ROPE | {
+        "layer_norm_eps", "attention_bias", "use_parallel_residual", "rotary_pct",
+        "rotary_emb_base"}),
+    _family("gptj", parse_gptj, {
+        "vocab_size", "n_embd", "n_head", "n_layer", "n_inner", "n_positions", "rotary_dim",
+        "layer_norm_epsilon", "activation_function", "tie_word_embeddings"}),
+    _family("phi", parse_phi, _SHAPE_KEYS | _ROPE | {"layer_norm_eps", "qk_layernorm"}),
+    _family("stablelm", parse_stablelm, _SHAPE_KEYS | _ROPE | {
+        "layer_norm_eps", "qk_layernorm", "use_parallel_residual", "use_qkv_bias"}),
+    _family("opt", parse_opt, {
+        "vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "ffn_dim",
+        "max_position_embeddings", "layer_norm_eps", "activation_function",
+        "tie_word_embeddings", "do_layer_norm_before", "_remove_final_layer_norm",
+        "layer_norm_elementwise_affine", "word_embed_proj_dim", "enable_bias"}),
+    _family("falcon", parse_falcon, _ROPE | {
+        "vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "num_kv_heads",
+        "ffn_hidden_size", "layer_norm_epsilon", "activation", "tie_word_embeddings", "alibi",
+        "new_decoder_architecture", "multi_query", "parallel_attn", "num_ln_in_parallel_attn",
+        "bias", "max_position_embeddings"}),
     _family("starcoder2", parse_starcoder2, _LLAMA | {"sliding_window", "norm_epsilon",
                                                       "use_bias"}),
 ]}

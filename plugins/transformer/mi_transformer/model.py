@@ -23,6 +23,7 @@ from mi_transformer.attention import AttnNames, LayerSettings, Masks, attention
 from mi_transformer.config import (BlockLayout, MlpLayout, Positions, RopeConfig, RopeLayout,
                                    TransformerConfig)
 from mi_transformer.mlp import ACTIVATIONS, mlp
+from mi_transformer.moe import MoeNames, moe
 from mi_transformer.rope import attention_scaling, cos_sin, inv_freq
 from mi_transformer.weights import LayerWeights, Weights
 
@@ -50,6 +51,11 @@ class TransformerBackend:
         self.max_positions = config.max_positions
         self.act = ACTIVATIONS[config.activation]
         self.names = [LayerNames.of(i) for i in range(config.num_layers)]
+        for i, n in enumerate(self.names):
+            if config.moe is not None and config.layer_moe and config.layer_moe[i]:
+                n.moe = MoeNames.of(i, config.moe.num_experts)
+            n.rotary = config.positions is Positions.ROPE and (
+                not config.layer_use_rope or config.layer_use_rope[i])
         self.settings = [LayerSettings.of(config, i) for i in range(config.num_layers)]
         self.inv_freqs = [inv_freq(r, config.rot_dim).to(device) for r in config.ropes]
         self._warned_long = False
@@ -113,24 +119,36 @@ class TransformerBackend:
         c, lw, n = self.config, self.w.layers[i], self.names[i]
         sequential = c.block is BlockLayout.SEQUENTIAL
         x = run.apply(n.resid_pre, x)
-        h = lw.ln1(x, run, n.ln1_scale, n.ln1_normalized, out_name=n.attn_in)
+        if lw.ln1 is not None:
+            h = lw.ln1(x, run, n.ln1_scale, n.ln1_normalized, out_name=n.attn_in)
+        else:  # no pre-norm (OLMo2): attention reads the residual stream itself
+            h = run.apply(n.attn_in, x)
         a = attention(lw.attn, h, rope, masks, run, n.attn, self.settings[i], explicit=explicit,
                       cache_update=cache_update, head_inputs=self._head_inputs(i, x, run))
         if lw.ln1_post is not None:
             a = lw.ln1_post(a, run, n.ln1_post_scale, n.ln1_post_normalized)
+        if c.residual_scale != 1.0:  # Granite: branch outputs scaled before the residual add
+            a = a * c.residual_scale
         a = run.apply(n.attn_out, a)
         if sequential:
             x = run.apply(n.resid_mid, x + a)
         mlp_in = run.apply(n.tl_mlp_in, x)  # resid_mid, or resid_pre in a parallel block
         if lw.ln2 is not None:
             h = lw.ln2(mlp_in, run, n.ln2_scale, n.ln2_normalized, out_name=n.mlp_in)
+        elif not c.pre_norms:
+            h = run.apply(n.mlp_in, mlp_in)
         else:  # one shared norm: the MLP reads ln1's output (recomputed if hook_mlp_in changed)
             if run.spec.has_intervention_at(n.tl_mlp_in):
                 h = lw.ln1(mlp_in)
             h = run.apply(n.mlp_in, h)
-        m = mlp(lw.mlp, h, self.act, run, n.mlp_pre, n.mlp_post, n.mlp_pre_linear)
+        if n.moe is not None:
+            m = moe(lw.mlp, h, self.act, run, n.moe)  # type: ignore[arg-type]
+        else:
+            m = mlp(lw.mlp, h, self.act, run, n.mlp_pre, n.mlp_post, n.mlp_pre_linear)
         if lw.ln2_post is not None:
             m = lw.ln2_post(m, run, n.ln2_post_scale, n.ln2_post_normalized)
+        if c.residual_scale != 1.0:
+            m = m * c.residual_scale
         m = run.apply(n.mlp_out, m)
         return run.apply(n.resid_post, x + m if sequential else x + (a + m))
 
@@ -183,7 +201,10 @@ class TransformerBackend:
         d, h, kv, hd = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
         if suffix.endswith("hook_scale"):
             heads = {"attn.q_ln.hook_scale": h, "attn.k_ln.hook_scale": kv}.get(suffix)
-            return (batch, seq, heads, 1) if heads else (batch, seq, 1)
+            return (batch, seq, heads, 1) if heads and not c.qk_norm_full else (batch, seq, 1)
+        if c.moe is not None and suffix in ("mlp.hook_router_logits", "mlp.hook_expert_weights",
+                                            "mlp.hook_expert_indices"):
+            return (batch, seq, c.moe.num_experts if suffix.endswith("logits") else c.moe.top_k)
         table: dict[str, tuple[int, ...]] = {
             "attn.hook_q": (batch, seq, h, hd), "attn.hook_rot_q": (batch, seq, h, hd),
             "attn.hook_z": (batch, seq, h, hd),
@@ -291,6 +312,8 @@ class TransformerBackend:
     def unembed(self, normalized: torch.Tensor) -> torch.Tensor:
         """[..., d_model] (after the final norm) -> logits [..., vocab], soft-capped if configured."""
         logits = F.linear(normalized, self.w.lm_head, self.w.lm_head_bias)
+        if self.config.logit_scale != 1.0:  # Granite 1 / logits_scaling, Cohere logit_scale
+            logits = logits * self.config.logit_scale
         cap = self.config.final_softcap
         return torch.tanh(logits / cap) * cap if cap is not None else logits
 
@@ -388,6 +411,8 @@ class LayerNames:
     v_input: str = ""
     tl_mlp_in: str = ""  # hook_mlp_in: resid_mid before ln2
     mlp_pre_linear: str = ""  # mlp.hook_pre_linear (gated MLPs)
+    moe: MoeNames | None = None  # router and expert points of a mixture-of-experts layer
+    rotary: bool = True  # False: no hook_rot_q / hook_rot_k (no rotary, or a NoPE layer)
 
     @classmethod
     def of(cls, i: int) -> "LayerNames":
@@ -417,21 +442,26 @@ class LayerNames:
         no ``hook_rot_*`` without rotary, no ``hook_resid_mid`` in a parallel block, no
         ``ln2`` points when the block shares one norm."""
         a = self.attn
-        out = [self.resid_pre, self.tl_attn_in, self.q_input, self.k_input, self.v_input,
-               self.ln1_scale, self.ln1_normalized, self.attn_in]
+        out = [self.resid_pre, self.tl_attn_in, self.q_input, self.k_input, self.v_input]
+        out += [self.ln1_scale, self.ln1_normalized] if c.pre_norms else []
+        out += [self.attn_in]
         out += [a.q_scale, a.k_scale] if c.qk_norm else []
         out += [a.q, a.k, a.v]
-        out += [a.rot_q, a.rot_k] if c.positions is Positions.ROPE else []
+        out += [a.rot_q, a.rot_k] if self.rotary else []
         out += [a.scores, a.pattern, a.z, a.result]
         out += [self.ln1_post_scale, self.ln1_post_normalized] if c.post_norms else []
         out += [self.attn_out]
         out += [self.resid_mid] if c.block is BlockLayout.SEQUENTIAL else []
         out += [self.tl_mlp_in]
-        if c.block is not BlockLayout.PARALLEL_SHARED_NORM:
+        if c.block is not BlockLayout.PARALLEL_SHARED_NORM and c.pre_norms:
             out += [self.ln2_scale, self.ln2_normalized]
-        out += [self.mlp_in, self.mlp_pre]
-        out += [self.mlp_pre_linear] if c.mlp_layout is not MlpLayout.PLAIN else []
-        out += [self.mlp_post]
+        out += [self.mlp_in]
+        if self.moe is not None:
+            out += self.moe.in_order(bool(c.moe and c.moe.shared_expert_size))
+        else:
+            out += [self.mlp_pre]
+            out += [self.mlp_pre_linear] if c.mlp_layout is not MlpLayout.PLAIN else []
+            out += [self.mlp_post]
         out += [self.ln2_post_scale, self.ln2_post_normalized] if c.post_norms else []
         out += [self.mlp_out, self.resid_post]
         return out

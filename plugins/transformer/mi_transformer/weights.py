@@ -25,6 +25,7 @@ from mi_core.loading import checked_tensor
 from mi_transformer.attention import AttnWeights
 from mi_transformer.config import BlockLayout, MlpLayout, Positions, QkvLayout, TransformerConfig
 from mi_transformer.mlp import MlpWeights
+from mi_transformer.moe import MoeWeights, expected_moe_shapes, load_moe
 from mi_transformer.norm import Norm
 
 
@@ -71,6 +72,8 @@ _CAUSAL_BUFFERS = (r"\.attn(ention)?\.(bias|masked_bias)$", r"rotary_emb\.inv_fr
 NAME_TABLES: dict[str, NameTable] = {
     "llama": NameTable(),
     "phi3": NameTable(),  # fused qkv_proj / gate_up_proj (QkvLayout / MlpLayout say which)
+    "olmo2": NameTable(ln1_post="post_attention_layernorm",  # post-norms only
+                       ln2_post="post_feedforward_layernorm"),
     "gemma2": NameTable(ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
                         ln2_post="post_feedforward_layernorm"),
     "starcoder2": NameTable(mlp_in="mlp.c_fc", mlp_out="mlp.c_proj"),
@@ -133,7 +136,8 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
     if cfg.positions is Positions.LEARNED:
         rows = (cfg.max_positions or 0) + cfg.position_offset
         out[t.pos_embed + ".weight"] = Entry("pos_embed", None, (rows, d))
-    out[t.final_norm + ".weight"] = Entry("final_norm.weight", None, (d,))
+    if cfg.norm_affine:  # OLMo's non-parametric LayerNorm has no tensors
+        out[t.final_norm + ".weight"] = Entry("final_norm.weight", None, (d,))
     if cfg.norm_bias:
         out[t.final_norm + ".bias"] = Entry("final_norm.bias", None, (d,))
     if not cfg.tie_word_embeddings:
@@ -151,8 +155,14 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
     norms = {"ln1": t.ln1}
     if cfg.block is not BlockLayout.PARALLEL_SHARED_NORM:
         norms["ln2"] = t.ln2
+    if not cfg.pre_norms:
+        norms = {}
     if cfg.post_norms:
         norms.update(ln1_post=t.ln1_post, ln2_post=t.ln2_post)
+    if not cfg.norm_affine:
+        norms = {}
+    # q/k norms per head [d_head], or over the whole projection (OLMo2, OLMoE)
+    qn, kn = ((h * hd,), (kv * hd,)) if cfg.qk_norm_full else ((hd,), (hd,))
     for i in range(cfg.num_layers):
         if cfg.qkv_layout is QkvLayout.SEPARATE:
             for slot, rows in (("q", h * hd), ("k", kv * hd), ("v", kv * hd)):
@@ -161,10 +171,15 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
             add(i, "qkv", t.qkv, _linear(t, (h + 2 * kv) * hd, d), cfg.qkv_bias)
         add(i, "o", t.o, _linear(t, d, h * hd), cfg.o_bias)
         if cfg.qk_norm:
-            add(i, "q_norm", t.q_norm, (hd,), False)
-            add(i, "k_norm", t.k_norm, (hd,), False)
+            add(i, "q_norm", t.q_norm, qn, False)
+            add(i, "k_norm", t.k_norm, kn, False)
         for slot, name in norms.items():
             add(i, slot, name, (d,), cfg.norm_bias)
+        if cfg.moe is not None and cfg.layer_moe and cfg.layer_moe[i]:
+            prefix = t.layer.format(i=i)  # slot "moe:<name inside the layer>"
+            for name, shape in expected_moe_shapes(prefix, cfg.moe, d).items():
+                out[name] = Entry("moe:" + name[len(prefix):], i, shape)
+            continue
         if cfg.mlp_layout is MlpLayout.GATED_FUSED:
             add(i, "gate_up", t.mlp_gate_up, _linear(t, 2 * m, d), cfg.mlp_bias)
         else:
@@ -288,10 +303,10 @@ class DictSource:
 
 @attrs.define(eq=False)
 class LayerWeights:
-    ln1: Norm
-    ln2: Norm | None  # None: parallel block with one shared norm
+    ln1: Norm | None  # None: no pre-norms (OLMo2)
+    ln2: Norm | None  # None: parallel block with one shared norm, or no pre-norms
     attn: AttnWeights
-    mlp: MlpWeights
+    mlp: MlpWeights | MoeWeights
     ln1_post: Norm | None = None
     ln2_post: Norm | None = None
 
@@ -359,6 +374,9 @@ def load_weights(cfg: TransformerConfig, src: TensorSource, device: torch.device
         return slots.get((layer, slot))
 
     def norm(layer: int | None, slot: str) -> Norm:
+        if not cfg.norm_affine:  # no gain in the checkpoint: 1 (same numbers as none)
+            return Norm(cfg.norm_type, cfg.norm_eps,
+                        torch.ones(cfg.hidden_size, dtype=dtype, device=device))
         return Norm(cfg.norm_type, cfg.norm_eps, slots[(layer, slot + ".weight")],
                     opt(layer, slot + ".bias"))
 
@@ -374,9 +392,12 @@ def load_weights(cfg: TransformerConfig, src: TensorSource, device: torch.device
         qn = Norm(cfg.norm_type, cfg.norm_eps, slots[(i, "q_norm.weight")]) if cfg.qk_norm else None
         kn = Norm(cfg.norm_type, cfg.norm_eps, slots[(i, "k_norm.weight")]) if cfg.qk_norm else None
         attn = AttnWeights(wq, wk, wv, slots[(i, "o.weight")], bq, bk, bv, opt(i, "o.bias"),
-                           qn, kn)
+                           qn, kn, qk_norm_full=cfg.qk_norm_full, clip=cfg.clip_qkv)
         m = cfg.intermediate_size
-        if cfg.mlp_layout is MlpLayout.GATED_FUSED:
+        mw: MlpWeights | MoeWeights
+        if cfg.moe is not None and cfg.layer_moe and cfg.layer_moe[i]:
+            mw = load_moe("", cfg.moe, lambda name, i=i: slots[(i, "moe:" + name)])
+        elif cfg.mlp_layout is MlpLayout.GATED_FUSED:
             gate, up = slots[(i, "gate_up.weight")].split([m, m], dim=0)
             bgu = opt(i, "gate_up.bias")
             bg, bu = bgu.split([m, m]) if bgu is not None else (None, None)
@@ -386,9 +407,12 @@ def load_weights(cfg: TransformerConfig, src: TensorSource, device: torch.device
             mw = MlpWeights(cfg.mlp_layout, slots[(i, "mlp_in.weight")],
                             slots[(i, "mlp_out.weight")], opt(i, "mlp_up.weight"),
                             opt(i, "mlp_in.bias"), opt(i, "mlp_up.bias"), opt(i, "mlp_out.bias"))
+        pre = cfg.pre_norms
         layers.append(LayerWeights(
-            ln1=norm(i, "ln1"),
-            ln2=norm(i, "ln2") if (i, "ln2.weight") in slots else None,
+            ln1=norm(i, "ln1") if pre else None,
+            ln2=norm(i, "ln2") if pre and ((i, "ln2.weight") in slots or not cfg.norm_affine
+                                           and cfg.block is not BlockLayout.PARALLEL_SHARED_NORM)
+            else None,
             attn=attn, mlp=mw,
             ln1_post=norm(i, "ln1_post") if cfg.post_norms else None,
             ln2_post=norm(i, "ln2_post") if cfg.post_norms else None))
