@@ -16,6 +16,7 @@ ACTIVATIONS: dict[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
     Activation.SILU: F.silu,
     Activation.GELU_TANH: lambda x: F.gelu(x, approximate="tanh"),
     Activation.GELU: F.gelu,
+    Activation.RELU: F.relu,
 }
 
 
