@@ -61,3 +61,41 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                 "moe_intermediate_size": 32, "norm_topk_prob": True}),
     "olmoe": ("olmoe", {"num_experts": 4, "num_experts_per_tok": 2, "clip_qkv": 1.0}),
 }
+
+# GPT-style families spell the sizes their own way (GPT-2's n_embd, OPT's ffn_dim, ...): their
+# entries give the whole config (no _COMMON). Bases and fractions away from the defaults so a
+# wrong one shows; every variant the issue names (NeoX parallel/sequential, Falcon 7B-style
+# multi-query / new decoder / sequential, StableLM sequential/parallel).
+_GPT2 = dict(n_embd=HIDDEN, n_head=HEADS, n_layer=LAYERS, n_positions=64, n_inner=D_MLP,
+             vocab_size=VOCAB, bos_token_id=1, eos_token_id=2)
+_SIZES = dict(hidden_size=HIDDEN, num_attention_heads=HEADS, num_hidden_layers=LAYERS,
+              vocab_size=VOCAB, max_position_embeddings=64, bos_token_id=1, eos_token_id=2)
+_NEOX = dict(_SIZES, intermediate_size=D_MLP,
+             rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                              "partial_rotary_factor": 0.5})
+_FALCON = dict(_SIZES, ffn_hidden_size=D_MLP, rope_parameters={"rope_type": "default",
+                                                                 "rope_theta": 700.0})
+_STABLELM = dict(_SIZES, intermediate_size=D_MLP, num_key_value_heads=KV_HEADS,
+                 use_qkv_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 900.0,
+                                                     "partial_rotary_factor": 0.25})
+GPT_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "gpt2": ("gpt2", _GPT2),
+    "gpt2_layer_scaled": ("gpt2", dict(_GPT2, scale_attn_by_inverse_layer_idx=True)),
+    "gpt_neox": ("gpt_neox", dict(_NEOX, use_parallel_residual=True)),
+    "gpt_neox_sequential": ("gpt_neox", dict(_NEOX, use_parallel_residual=False)),
+    "gptj": ("gptj", dict(_GPT2, rotary_dim=8)),
+    "phi": ("phi", dict(_SIZES, intermediate_size=D_MLP, num_key_value_heads=KV_HEADS,
+                        rope_parameters={"rope_type": "default", "rope_theta": 300.0,
+                                         "partial_rotary_factor": 0.5})),
+    "opt": ("opt", dict(_SIZES, ffn_dim=D_MLP, word_embed_proj_dim=HIDDEN)),
+    "falcon_7b": ("falcon", dict(_FALCON, multi_query=True, parallel_attn=True)),
+    "falcon_new_decoder": ("falcon", dict(_FALCON, new_decoder_architecture=True,
+                                          num_kv_heads=KV_HEADS)),
+    "falcon_sequential": ("falcon", dict(_FALCON, multi_query=False, parallel_attn=False,
+                                         bias=True)),
+    "stablelm": ("stablelm", _STABLELM),
+    "stablelm_parallel": ("stablelm", dict(_STABLELM, use_parallel_residual=True)),
+}
+FAMILIES.update(GPT_FAMILIES)
+FAMILIES["helium"] = ("helium", {"head_dim": 16})
+
