@@ -60,6 +60,15 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_moe": ("qwen3_moe", {"head_dim": 16, "num_experts": 8, "num_experts_per_tok": 3,
                                 "moe_intermediate_size": 32, "norm_topk_prob": True}),
     "olmoe": ("olmoe", {"num_experts": 4, "num_experts_per_tok": 2, "clip_qkv": 1.0}),
+    # LLaMA-like with twists; multipliers and bases far from their defaults so a wrong one shows
+    "olmo": ("olmo", {"clip_qkv": 0.5, "rope_theta": 300.0}),
+    "olmo2": ("olmo2", {"rope_theta": 500.0}),
+    "granite": ("granite", {"embedding_multiplier": 3.0, "residual_multiplier": 0.4,
+                            "attention_multiplier": 0.3, "logits_scaling": 2.5}),
+    # layer 1 without positions; the sliding window applies to NoPE layers only
+    "smollm3": ("smollm3", {"no_rope_layers": [1, 0, 1], "use_sliding_window": True,
+                            "sliding_window": WINDOW, "rope_theta": 700.0}),
+    "smollm3_interval": ("smollm3", {"no_rope_layers": None, "no_rope_layer_interval": 2}),
 }
 
 # GPT-style families spell the sizes their own way (GPT-2's n_embd, OPT's ffn_dim, ...): their

@@ -978,6 +978,71 @@ def parse_olmoe(r: ConfigReader) -> TransformerConfig:
     return _full(r, base)
 
 
+# ----------------------------------------------------------------------------------------
+# LLaMA-like families with twists: OLMo, OLMo2, Granite, SmolLM3
+# ----------------------------------------------------------------------------------------
+
+def _default_theta(r: ConfigReader, ropes: dict[str, RopeConfig], theta: float
+                   ) -> dict[str, RopeConfig]:
+    """A family whose transformers config defaults rope_theta to something other than 1e4."""
+    if not r.has("rope_parameters") and not r.has("rope_theta"):
+        return {k: attrs.evolve(v, theta=theta) for k, v in ropes.items()}
+    return ropes
+
+
+def parse_olmo(r: ConfigReader) -> TransformerConfig:
+    """OLMo: LayerNorm without weights or bias (eps fixed at 1e-5), optional clip_qkv."""
+    base = _base(r, "olmo")
+    bias = r.bool("attention_bias", False)
+    base.update(norm_type=NormType.LAYER_NORM, norm_affine=False, norm_eps=1e-5,
+                qkv_bias=bias, o_bias=bias, clip_qkv=r.float("clip_qkv", None, gt=0))
+    return _full(r, base)
+
+
+def parse_olmo2(r: ConfigReader) -> TransformerConfig:
+    """OLMo2: RMS norms after attention and MLP only (no pre-norms), q/k RMS norms over the
+    full projection width."""
+    base = _base(r, "olmo2", eps_default=1e-5)
+    bias = r.bool("attention_bias", False)
+    base.update(qkv_bias=bias, o_bias=bias, qk_norm=True, qk_norm_full=True, pre_norms=False,
+                post_norms=True, weight_names="olmo2")
+    return _full(r, base)
+
+
+def parse_granite(r: ConfigReader) -> TransformerConfig:
+    """Granite: embedding, residual-branch and attention multipliers and a logits divisor
+    (transformers' defaults: 1.0 each, so scores are scaled by 1, not head_dim**-0.5)."""
+    base = _base(r, "granite")
+    bias = r.bool("attention_bias", False)
+    base.update(qkv_bias=bias, o_bias=bias, mlp_bias=r.bool("mlp_bias", False),
+                embedding_scale=r.float("embedding_multiplier", 1.0, gt=0),
+                residual_scale=r.float("residual_multiplier", 1.0, gt=0),
+                attn_multiplier=r.float("attention_multiplier", 1.0, gt=0),
+                logit_scale=1.0 / r.float("logits_scaling", 1.0, gt=0))
+    return _full(r, base)
+
+
+def parse_smollm3(r: ConfigReader) -> TransformerConfig:
+    """SmolLM3: NoPE layers (``no_rope_layers[i] == 0``, else every
+    ``no_rope_layer_interval``-th layer), optional sliding window on the NoPE layers."""
+    base = _base(r, "smollm3", tie_default=True)
+    n = base["num_layers"]
+    bias = r.bool("attention_bias", False)
+    base.update(qkv_bias=bias, o_bias=bias, mlp_bias=r.bool("mlp_bias", False))
+    interval = r.int("no_rope_layer_interval", 4)
+    flags = r.list("no_rope_layers")
+    if flags is None:
+        flags = [int((i + 1) % interval != 0) for i in range(n)]
+    if len(flags) != n or not all(f in (0, 1) and not isinstance(f, float) for f in flags):
+        raise r.bad("no_rope_layers", flags, f"{n} entries of 0 (no rotary) or 1 (rotary)")
+    base["layer_use_rope"] = tuple(bool(f) for f in flags)
+    window = r.int("sliding_window", None) if r.bool("use_sliding_window", False) else None
+    r.read.add("sliding_window")  # present but unused when use_sliding_window is false
+    types = _layer_types(r, n, lambda i: window is not None and not flags[i])
+    ropes = _default_theta(r, _ropes_by_type(r), 2_000_000.0)
+    return _finish(r, base, types, ropes, window)
+
+
 _MOE_HARMLESS = {"output_router_logits", "router_aux_loss_coef", "router_jitter_noise"}
 _QWEN_WINDOWS = {"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"}
 
@@ -1036,6 +1101,15 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
         "_sliding_window_pattern", "rope_local_base_freq"},
         harmless={"cache_implementation"}),
     _family("phi3", parse_phi3, _LLAMA | {"sliding_window", "original_max_position_embeddings"}),
+    _family("olmo", parse_olmo, _LLAMA | {"clip_qkv"},
+            note="non-parametric LayerNorm, clip_qkv"),
+    _family("olmo2", parse_olmo2, _LLAMA, note="post-norms only, full-width q/k norms"),
+    _family("granite", parse_granite, _LLAMA | {
+        "embedding_multiplier", "residual_multiplier", "attention_multiplier",
+        "logits_scaling"}),
+    _family("smollm3", parse_smollm3, _LLAMA | {
+        "no_rope_layers", "no_rope_layer_interval", "use_sliding_window", "sliding_window",
+        "layer_types"}, note="NoPE layers"),
     _family("mixtral", parse_mixtral, _LLAMA | {"sliding_window", "num_local_experts",
                                                 "num_experts_per_tok"}, harmless=_MOE_HARMLESS),
     _family("qwen2_moe", parse_qwen2_moe, _LLAMA | _QWEN_WINDOWS | {
