@@ -73,9 +73,11 @@ def _boot(directory: Path, tokenizer=None):
 
 
 def _compare(model: mi.MIModel, directory: Path, ids: torch.Tensor, atol: float, rtol: float,
-             tokenizer=None) -> None:
+             tokenizer=None, layer_points: list[str] = LAYER_POINTS,
+             global_points: list[str] = GLOBAL_POINTS) -> None:
     bridge = _boot(directory, tokenizer)
-    names = GLOBAL_POINTS + [f"blocks.{i}.{p}" for i in range(model.num_layers) for p in LAYER_POINTS]
+    names = global_points + [f"blocks.{i}.{p}" for i in range(model.num_layers)
+                             for p in layer_points]
     with torch.no_grad():
         ref_logits, ref = bridge.run_with_cache(ids)
     logits, ours = model.run_with_cache(ids, names_filter=names)
@@ -107,3 +109,32 @@ def test_smollm2_hook_values_match_transformer_bridge(smollm2, smollm2_gguf_path
     n = min(len(r) for r in rows)
     _compare(smollm2, smollm2_hf_dir(smollm2_gguf_path), torch.tensor([r[:n] for r in rows]),
              atol=1e-4, rtol=1e-5)
+
+
+# GPT-2 has no rotary (no hook_rot_*; learned positions at hook_pos_embed) and a plain MLP (no
+# hook_pre_linear); Pythia's parallel block has no hook_resid_mid; its hook_q / hook_k are
+# before the (partial) rotary on both sides.
+_GPT2_POINTS = [p for p in LAYER_POINTS
+                if p not in ("attn.hook_rot_q", "attn.hook_rot_k", "mlp.hook_pre_linear")]
+_NEOX_POINTS = [p for p in _GPT2_POINTS if p != "hook_resid_mid"]
+
+
+@pytest.mark.parametrize("name, points, extra", [
+    ("gpt2", _GPT2_POINTS, ["hook_pos_embed"]),
+    ("gpt_neox", _NEOX_POINTS, []),
+])
+def test_gpt2_and_pythia_hook_values_match_transformer_bridge(tiny, make_ids, tmp_path, name,
+                                                              points, extra) -> None:
+    """The names TransformerBridge shares with us for GPT-2 and GPT-NeoX (Pythia), on a tiny
+    random checkpoint of each, agree in value (< 1e-4)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    t = tiny(name)
+    directory = tmp_path / name  # a copy with a tokenizer saved next to the weights
+    shutil.copytree(t.path, directory)
+    _dummy_tokenizer().save_pretrained(directory)
+    tok = AutoTokenizer.from_pretrained(str(directory))
+    _compare(t.load(), directory, make_ids(2, 12), atol=1e-4, rtol=0.0, tokenizer=tok,
+             layer_points=points, global_points=GLOBAL_POINTS + extra)
