@@ -113,7 +113,9 @@ class Masks:
 def safe_softmax(scores: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim, in float32 as transformers' eager attention does; a row that
     is all -inf gives zeros, not NaN."""
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).nan_to_num_(0.0).to(scores.dtype)
+    p = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    # in place unless autograd needs the softmax output for its backward
+    return (p.nan_to_num(0.0) if p.requires_grad else p.nan_to_num_(0.0)).to(scores.dtype)
 
 
 @attrs.frozen

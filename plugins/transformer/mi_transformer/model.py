@@ -321,6 +321,12 @@ class TransformerBackend:
         """Residual stream [..., d_model] -> logits [..., vocab] (the logit lens)."""
         return self.unembed(self.final_norm(x))
 
+    def process_weights(self, **flags: bool) -> None:
+        """TransformerLens' weight processing, in place (mi_transformer.processing)."""
+        from mi_transformer.processing import process_weights
+
+        process_weights(self, **flags)
+
     def get_weight(self, name: str, layer: int | None = None) -> torch.Tensor:
         """A weight in TransformerLens naming and layout (a view where possible).
 
