@@ -109,3 +109,69 @@ def test_malformed_family_keys_are_config_errors_naming_the_key(tiny, name, bad,
     cfg = {**tiny(name).config, **bad}
     with pytest.raises(ConfigError, match=match):
         parse_config(cfg)
+
+
+# -- Gemma 3 multimodal checkpoints: the language model inside --------------------------------
+
+@pytest.fixture(scope="module")
+def gemma3_mm(tmp_path_factory):
+    """A tiny Gemma3ForConditionalGeneration (vision tower included) saved the hub way."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    from tests.support.tiny_families import VOCAB, WINDOW
+    from tests.transformer.conftest import Tiny, _randomise
+
+    text = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=VOCAB,
+                sliding_window=WINDOW, query_pre_attn_scalar=8, max_position_embeddings=64,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14)
+    cfg = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                       image_token_index=VOCAB - 1, boi_token_index=VOCAB - 3,
+                       eoi_token_index=VOCAB - 2)
+    torch.manual_seed(0)
+    hf = Gemma3ForConditionalGeneration(cfg).eval()
+    hf.config._attn_implementation = "eager"
+    _randomise(hf, 0)
+    path = tmp_path_factory.mktemp("gemma3_mm") / "gemma3_mm"
+    hf.save_pretrained(path)
+    return Tiny("gemma3_mm", path, hf)
+
+
+def test_gemma3_multimodal_checkpoint_loads_its_language_model(gemma3_mm, make_ids):
+    from safetensors import safe_open
+
+    with safe_open(str(gemma3_mm.path / "model.safetensors"), "pt") as f:
+        assert any(k.startswith("vision_tower.") for k in f.keys())  # really multimodal
+    cache = assert_matches_transformers(gemma3_mm, make_ids(2, 16, seed=33))
+    assert cache.output.shape[-1] == gemma3_mm.hf.config.text_config.vocab_size
+
+
+def test_gemma3_multimodal_left_padding_rows_equal_running_alone(gemma3_mm, make_ids):
+    assert_left_padding_rows_alone(gemma3_mm.load(), [make_ids(1, 14, seed=5)[0],
+                                                      make_ids(1, 8, seed=6)[0]])
+
+
+def test_gemma3_hub_style_short_text_config_gets_transformers_defaults():
+    """google/gemma-3-4b-it's text_config lists only a few keys; the rest are
+    Gemma3TextConfig's defaults, as transformers fills them in."""
+    from transformers import Gemma3Config
+
+    text = {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+            "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+            "sliding_window": 1024}
+    cfg = {"model_type": "gemma3", "text_config": text, "vision_config": {"model_type":
+           "siglip_vision_model"}, "mm_tokens_per_image": 256, "image_token_index": 262144}
+    ours = parse_config(cfg)
+    ref = Gemma3Config(text_config=dict(text)).text_config
+    assert (ours.num_heads, ours.num_kv_heads, ours.head_dim, ours.vocab_size) == (
+        ref.num_attention_heads, ref.num_key_value_heads, ref.head_dim, ref.vocab_size)
+    assert ours.attn_scale == ref.query_pre_attn_scalar ** -0.5
+    assert ours.layer_windows[:6] == (1024,) * 5 + (None,)
+
+
+def test_gemma3_without_text_config_is_a_config_error():
+    with pytest.raises(ConfigError, match="text_config"):
+        parse_config({"model_type": "gemma3", "vision_config": {}})

@@ -1043,6 +1043,39 @@ def parse_smollm3(r: ConfigReader) -> TransformerConfig:
     return _finish(r, base, types, ropes, window)
 
 
+#: transformers' Gemma3TextConfig defaults for the keys hub Gemma 3 multimodal checkpoints
+#: leave out of their (short) text_config (e.g. google/gemma-3-4b-it lists only sizes,
+#: rope_scaling and sliding_window).
+_GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262208, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+}
+#: Multimodal keys of a Gemma 3 config that only matter with images (the vision tower and the
+#: projector are not run; their tensors are ignored by the "gemma3_mm" weight table).
+_GEMMA3_MM_KEYS = {"vision_config", "boi_token_index", "eoi_token_index", "image_token_index",
+                   "mm_tokens_per_image", "boi_token_id", "eoi_token_id", "image_token_id"}
+
+
+def parse_gemma3(r: ConfigReader) -> TransformerConfig:
+    """Gemma 3 multimodal checkpoints (``model_type: gemma3``): the language model inside,
+    parsed from ``text_config`` exactly as ``gemma3_text``; text-only forward (image tokens
+    are ordinary tokens here, the vision tower is not loaded)."""
+    tc = r.mapping("text_config")
+    if tc is None:
+        raise ConfigError(f"{r.src}: gemma3 config lacks 'text_config' (the language model)")
+    sub = r.sub("text_config", {**_GEMMA3_TEXT_DEFAULTS, **tc})
+    cfg = parse_gemma3_text(sub)
+    unknown = sub.unread(FAMILIES["gemma3_text"].harmless)
+    if unknown:
+        raise UnknownKeysError(f"{sub.src}: keys that change the numbers and are not "
+                               f"implemented (or are unknown): {', '.join(unknown)}", unknown)
+    r.read.update(_GEMMA3_MM_KEYS)
+    tie = r.bool("tie_word_embeddings", cfg.tie_word_embeddings)
+    return attrs.evolve(cfg, model_type="gemma3", weight_names="gemma3_mm",
+                        tie_word_embeddings=tie)
+
+
 _MOE_HARMLESS = {"output_router_logits", "router_aux_loss_coef", "router_jitter_noise"}
 _QWEN_WINDOWS = {"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"}
 
@@ -1101,6 +1134,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
         "_sliding_window_pattern", "rope_local_base_freq"},
         harmless={"cache_implementation"}),
     _family("phi3", parse_phi3, _LLAMA | {"sliding_window", "original_max_position_embeddings"}),
+    _family("gemma3", parse_gemma3, {"text_config", "tie_word_embeddings", *_GEMMA3_MM_KEYS},
+            note="multimodal checkpoint: the language model only"),
     _family("olmo", parse_olmo, _LLAMA | {"clip_qkv"},
             note="non-parametric LayerNorm, clip_qkv"),
     _family("olmo2", parse_olmo2, _LLAMA, note="post-norms only, full-width q/k norms"),

@@ -77,6 +77,16 @@ NAME_TABLES: dict[str, NameTable] = {
     "gemma2": NameTable(ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
                         ln2_post="post_feedforward_layernorm"),
     "starcoder2": NameTable(mlp_in="mlp.c_fc", mlp_out="mlp.c_proj"),
+    # Gemma 3 multimodal: the language model's tensors under language_model.; the vision
+    # tower and projector are ignored (the forward is text-only)
+    "gemma3_mm": NameTable(embed="language_model.model.embed_tokens",
+                           final_norm="language_model.model.norm",
+                           lm_head="language_model.lm_head",
+                           layer="language_model.model.layers.{i}.",
+                           ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
+                           ln2_post="post_feedforward_layernorm",
+                           ignore=(r"^vision_tower\.", r"^multi_modal_projector\.",
+                                   r"rotary_emb\.inv_freq$")),
     "gpt2": NameTable(embed="transformer.wte", pos_embed="transformer.wpe",
                       final_norm="transformer.ln_f", layer="transformer.h.{i}.", ln1="ln_1",
                       ln2="ln_2", qkv="attn.c_attn", o="attn.c_proj", mlp_in="mlp.c_fc",
