@@ -69,6 +69,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "smollm3": ("smollm3", {"no_rope_layers": [1, 0, 1], "use_sliding_window": True,
                             "sliding_window": WINDOW, "rope_theta": 700.0}),
     "smollm3_interval": ("smollm3", {"no_rope_layers": None, "no_rope_layer_interval": 2}),
+    "cohere": ("cohere", {"logit_scale": 0.3, "rope_theta": 400.0}),
+    "cohere_qk_norm": ("cohere", {"logit_scale": 0.3, "rope_theta": 400.0, "use_qk_norm": True}),
 }
 
 # GPT-style families spell the sizes their own way (GPT-2's n_embd, OPT's ffn_dim, ...): their

@@ -1,4 +1,5 @@
-"""LLaMA-like families with twists (OLMo, OLMo2, Granite, SmolLM3) against transformers.
+"""LLaMA-like families with twists (OLMo, OLMo2, Granite, SmolLM3, Cohere, Gemma 3
+multimodal) against transformers.
 
 Reference: the tiny random checkpoints of tests/support/tiny_families.py loaded by
 transformers (eager attention, F32, multipliers / bases away from their defaults so that a
@@ -18,7 +19,8 @@ from mi_core.errors import ConfigError
 from mi_transformer.config import parse_config
 from tests.support.family_checks import assert_left_padding_rows_alone, assert_matches_transformers
 
-FAMILIES = ["olmo", "olmo2", "granite", "smollm3", "smollm3_interval"]
+FAMILIES = ["olmo", "olmo2", "granite", "smollm3", "smollm3_interval", "cohere",
+            "cohere_qk_norm"]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,7 @@ def test_left_padding_rows_equal_running_alone(loaded, make_ids, name):
                                                   make_ids(1, 8, seed=6)[0]])
 
 
-@pytest.mark.parametrize("name", ["smollm3", "olmo2", "granite"])
+@pytest.mark.parametrize("name", ["smollm3", "olmo2", "granite", "cohere_qk_norm"])
 def test_greedy_generation_equals_transformers(tiny, loaded, make_ids, name):
     """8 prompt + 10 new tokens with the KV cache: past SmolLM3's window on its NoPE layer."""
     t, model = tiny(name), loaded(name)
@@ -75,6 +77,20 @@ def test_olmo2_has_post_norms_and_full_width_qk_norms_only(loaded, make_ids):
                           mi.HookSpec().capture("blocks.0.attn.q_ln.hook_scale"))
     assert cache["blocks.0.attn.q_ln.hook_scale"].shape == (2, 5, 1)  # one norm over all heads
     assert model.backend.hook_shape("blocks.0.attn.q_ln.hook_scale", 2, 5) == (2, 5, 1)
+
+
+def test_cohere_parallel_block_with_one_shared_norm_and_per_head_qk_norms(loaded, make_ids):
+    model = loaded("cohere_qk_norm")
+    names = {p.name for p in model.hook_points()}
+    assert "blocks.0.hook_resid_mid" not in names and "blocks.0.ln2.hook_scale" not in names
+    pts = ["blocks.0.attn.q_ln.hook_scale", "blocks.0.attn.k_ln.hook_scale",
+           "blocks.0.hook_resid_pre", "blocks.0.hook_attn_out", "blocks.0.hook_mlp_out",
+           "blocks.0.hook_resid_post"]
+    cache = model.forward(make_ids(2, 6, seed=8), mi.HookSpec().capture_all(pts))
+    assert cache[pts[0]].shape == (2, 6, 4, 1) and cache[pts[1]].shape == (2, 6, 2, 1)
+    parallel = cache[pts[2]] + cache[pts[3]] + cache[pts[4]]  # both branches read resid_pre
+    assert (parallel - cache[pts[5]]).abs().max().item() < 1e-5
+    assert model.backend.w.layers[0].attn.q_norm.weight.shape == (4, 16)
 
 
 def test_smollm3_nope_layer_has_no_rotary_points(loaded):

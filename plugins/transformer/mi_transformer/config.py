@@ -171,6 +171,7 @@ class TransformerConfig:
     attn_multiplier: float | None = None  # scores scaled by this, not head_dim**-0.5 (Granite)
     logit_scale: float = 1.0  # logits multiplied by this (Granite: 1 / logits_scaling)
     layer_use_rope: tuple[bool, ...] = ()  # per layer, False = no positions (SmolLM3); () = all
+    qk_norm_heads: bool = False  # q/k norm gains per head, [heads, d_head] (Cohere)
     moe: MoeConfig | None = None  # the mixture-of-experts MLP of the layers layer_moe marks
     layer_moe: tuple[bool, ...] = ()  # per layer, True = MoE MLP; () = all dense
 
@@ -947,7 +948,9 @@ def parse_mixtral(r: ConfigReader) -> TransformerConfig:
     moe = _moe(r, ("num_local_experts",), "intermediate_size", None, block="block_sparse_moe",
                expert_names=("w1", "w3", "w2"))
     base.update(moe=moe, layer_moe=(True,) * base["num_layers"])
-    return _all_sliding(r, base)
+    window = r.int("sliding_window", None)
+    types = ["sliding_attention" if window else "full_attention"] * base["num_layers"]
+    return _finish(r, base, types, _default_theta(r, _ropes_by_type(r), 1_000_000.0), window)
 
 
 def parse_qwen2_moe(r: ConfigReader) -> TransformerConfig:
@@ -1076,6 +1079,20 @@ def parse_gemma3(r: ConfigReader) -> TransformerConfig:
                         tie_word_embeddings=tie)
 
 
+def parse_cohere(r: ConfigReader) -> TransformerConfig:
+    """Cohere (Command R): parallel attention and MLP reading one shared LayerNorm without
+    bias, GPT-J's interleaved rotary, logits multiplied by logit_scale, optional per-head
+    LayerNorms of q and k (use_qk_norm, gains [heads, d_head])."""
+    base = _base(r, "cohere", eps_key="layer_norm_eps", eps_default=1e-5, tie_default=True)
+    bias = r.bool("attention_bias", False)
+    qk = r.bool("use_qk_norm", False)
+    base.update(norm_type=NormType.LAYER_NORM, block=BlockLayout.PARALLEL_SHARED_NORM,
+                rope_layout=RopeLayout.INTERLEAVED, qkv_bias=bias, o_bias=bias, qk_norm=qk,
+                qk_norm_heads=qk, logit_scale=r.float("logit_scale", 0.0625, gt=0))
+    types = ["full_attention"] * base["num_layers"]
+    return _finish(r, base, types, _default_theta(r, _ropes_by_type(r), 500_000.0), None)
+
+
 _MOE_HARMLESS = {"output_router_logits", "router_aux_loss_coef", "router_jitter_noise"}
 _QWEN_WINDOWS = {"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"}
 
@@ -1134,6 +1151,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
         "_sliding_window_pattern", "rope_local_base_freq"},
         harmless={"cache_implementation"}),
     _family("phi3", parse_phi3, _LLAMA | {"sliding_window", "original_max_position_embeddings"}),
+    _family("cohere", parse_cohere, _LLAMA | {"layer_norm_eps", "use_qk_norm", "logit_scale"},
+            note="parallel block, one shared LayerNorm, interleaved rotary"),
     _family("gemma3", parse_gemma3, {"text_config", "tie_word_embeddings", *_GEMMA3_MM_KEYS},
             note="multimodal checkpoint: the language model only"),
     _family("olmo", parse_olmo, _LLAMA | {"clip_qkv"},

@@ -76,7 +76,12 @@ class Norm:
         elif self.kind is NormType.LAYER_NORM:
             if want_norm:  # capture only: the output keeps transformers' fused arithmetic
                 run.apply(normalized_name, self._normalized(x))  # type: ignore[union-attr]
-            y = F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+            if self.weight.dim() == 1:
+                y = F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+            else:  # gains per head [heads, d], normalising over d only (Cohere's q/k norms)
+                y = F.layer_norm(x, x.shape[-1:], None, None, self.eps) * self.gain
+                if self.bias is not None:
+                    y = y + self.bias
         else:
             n = self._normalized(x)
             if want_norm:
@@ -89,6 +94,6 @@ class Norm:
     def _normalized(self, x: torch.Tensor) -> torch.Tensor:
         """x / scale before the gain (centred for LayerNorm), in x's dtype."""
         if self.kind is NormType.LAYER_NORM:
-            return F.layer_norm(x, self.weight.shape, None, None, self.eps)
+            return F.layer_norm(x, x.shape[-1:], None, None, self.eps)
         xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         return (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)).to(x.dtype)

@@ -66,7 +66,7 @@ class NameTable:
     ignore: tuple[str, ...] = (r"rotary_emb\.inv_freq$",)
 
 
-_CAUSAL_BUFFERS = (r"\.attn(ention)?\.(bias|masked_bias)$", r"rotary_emb\.inv_freq$")
+_CAUSAL_BUFFERS = (r"\.att(n|ention)\.(bias|masked_bias)$", r"rotary_emb\.inv_freq$")
 
 #: weight_names -> table. Adding a family that names its tensors differently is one entry.
 NAME_TABLES: dict[str, NameTable] = {
@@ -173,6 +173,8 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
         norms = {}
     # q/k norms per head [d_head], or over the whole projection (OLMo2, OLMoE)
     qn, kn = ((h * hd,), (kv * hd,)) if cfg.qk_norm_full else ((hd,), (hd,))
+    if cfg.qk_norm_heads:  # a gain per head (Cohere)
+        qn, kn = (h, hd), (kv, hd)
     for i in range(cfg.num_layers):
         if cfg.qkv_layout is QkvLayout.SEPARATE:
             for slot, rows in (("q", h * hd), ("k", kv * hd), ("v", kv * hd)):
