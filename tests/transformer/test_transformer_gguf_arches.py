@@ -1,5 +1,5 @@
-"""GGUF files of every supported architecture (llama, qwen2, qwen3, gemma2, phi3), written here
-with the `gguf` package's GGUFWriter the way llama.cpp's convert_hf_to_gguf.py writes them.
+"""GGUF files of every supported architecture (llama, qwen2, qwen3, gemma2, phi3, gpt2), written
+here with the `gguf` package's GGUFWriter the way llama.cpp's convert_hf_to_gguf.py writes them.
 
 Tensor names come from ``gguf.get_tensor_name_map`` (the package's own HF -> GGUF table, an
 independent reference for our reverse map); the converter's changes are redone here: LLaMA's
@@ -20,7 +20,7 @@ import torch
 import mi_core as mi
 from mi_core.errors import ConfigError, MIError
 from mi_transformer.gguf import read_gguf
-from tests.support.tiny_families import FAMILIES, WINDOW
+from tests.support.tiny_families import FAMILIES, GPT_FAMILIES, WINDOW
 from tests.transformer.conftest import make_tiny
 
 gguf = pytest.importorskip("gguf")
@@ -38,6 +38,7 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
                                     "final_logit_softcapping": 5.0}),
     "phi3": ("phi3", "phi3", {}),
     "phi3_longrope": ("phi3", "phi3", FAMILIES["phi3_longrope"][1]),
+    "gpt2": ("gpt2", "gpt2", GPT_FAMILIES["gpt2"][1]),
 }
 
 
@@ -68,6 +69,8 @@ def write_gguf(t: Any, arch: str, out: Path, meta: dict[str, Any] | None = None,
 
     cfg = t.hf.config
     sd = load_file(str(t.path / "model.safetensors"))
+    if arch == "gpt2":
+        return _write_gpt2(t, out, meta)
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     kv = {f"{arch}.context_length": (cfg.max_position_embeddings, "UINT32"),
           f"{arch}.embedding_length": (cfg.hidden_size, "UINT32"),
@@ -114,6 +117,43 @@ def write_gguf(t: Any, arch: str, out: Path, meta: dict[str, Any] | None = None,
         if arch == "gemma2" and "norm" in name:
             a = a + 1  # convert_hf_to_gguf's Gemma2Model.modify_tensors
         w.add_tensor(name, np.ascontiguousarray(a))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def _write_gpt2(t: Any, out: Path, meta: dict[str, Any] | None) -> Path:
+    """GPT-2 as convert_hf_to_gguf's GPT2Model writes it: Conv1D weights transposed to
+    [out, in], the tied embedding written a second time as output.weight."""
+    from safetensors.torch import load_file
+
+    cfg = t.hf.config
+    sd = load_file(str(t.path / "model.safetensors"))
+    w = gguf.GGUFWriter(str(out), "gpt2")
+    kv = {"gpt2.context_length": (cfg.n_positions, "UINT32"),
+          "gpt2.embedding_length": (cfg.n_embd, "UINT32"),
+          "gpt2.feed_forward_length": (cfg.n_inner or 4 * cfg.n_embd, "UINT32"),
+          "gpt2.block_count": (cfg.n_layer, "UINT32"),
+          "gpt2.attention.head_count": (cfg.n_head, "UINT32"),
+          "gpt2.attention.layer_norm_epsilon": (cfg.layer_norm_epsilon, "FLOAT32")}
+    kv.update(meta or {})
+    for key, (value, vtype) in kv.items():
+        w.add_key_value(key, value, gguf.GGUFValueType[vtype])
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(_byte_tokens(cfg.vocab_size))
+    w.add_token_types([1] * cfg.vocab_size)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2, cfg.n_layer)
+    for hf, tensor in sd.items():
+        name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
+        assert name is not None, hf
+        a = tensor.float().numpy()
+        if a.ndim == 2 and name.startswith("blk."):
+            a = a.T
+        w.add_tensor(name, np.ascontiguousarray(a))
+        if name == "token_embd.weight":
+            w.add_tensor("output.weight", np.ascontiguousarray(a))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -18,8 +18,8 @@ What this does, in order:
    the same file (byte-level BPE for ``tokenizer.ggml.model == "gpt2"``, sentencepiece BPE
    with byte fallback for ``"llama"``), so ids agree.
 
-Architectures: llama, qwen2, qwen3, gemma2, phi3 (:data:`GGUF_ARCHES`); others are refused by
-name. Metadata values of the wrong type are a ConfigError naming the key.
+Architectures: llama, qwen2, qwen3, gemma2, phi3, gpt2 (:data:`GGUF_ARCHES`); others are
+refused by name. Metadata values of the wrong type are a ConfigError naming the key.
 """
 
 from __future__ import annotations
@@ -370,6 +370,9 @@ class GgufArch:
     permute_qk: bool = False
     norm_offset: float = 0.0
     configure: Callable[["_Meta", dict[str, Any], set[str]], None] | None = None
+    layer_prefix: str = "model.layers.{i}."
+    global_names: Mapping[str, str] | None = None  # None: LLaMA's (_GLOBAL_NAMES)
+    transpose_linear: bool = False  # GPT-2: llama.cpp stored the Conv1D weights as [out, in]
 
 
 _LLAMA_LAYER = {
@@ -413,6 +416,19 @@ def _phi3_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
         cfg["original_max_position_embeddings"] = orig
 
 
+def _gpt2_config(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    """GPT-2 spells its config its own way; llama.cpp's converter also writes the (tied)
+    embedding a second time as output.weight, which is then loaded untied (same numbers)."""
+    cfg.update({
+        "n_embd": cfg.pop("hidden_size"), "n_head": cfg.pop("num_attention_heads"),
+        "n_layer": cfg.pop("num_hidden_layers"), "n_inner": cfg.pop("intermediate_size"),
+        "n_positions": cfg.pop("max_position_embeddings"),
+        "layer_norm_epsilon": m.float("attention.layer_norm_epsilon", 1e-5),
+        "activation_function": "gelu_new"})
+    for k in ("num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "rope_theta"):
+        cfg.pop(k, None)
+
+
 GGUF_ARCHES: dict[str, GgufArch] = {
     "llama": GgufArch("llama", "LlamaForCausalLM", _LLAMA_LAYER, permute_qk=True,
                       configure=_llama_extra),
@@ -428,6 +444,15 @@ GGUF_ARCHES: dict[str, GgufArch] = {
         "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
         "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
         "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}, configure=_phi3_extra),
+    "gpt2": GgufArch("gpt2", "GPT2LMHeadModel", {
+        "attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
+        "ffn_norm": "ln_2", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
+        configure=_gpt2_config, layer_prefix="transformer.h.{i}.", transpose_linear=True,
+        global_names={"token_embd.weight": "transformer.wte.weight",
+                      "position_embd.weight": "transformer.wpe.weight",
+                      "output_norm.weight": "transformer.ln_f.weight",
+                      "output_norm.bias": "transformer.ln_f.bias",
+                      "output.weight": "lm_head.weight"}),
 }
 
 
@@ -442,12 +467,14 @@ def gguf_arch(header: GgufHeader) -> GgufArch:
 def hf_name(gguf_name: str, arch: GgufArch | None = None) -> str | None:
     """The HF name of a llama.cpp tensor under `arch` (default LLaMA), or None when it has none."""
     arch = arch or GGUF_ARCHES["llama"]
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
+    glob = arch.global_names if arch.global_names is not None else _GLOBAL_NAMES
+    if gguf_name in glob:
+        return glob[gguf_name]
     parts = gguf_name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and \
             parts[3] in ("weight", "bias") and parts[2] in arch.layer_names:
-        return f"model.layers.{int(parts[1])}.{arch.layer_names[parts[2]]}.{parts[3]}"
+        prefix = arch.layer_prefix.format(i=int(parts[1]))
+        return f"{prefix}{arch.layer_names[parts[2]]}.{parts[3]}"
     return None
 
 
@@ -609,7 +636,7 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32) -> GgufCheckpoint:
             if att is not None:
                 cfg["rope_scaling"]["attention_factor"] = att
     shapes = expected_shapes(parse_config(cfg, f"{path} (config from GGUF metadata)"))
-    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    heads, kv_heads = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads")
     tensors: dict[str, torch.Tensor] = {}
     quant: dict[str, str] = {}
     body = [t for t in header.tensors if t.name not in special]
@@ -619,6 +646,8 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32) -> GgufCheckpoint:
         name = hf_name(t.name, arch)
         assert name is not None
         w = torch.from_numpy(arr)
+        if arch.transpose_linear and w.dim() == 2 and t.name.startswith("blk."):
+            w = w.t().contiguous()  # back to the checkpoint's Conv1D [in, out]
         want = shapes.get(name)
         if want is None and not (name == "lm_head.weight" and cfg["tie_word_embeddings"]):
             raise WeightLoadError(f"{path}: tensor {t.name!r} ({name}) is not used by this "
