@@ -70,10 +70,6 @@ class RwkvConfig:
             raise ConfigError(f"RwkvConfig: num_heads {self.num_heads} x head_dim "
                               f"{self.head_dim} != hidden_size {self.hidden_size}")
 
-    @property
-    def attention_size(self) -> int:
-        return self.num_heads * self.head_dim
-
 
 #: Bookkeeping keys of any HF ``config.json`` that never change the forward.
 GENERIC_HARMLESS = frozenset({

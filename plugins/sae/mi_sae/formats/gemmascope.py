@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from mi_core.errors import DictionaryError
 from mi_core.hooks import HookPoint
 from mi_core.registry import Detection, DictionaryFormat
 from mi_sae.formats._common import (Fields, detection, folder_of, json_config, read_npz,
