@@ -38,6 +38,7 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
                                     "final_logit_softcapping": 5.0}),
     "phi3": ("phi3", "phi3", {}),
     "phi3_longrope": ("phi3", "phi3", FAMILIES["phi3_longrope"][1]),
+    "qwen2_yarn": ("qwen2", "qwen2", FAMILIES["qwen2_yarn"][1]),
     "gpt2": ("gpt2", "gpt2", GPT_FAMILIES["gpt2"][1]),
 }
 
@@ -89,6 +90,11 @@ def write_gguf(t: Any, arch: str, out: Path, meta: dict[str, Any] | None = None,
         kv[f"{arch}.final_logit_softcapping"] = (cfg.final_logit_softcapping, "FLOAT32")
         kv[f"{arch}.attention.sliding_window"] = (cfg.sliding_window, "UINT32")
     rp = cfg.rope_parameters
+    if rp.get("rope_type") == "yarn":  # llama.cpp's yarn keys (convert_hf_to_gguf)
+        kv[f"{arch}.rope.scaling.type"] = ("yarn", "STRING")
+        kv[f"{arch}.rope.scaling.factor"] = (rp["factor"], "FLOAT32")
+        kv[f"{arch}.rope.scaling.original_context_length"] = (
+            rp["original_max_position_embeddings"], "UINT32")
     if rp.get("rope_type") == "longrope":
         kv[f"{arch}.rope.scaling.original_context_length"] = (
             rp["original_max_position_embeddings"], "UINT32")

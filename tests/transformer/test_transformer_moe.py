@@ -178,3 +178,12 @@ def test_malformed_moe_config_is_a_config_error_naming_the_key(tiny, bad, match)
     cfg.update(bad)
     with pytest.raises(ConfigError, match=match):
         parse_config(cfg)
+
+
+def test_dense_mlp_weights_of_an_moe_layer_are_a_weight_load_error(loaded):
+    from mi_core.errors import WeightLoadError
+
+    model = loaded("qwen2_moe")
+    with pytest.raises(WeightLoadError, match="mixture-of-experts"):
+        model.backend.get_weight("W_in", 0)
+    assert model.backend.get_weight("W_in", 1).shape == (model.hidden_size, 96)  # dense layer

@@ -367,10 +367,16 @@ class TransformerBackend:
             "W_gate": lambda: m.w_in.T if m.w_up is not None else None,
             "W_up": lambda: None if m.w_up is None else m.w_up.T, "b_up": lambda: m.b_up,
             "W_out": lambda: m.w_out.T, "b_out": lambda: m.b_out,
-            "ln1.w": lambda: lw.ln1.weight, "ln1.b": lambda: lw.ln1.bias,
+            "ln1.w": lambda: lw.ln1.weight if lw.ln1 else None,
+            "ln1.b": lambda: lw.ln1.bias if lw.ln1 else None,
             "ln2.w": lambda: lw.ln2.weight if lw.ln2 else None,
             "ln2.b": lambda: lw.ln2.bias if lw.ln2 else None,
         }
+        if self.names[layer].moe is not None and name in (
+                "W_in", "b_in", "W_gate", "W_up", "b_up", "W_out", "b_out"):
+            raise WeightLoadError(f"layer {layer} is a mixture-of-experts MLP: {name} is per "
+                                  f"expert (backend.w.layers[{layer}].mlp.experts[e].w_gate / "
+                                  f"w_up / w_down, router backend.w.layers[{layer}].mlp.router)")
         if name not in getters:
             raise WeightLoadError(f"unknown weight name {name!r}; known: W_E, W_U, W_pos, b_U, "
                                   f"ln_final.w, "
