@@ -1120,7 +1120,8 @@ class Family:
 _SHAPE_KEYS = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "head_dim", "intermediate_size",
                "max_position_embeddings", "hidden_act", "tie_word_embeddings"}
-_ROPE = {"rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor"}
+_ROPE = {"rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor",
+         "original_max_position_embeddings"}  # the last: yarn / longrope at the top level
 _LLAMA = _SHAPE_KEYS | _ROPE | {"rms_norm_eps", "attention_bias", "mlp_bias",
                                 "use_bidirectional_attention"}
 
@@ -1176,30 +1177,6 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     _family("olmoe", parse_olmoe, _LLAMA | {"num_experts", "num_local_experts",
                                             "num_experts_per_tok", "norm_topk_prob",
                                             "clip_qkv"}, harmless=_MOE_HARMLESS),
-    _family("gpt2", parse_gpt2, {
-        "vocab_size", "n_embd", "n_head", "n_layer", "n_inner", "n_positions", "n_ctx",
-        "layer_norm_epsilon", "activation_function", "tie_word_embeddings",
-        "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"},
-        harmless=_GPT2_HARMLESS),
-    _family("gpt_neox", parse_gpt_neox, _SHAPE_KEYS | _ROPE | {
-        "layer_norm_eps", "attention_bias", "use_parallel_residual", "rotary_pct",
-        "rotary_emb_base"}),
-    _family("gptj", parse_gptj, {
-        "vocab_size", "n_embd", "n_head", "n_layer", "n_inner", "n_positions", "rotary_dim",
-        "layer_norm_epsilon", "activation_function", "tie_word_embeddings"}),
-    _family("phi", parse_phi, _SHAPE_KEYS | _ROPE | {"layer_norm_eps", "qk_layernorm"}),
-    _family("stablelm", parse_stablelm, _SHAPE_KEYS | _ROPE | {
-        "layer_norm_eps", "qk_layernorm", "use_parallel_residual", "use_qkv_bias"}),
-    _family("opt", parse_opt, {
-        "vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "ffn_dim",
-        "max_position_embeddings", "layer_norm_eps", "activation_function",
-        "tie_word_embeddings", "do_layer_norm_before", "_remove_final_layer_norm",
-        "layer_norm_elementwise_affine", "word_embed_proj_dim", "enable_bias"}),
-    _family("falcon", parse_falcon, _ROPE | {
-        "vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "num_kv_heads",
-        "ffn_hidden_size", "layer_norm_epsilon", "activation", "tie_word_embeddings", "alibi",
-        "new_decoder_architecture", "multi_query", "parallel_attn", "num_ln_in_parallel_attn",
-        "bias", "max_position_embeddings"}),
     _family("gpt2", parse_gpt2, {
         "vocab_size", "n_embd", "n_head", "n_layer", "n_inner", "n_positions", "n_ctx",
         "layer_norm_epsilon", "activation_function", "tie_word_embeddings",
