@@ -157,6 +157,9 @@ class SparseAutoencoder:
                                       f"got k={c.k}")
             if c.activation == "groupmax" and c.d_sae % c.k:
                 raise DictionaryError(f"{where}: groupmax needs d_sae={c.d_sae} divisible by k={c.k}")
+        if c.normalize_activations == "layer_norm" and c.d_in < 2:
+            raise DictionaryError(f"{where}: normalize_activations 'layer_norm' needs d_in >= 2 "
+                                  f"(the unbiased std of one value is NaN), got d_in={c.d_in}")
         if c.apply_b_dec_to_input and c.out_dim != c.d_in:
             raise DictionaryError(f"{where}: apply_b_dec_to_input needs d_out == d_in "
                                   f"(got {c.out_dim} vs {c.d_in})")
