@@ -358,31 +358,31 @@ class _Meta:
 class GgufArch:
     """How one llama.cpp ``general.architecture`` maps onto an HF family.
 
-    `layer_names`: llama.cpp per-layer module -> HF module (``.weight`` / ``.bias`` kept).
-    `permute_qk`: llama.cpp permuted the q/k rows to GPT-J order (LLaMA only; the others use
-    its NeoX rope). `norm_offset`: llama.cpp stores Gemma's norm gains as 1 + w; subtracted.
-    `configure(meta, cfg, names)`: the family's extra config keys.
+    `layer_slots`: llama.cpp per-layer module -> the slot of the family's weight table
+    (:func:`mi_transformer.weights.slot_names`; ``.weight`` / ``.bias`` kept), so the HF
+    tensor names come from the one table loading also uses. `permute_qk`: llama.cpp permuted
+    the q/k rows to GPT-J order (LLaMA only; the others use its NeoX rope). `norm_offset`:
+    llama.cpp stores Gemma's norm gains as 1 + w; subtracted. `transpose_linear`: GPT-2's
+    Conv1D weights are stored as [out, in]. `configure(meta, cfg, names)`: the family's
+    extra config keys.
     """
 
     model_type: str
     hf_class: str
-    layer_names: Mapping[str, str]
+    layer_slots: Mapping[str, str]
     permute_qk: bool = False
     norm_offset: float = 0.0
     configure: Callable[["_Meta", dict[str, Any], set[str]], None] | None = None
-    layer_prefix: str = "model.layers.{i}."
-    global_names: Mapping[str, str] | None = None  # None: LLaMA's (_GLOBAL_NAMES)
-    transpose_linear: bool = False  # GPT-2: llama.cpp stored the Conv1D weights as [out, in]
+    transpose_linear: bool = False
 
 
 _LLAMA_LAYER = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
+    "attn_norm": "ln1", "ffn_norm": "ln2", "attn_q": "q", "attn_k": "k", "attn_v": "v",
+    "attn_output": "o", "ffn_gate": "mlp_in", "ffn_up": "mlp_up", "ffn_down": "mlp_out",
 }
-_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
-                 "output_norm.weight": "model.norm.weight",
+#: llama.cpp global tensors -> weight-table slots (the same in every architecture).
+_GLOBAL_SLOTS = {"token_embd.weight": "embed", "position_embd.weight": "pos_embed",
+                 "output_norm.weight": "final_norm.weight", "output_norm.bias": "final_norm.bias",
                  "output.weight": "lm_head.weight"}
 _ROPE_FREQS = "rope_freqs.weight"  # llama3 rope factors, folded into config.rope_scaling
 _LONGROPE = {"rope_factors_long.weight": "long_factor",  # Phi-3 128k, folded into rope_scaling
@@ -434,25 +434,18 @@ GGUF_ARCHES: dict[str, GgufArch] = {
                       configure=_llama_extra),
     "qwen2": GgufArch("qwen2", "Qwen2ForCausalLM", _LLAMA_LAYER),
     "qwen3": GgufArch("qwen3", "Qwen3ForCausalLM", {
-        **_LLAMA_LAYER, "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
+        **_LLAMA_LAYER, "attn_q_norm": "q_norm", "attn_k_norm": "k_norm"},
         configure=_qwen3_extra),
     "gemma2": GgufArch("gemma2", "Gemma2ForCausalLM", {
-        **_LLAMA_LAYER, "post_attention_norm": "post_attention_layernorm",
-        "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
-        norm_offset=1.0, configure=_gemma2_extra),
+        **_LLAMA_LAYER, "post_attention_norm": "ln1_post", "ffn_norm": "ln2",
+        "post_ffw_norm": "ln2_post"}, norm_offset=1.0, configure=_gemma2_extra),
     "phi3": GgufArch("phi3", "Phi3ForCausalLM", {
-        "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-        "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
-        "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}, configure=_phi3_extra),
+        "attn_norm": "ln1", "ffn_norm": "ln2", "attn_qkv": "qkv", "attn_output": "o",
+        "ffn_up": "gate_up", "ffn_down": "mlp_out"}, configure=_phi3_extra),
     "gpt2": GgufArch("gpt2", "GPT2LMHeadModel", {
-        "attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
-        "ffn_norm": "ln_2", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
-        configure=_gpt2_config, layer_prefix="transformer.h.{i}.", transpose_linear=True,
-        global_names={"token_embd.weight": "transformer.wte.weight",
-                      "position_embd.weight": "transformer.wpe.weight",
-                      "output_norm.weight": "transformer.ln_f.weight",
-                      "output_norm.bias": "transformer.ln_f.bias",
-                      "output.weight": "lm_head.weight"}),
+        "attn_norm": "ln1", "attn_qkv": "qkv", "attn_output": "o", "ffn_norm": "ln2",
+        "ffn_up": "mlp_in", "ffn_down": "mlp_out"}, configure=_gpt2_config,
+        transpose_linear=True),
 }
 
 
@@ -464,17 +457,14 @@ def gguf_arch(header: GgufHeader) -> GgufArch:
     return GGUF_ARCHES[arch]
 
 
-def hf_name(gguf_name: str, arch: GgufArch | None = None) -> str | None:
-    """The HF name of a llama.cpp tensor under `arch` (default LLaMA), or None when it has none."""
-    arch = arch or GGUF_ARCHES["llama"]
-    glob = arch.global_names if arch.global_names is not None else _GLOBAL_NAMES
-    if gguf_name in glob:
-        return glob[gguf_name]
+def slot_of(gguf_name: str, arch: GgufArch) -> tuple[int | None, str] | None:
+    """(layer or None, weight-table slot) of a llama.cpp tensor, or None when it has none."""
+    if gguf_name in _GLOBAL_SLOTS:
+        return None, _GLOBAL_SLOTS[gguf_name]
     parts = gguf_name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and \
-            parts[3] in ("weight", "bias") and parts[2] in arch.layer_names:
-        prefix = arch.layer_prefix.format(i=int(parts[1]))
-        return f"{prefix}{arch.layer_names[parts[2]]}.{parts[3]}"
+            parts[3] in ("weight", "bias") and parts[2] in arch.layer_slots:
+        return int(parts[1]), f"{arch.layer_slots[parts[2]]}.{parts[3]}"
     return None
 
 
@@ -604,14 +594,14 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32) -> GgufCheckpoint:
     from tqdm.auto import tqdm
 
     from mi_transformer.config import parse_config
-    from mi_transformer.weights import expected_shapes
+    from mi_transformer.weights import expected_shapes, slot_names
 
     path = Path(path)
     header = read_gguf_header(path)
     arch = gguf_arch(header)
     cfg = hf_config(header)
     special = {_ROPE_FREQS, *_LONGROPE}
-    unknown = [t.name for t in header.tensors if hf_name(t.name, arch) is None
+    unknown = [t.name for t in header.tensors if slot_of(t.name, arch) is None
                and t.name not in special]
     if unknown:
         raise UnsupportedModelError(f"{path}: tensors with no {arch.model_type} equivalent: "
@@ -635,7 +625,8 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32) -> GgufCheckpoint:
                 "rope.scaling.attn_factor", None)
             if att is not None:
                 cfg["rope_scaling"]["attention_factor"] = att
-    shapes = expected_shapes(parse_config(cfg, f"{path} (config from GGUF metadata)"))
+    family = parse_config(cfg, f"{path} (config from GGUF metadata)")
+    shapes, names = expected_shapes(family), slot_names(family)
     heads, kv_heads = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads")
     tensors: dict[str, torch.Tensor] = {}
     quant: dict[str, str] = {}
@@ -643,16 +634,18 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32) -> GgufCheckpoint:
     it = iter_dequantized(attrs.evolve(header, tensors=body))
     for t, arr in tqdm(it, total=len(body), desc=f"dequantising {path.name}",
                        disable=None, leave=False):
-        name = hf_name(t.name, arch)
-        assert name is not None
+        slot = slot_of(t.name, arch)
+        name = names.get(slot) if slot is not None else None
+        if name is None:
+            if slot == (None, "lm_head.weight") and family.tie_word_embeddings:
+                continue  # the tied head, stored once more
+            raise WeightLoadError(f"{path}: tensor {t.name!r} is not used by this "
+                                  f"{arch.model_type} configuration")
         w = torch.from_numpy(arr)
         if arch.transpose_linear and w.dim() == 2 and t.name.startswith("blk."):
             w = w.t().contiguous()  # back to the checkpoint's Conv1D [in, out]
-        want = shapes.get(name)
-        if want is None and not (name == "lm_head.weight" and cfg["tie_word_embeddings"]):
-            raise WeightLoadError(f"{path}: tensor {t.name!r} ({name}) is not used by this "
-                                  f"{arch.model_type} configuration")
-        if want is not None and tuple(w.shape) != tuple(want):
+        want = shapes[name]
+        if tuple(w.shape) != tuple(want):
             raise WeightLoadError(f"{path}: tensor {t.name!r} ({name}) has shape {list(w.shape)}, "
                                   f"expected {list(want)} from the GGUF metadata")
         if arch.permute_qk and ".attn_q." in t.name:
