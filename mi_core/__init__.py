@@ -3,6 +3,7 @@
 Public names only (see docs/); backends and formats are plugins.
 """
 
+from mi_core.activation_cache import ActivationCache, Slice, get_act_name
 from mi_core.backend import GenerationResult, MIBackend, MIModel, check_compatibility, sample_token
 from mi_core.dictionaries import CltFeatureId, SparseActivations, SparseDictionary, load_dictionary
 from mi_core.errors import (
@@ -47,6 +48,7 @@ from mi_core.tokenizer import EncodingWithOffsets, HFTokenizer, MITokenizer
 __version__ = "0.1.0"
 
 __all__ = [
+    "ActivationCache", "Slice", "get_act_name",
     "Add", "BackendSpec", "CapabilityError", "InputError", "hookimpl", "hookspec",
     "plugin_impl", "plugin_spec", "standard_shape", "CltFeatureId", "CompatibilityReport", "ConfigError", "Detection",
     "DictionaryError", "DictionaryFormat", "EncodingWithOffsets", "GenerationResult",

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import (TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence,
+                    runtime_checkable)
 
 import attrs
 import torch
@@ -20,13 +21,17 @@ from mi_core import plugins
 from mi_core.errors import (
     HookError, InputError, PluginError, TokenizerError, UnsupportedModelError,
 )
-from mi_core.hooks import HookCache, HookLike, HookPoint, HookSpec
+from mi_core.hooks import OPT_IN_SUFFIXES, HookCache, HookLike, HookPoint, HookSpec
+
+if TYPE_CHECKING:
+    from mi_core.activation_cache import ActivationCache
 from mi_core.interventions import Intervention, check_broadcast
 from mi_core.loading import (
     DEFAULT_HUB_PATTERNS, read_config, refuse_pickle, resolve_source, tensor_names_of,
 )
 from mi_core.registry import CompatibilityReport, Detection, ModelSource
 from mi_core.tokenizer import HFTokenizer, MITokenizer
+from mi_core.tl import TransformerLensMixin
 
 
 @runtime_checkable
@@ -73,9 +78,9 @@ class GenerationResult:
     step_logits: list[torch.Tensor] | None = None  # per step [batch, vocab] when requested
 
 
-def _source_of(source: str | os.PathLike[str]) -> ModelSource:
+def _source_of(source: str | os.PathLike[str], revision: str | None = None) -> ModelSource:
     patterns = DEFAULT_HUB_PATTERNS + plugins.hub_file_patterns()
-    path = resolve_source(source, patterns)
+    path = resolve_source(source, patterns, revision=revision)
     refuse_pickle(path)
     if path.is_dir():
         names, shapes = tensor_names_of(path)
@@ -150,22 +155,38 @@ def _load_tokenizer(path: Path) -> MITokenizer | None:
     return HFTokenizer.from_directory(directory) if path.is_dir() else None
 
 
-class MIModel:
-    """A loaded model with hooks. Create with :meth:`from_pretrained`."""
+class MIModel(TransformerLensMixin):
+    """A loaded model with hooks. Create with :meth:`from_pretrained`.
+
+    TransformerLens users also find its conveniences here (mi_core.tl): weight properties,
+    ``to_single_token``, ``test_prompt``, ``process_weights``, ``run_with_cache`` returning an
+    :class:`~mi_core.activation_cache.ActivationCache`, backward hooks."""
 
     def __init__(self, backend: MIBackend, source: str = "") -> None:
         self.backend = backend
         self.source = source
         self._points: list[HookPoint] | None = None
         self._names: set[str] | None = None
+        self._norm_centres: bool | None = None  # mi_core.activation_cache.norm_centres
+        self._gated: bool | None = None
 
     # -- loading ------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, source: str | os.PathLike[str], device: str | torch.device = "cpu",
-                        dtype: torch.dtype = torch.float32, backend: str | None = None) -> "MIModel":
-        """Load a hub id, a local directory or a single file a plugin claims (e.g. ``.gguf``)."""
+                        dtype: torch.dtype = torch.float32, backend: str | None = None,
+                        revision: str | None = None, fold_ln: bool = False,
+                        center_writing_weights: bool = False, center_unembed: bool = False,
+                        fold_value_biases: bool = False) -> "MIModel":
+        """Load a hub id, a local directory or a single file a plugin claims (e.g. ``.gguf``).
+
+        `revision`: a hub branch, tag or commit (Pythia's ``"step1000"``); hub ids only.
+        `fold_ln`, `center_writing_weights`, `center_unembed`, `fold_value_biases`: weight
+        processing as TransformerLens' (see :meth:`process_weights`); all False by default
+        (the checkpoint's own weights), where TransformerLens' ``from_pretrained`` defaults
+        them to True.
+        """
         dev, dtype = resolve_device(device), _check_dtype(dtype)
-        src = _source_of(source)
+        src = _source_of(source, revision)
         available = plugins.backends()
         if backend is None:
             dets = _detections(src)
@@ -187,7 +208,12 @@ class MIModel:
                               f"MIBackend member(s) {', '.join(missing)}")
         if be.tokenizer is None:
             be.tokenizer = _load_tokenizer(src.path)
-        return cls(be, source=os.fspath(source))
+        model = cls(be, source=os.fspath(source))
+        if fold_ln or center_writing_weights or center_unembed or fold_value_biases:
+            model.process_weights(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                                  center_unembed=center_unembed,
+                                  fold_value_biases=fold_value_biases)
+        return model
 
     # -- metadata -----------------------------------------------------------------------
     num_layers = property(lambda self: self.backend.num_layers)
@@ -278,15 +304,23 @@ class MIModel:
             ids = ids[1:]
         return ids
 
-    def to_str_tokens(self, text_or_ids: str | Sequence[int] | torch.Tensor) -> list[str]:
+    def to_str_tokens(self, text_or_ids: str | Sequence[int] | torch.Tensor,
+                      prepend_bos: bool | None = None) -> list[str]:
+        """One string per token. Text is tokenized as :meth:`to_tokens` does (`prepend_bos`
+        as there); ids ([seq] or [1, seq]) are decoded one by one."""
+        if isinstance(text_or_ids, str):
+            text_or_ids = self.to_tokens(text_or_ids, prepend_bos=prepend_bos)[0]
         if isinstance(text_or_ids, torch.Tensor):
             text_or_ids = text_or_ids.flatten().tolist()
-        return self.tokenizer.to_str_tokens(text_or_ids)
+        return self.tokenizer.to_str_tokens(list(text_or_ids))
 
-    def to_string(self, ids: Sequence[int] | torch.Tensor) -> str:
+    def to_string(self, ids: Sequence[int] | torch.Tensor) -> str | list[str]:
+        """Decode [seq] ids to a string, or [batch, seq] to one string per row."""
         if isinstance(ids, torch.Tensor):
+            if ids.dim() == 2 and ids.shape[0] > 1:
+                return [self.tokenizer.decode(r.tolist()) for r in ids]
             ids = ids.flatten().tolist()
-        return self.tokenizer.decode(ids)
+        return self.tokenizer.decode(list(ids))
 
     # -- forward ------------------------------------------------------------------------
     def validate(self, hooks: HookSpec, ids: torch.Tensor | None = None, *,
@@ -400,6 +434,9 @@ class MIModel:
     def _run(self, ids: torch.Tensor, hooks: HookSpec, mask: torch.Tensor | None,
              options: Mapping[str, Any]) -> HookCache:
         """The backend's forward on checked inputs (no validation: callers did it)."""
+        if hooks.needs_grad():  # gradients asked for: autograd on, whatever the caller's mode
+            with torch.enable_grad():
+                return self.backend.forward(ids, hooks, attention_mask=mask, **options)
         with torch.inference_mode(not torch.is_grad_enabled()):
             return self.backend.forward(ids, hooks, attention_mask=mask, **options)
 
@@ -410,32 +447,81 @@ class MIModel:
     def _ids(self, x: torch.Tensor | str) -> torch.Tensor:
         return self.to_tokens(x) if isinstance(x, str) else x
 
+    def _points_for(self, names: Any, *, skip_opt_in: bool) -> list[HookPoint]:
+        """Hook points named by a filter (callable on the name), a name or a list of names
+        (full names or TransformerLens shorthand, e.g. ``("resid_pre", 3)``)."""
+        from mi_core.activation_cache import get_act_name
+
+        points = self.hook_points()
+        if names is None:
+            return [p for p in points if p.suffix not in OPT_IN_SUFFIXES]
+        if callable(names) and not isinstance(names, (str, HookPoint)):
+            return [p for p in points if (not skip_opt_in or p.suffix not in OPT_IN_SUFFIXES)
+                    and names(p.name)]
+        items = [names] if isinstance(names, (str, HookPoint, tuple)) else list(names)
+        out = []
+        for n in items:
+            if isinstance(n, tuple):
+                n = get_act_name(*n)
+            elif isinstance(n, str):
+                n = get_act_name(n)
+            out.append(HookPoint.parse(n))
+        return out
+
     def run_with_cache(self, ids: torch.Tensor | str,
                        names_filter: Callable[[str], bool] | Iterable[HookLike] | str | None = None,
-                       attention_mask: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor, HookCache]:
-        """(logits, cache) capturing every point (or those `names_filter` accepts)."""
-        points = self.hook_points()
-        if names_filter is None:
-            chosen = [p for p in points if not p.name.endswith("attn.hook_result")]
-        elif callable(names_filter):
-            chosen = [p for p in points if names_filter(p.name)]
-        elif isinstance(names_filter, (str, HookPoint)):
-            chosen = [HookPoint.parse(names_filter)]
-        else:
-            chosen = [HookPoint.parse(n) for n in names_filter]
+                       attention_mask: torch.Tensor | None = None,
+                       remove_batch_dim: bool = False) -> tuple[torch.Tensor, "ActivationCache"]:
+        """(logits, ActivationCache) capturing every point (or those `names_filter` accepts:
+        a callable on the name, a name, or a list of names). Opt-in points
+        (``attn.hook_result``, per-head inputs) are captured only when named or filtered for."""
+        from mi_core.activation_cache import ActivationCache
+
+        chosen = self._points_for(names_filter, skip_opt_in=False)
         cache = self.forward(self._ids(ids), HookSpec().capture_all(chosen),
                              attention_mask=attention_mask)
-        return cache.output, cache
+        out = ActivationCache.of(cache, self)
+        if remove_batch_dim:
+            out.remove_batch_dim()
+        return cache.output, out
 
     def run_with_hooks(self, ids: torch.Tensor | str,
-                       fwd_hooks: Sequence[tuple[HookLike, Callable[..., Any]]] = (),
-                       attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits with callables ``fn(tensor, hook) -> tensor | None`` applied at each name."""
+                       fwd_hooks: Sequence[tuple[Any, Callable[..., Any]]] = (),
+                       bwd_hooks: Sequence[tuple[Any, Callable[..., Any]]] = (),
+                       attention_mask: torch.Tensor | None = None,
+                       reset_hooks_end: bool = True) -> torch.Tensor:
+        """Logits with TransformerLens-style hooks. Each entry is ``(name_or_filter, fn)``: a
+        hook name (or shorthand), or a callable filter on names. Forward ``fn(tensor, hook)``
+        returns the new activation or None (in-place edits kept); backward ``fn(grad, hook)``
+        runs when the returned logits (or a metric of them) are back-propagated, and a tensor
+        it returns replaces the gradient upstream. Hooks live on this call's autograd graph, so
+        nothing needs resetting (`reset_hooks_end` is accepted for TransformerLens code)."""
         spec = HookSpec()
         for name, fn in fwd_hooks:
-            spec.intervene(name, fn)
+            for hp in self._points_for(name, skip_opt_in=True):
+                spec.intervene(hp, fn)
+        for name, fn in bwd_hooks:
+            for hp in self._points_for(name, skip_opt_in=True):
+                spec.add_backward_hook(hp, fn)
         return self.forward(self._ids(ids), spec, attention_mask=attention_mask).output
+
+    # -- weight processing (TransformerLens' from_pretrained defaults, opt-in here) -------------
+    def process_weights(self, fold_ln: bool = True, center_writing_weights: bool = True,
+                        center_unembed: bool = True, fold_value_biases: bool = True) -> "MIModel":
+        """Rewrite the weights in place as TransformerLens' ``process_weights_`` does: fold
+        each norm's gain (and bias) into the weights that read it, centre the weights writing
+        to the residual stream (LayerNorm models only, as TransformerLens), centre the
+        unembedding, fold the value biases into b_O. Logits are unchanged (centring the
+        unembedding shifts every logit of a position equally). Hook values change where
+        TransformerLens' do (e.g. ``attn.hook_in`` no longer includes the gain)."""
+        fn = getattr(self.backend, "process_weights", None)
+        if fn is None:
+            raise MIError(f"the {self.backend_name} backend cannot process its weights "
+                          f"(no process_weights capability)")
+        fn(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+           center_unembed=center_unembed, fold_value_biases=fold_value_biases)
+        self._norm_centres = None
+        return self
 
     # -- generation ---------------------------------------------------------------------
     def generate(self, ids: torch.Tensor | str, max_new_tokens: int = 20, temperature: float = 0.0,

@@ -25,12 +25,18 @@ _LAYER_RE = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
 #: Names accepted on input and mapped to their canonical TransformerLens spelling.
 _ALIASES_GLOBAL = {"hook_final_norm": "ln_final.hook_normalized"}
-_ALIASES_LAYER = {"attn.hook_scores": "attn.hook_attn_scores"}
+_ALIASES_LAYER = {"attn.hook_scores": "attn.hook_attn_scores",
+                  # TransformerLens puts the per-head inputs on the block, not the attention
+                  "attn.hook_q_input": "hook_q_input", "attn.hook_k_input": "hook_k_input",
+                  "attn.hook_v_input": "hook_v_input"}
 
 #: Per-layer suffixes known by name: the standard ones, plus those plugins declare
 #: (:func:`declare_layer_points`). Any other name is a custom point, kept verbatim.
 KNOWN_LAYER_SUFFIXES: set[str] = set(LAYER_SUFFIXES)
 KNOWN_GLOBAL_NAMES = GLOBAL_NAMES
+#: Points computed only when hooked (extra work or memory): a default run_with_cache skips them.
+OPT_IN_SUFFIXES = ("attn.hook_result", "hook_attn_in", "hook_q_input", "hook_k_input",
+                   "hook_v_input")
 
 
 @attrs.frozen(repr=False)
@@ -100,6 +106,8 @@ _STANDARD_FACTORIES = {
     "attn_z": "attn.hook_z", "attn_result": "attn.hook_result", "attn_out": "hook_attn_out",
     "attn_in": "attn.hook_in", "mlp_in": "mlp.hook_in",
     "mlp_pre": "mlp.hook_pre", "mlp_post": "mlp.hook_post", "mlp_out": "hook_mlp_out",
+    "mlp_pre_linear": "mlp.hook_pre_linear",
+    "q_input": "hook_q_input", "k_input": "hook_k_input", "v_input": "hook_v_input",
 }
 for _meth, _suffix in _STANDARD_FACTORIES.items():
     setattr(HookPoint, _meth, _factory(_suffix))
@@ -158,6 +166,7 @@ def _parse_cached(name: str) -> HookPoint:
 HookLike = Union[str, HookPoint]
 InterventionLike = Union[Intervention, Callable[[torch.Tensor, HookPoint], Any],
                          Callable[[torch.Tensor], Any]]
+BackwardHook = Callable[[torch.Tensor, HookPoint], Any]
 
 
 def hook_name(point: HookLike) -> str:
@@ -172,11 +181,13 @@ class HookSpec:
     ``HookSpec().capture("blocks.0.hook_resid_post").intervene(hp, mi.Zero())``.
     """
 
-    __slots__ = ("_captures", "_interventions", "state_knockout", "state_steering")
+    __slots__ = ("_captures", "_interventions", "_grads", "state_knockout", "state_steering")
 
     def __init__(self) -> None:
         self._captures: dict[str, HookPoint] = {}
         self._interventions: dict[str, list[tuple[HookPoint, InterventionLike, Intervention]]] = {}
+        #: backward hooks per point, in registration order; fn None = capture the gradient
+        self._grads: dict[str, list[tuple[HookPoint, BackwardHook | None]]] = {}
         self.state_knockout: StateKnockoutSpec | None = None
         self.state_steering: StateSteeringSpec | None = None
 
@@ -211,6 +222,24 @@ class HookSpec:
         self._interventions.setdefault(hp.name, []).append((hp, intervention, prepared))
         return self
 
+    def capture_grad(self, point: HookLike) -> "HookSpec":
+        """Record the gradient at `point` when the output (or a metric of it) is
+        back-propagated: ``cache.grad(point)`` after ``loss.backward()``. The forward then
+        runs with autograd on (activations only; weights get no gradient)."""
+        hp = HookPoint.parse(point)
+        self._grads.setdefault(hp.name, []).append((hp, None))
+        return self
+
+    def add_backward_hook(self, point: HookLike, fn: BackwardHook) -> "HookSpec":
+        """TransformerLens' backward hook: ``fn(grad, hook)`` is called with the gradient at
+        `point` during backward; a tensor it returns replaces that gradient upstream."""
+        hp = HookPoint.parse(point)
+        if not callable(fn):
+            raise HookError(f"backward hook at {hp.name} must be callable (grad, hook) -> "
+                            f"tensor | None, got {type(fn).__name__}")
+        self._grads.setdefault(hp.name, []).append((hp, fn))
+        return self
+
     def set_state_knockout(self, spec: StateKnockoutSpec) -> "HookSpec":
         """Skip recurrent-state writes (backends with the state-interventions capability)."""
         if not isinstance(spec, StateKnockoutSpec):
@@ -232,6 +261,8 @@ class HookSpec:
         self._captures.update(other._captures)
         for name, items in other._interventions.items():
             self._interventions.setdefault(name, []).extend(items)
+        for name, grads in other._grads.items():
+            self._grads.setdefault(name, []).extend(grads)
         if other.state_knockout is not None:
             self.state_knockout = other.state_knockout
         if other.state_steering is not None:
@@ -243,8 +274,12 @@ class HookSpec:
 
     # -- queries ----------------------------------------------------------------------
     def is_empty(self) -> bool:
-        return not (self._captures or self._interventions or self.state_knockout
-                    or self.state_steering)
+        return not (self._captures or self._interventions or self._grads
+                    or self.state_knockout or self.state_steering)
+
+    def needs_grad(self) -> bool:
+        """Whether a gradient is captured or a backward hook registered (autograd needed)."""
+        return bool(self._grads)
 
     def num_captures(self) -> int:
         return len(self._captures)
@@ -263,6 +298,8 @@ class HookSpec:
         seen = dict(self._captures)
         for name, items in self._interventions.items():
             seen.setdefault(name, items[0][0])
+        for name, grads in self._grads.items():
+            seen.setdefault(name, grads[0][0])
         return list(seen.values())
 
     def interventions_at(self, point: HookLike) -> list[InterventionLike]:
@@ -296,11 +333,12 @@ class HookSpec:
 
     def start(self) -> "HookRun":
         """Begin one forward pass: returns the object the backend calls at each point."""
-        return HookRun(self)
+        return GradHookRun(self) if self._grads else HookRun(self)
 
     def __repr__(self) -> str:
+        grads = f", grads={list(self._grads)}" if self._grads else ""
         return (f"HookSpec(captures={list(self._captures)}, "
-                f"interventions={ {k: len(v) for k, v in self._interventions.items()} })")
+                f"interventions={ {k: len(v) for k, v in self._interventions.items()} }{grads})")
 
 
 class HookRun:
@@ -334,6 +372,60 @@ class HookRun:
         return HookCache(output, self.captures, **extra)
 
 
+class GradHookRun(HookRun):
+    """A HookRun for specs with gradient captures / backward hooks (a subclass, so a plain
+    run pays nothing for them). At such a point the activation gets a tensor hook: a fresh
+    view (so the gradient is the one flowing through this point's consumers only, as in
+    TransformerLens where every hook point is its own module), or a leaf requiring grad when
+    nothing upstream does."""
+
+    __slots__ = ("grads", "_bwd")
+
+    def __init__(self, spec: HookSpec) -> None:
+        super().__init__(spec)
+        self.grads: dict[str, torch.Tensor] = {}
+        self._bwd = spec._grads
+
+    def wants(self, name: str) -> bool:
+        return name in self._caps or name in self._ivs or name in self._bwd
+
+    def apply(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        items = self._ivs.get(name)
+        if items is not None:
+            for hp, _, iv in items:
+                x = apply_intervention(hp, iv, x)
+        hooks = self._bwd.get(name)
+        if hooks is not None:
+            x = x.view_as(x) if x.requires_grad else x.detach().requires_grad_(True)
+            grads = self.grads
+            for hp, fn in hooks:
+                x.register_hook(_grad_hook(hp, fn, grads))
+        if name in self._caps:
+            self.captures[name] = x
+        return x
+
+    def finish(self, output: torch.Tensor, **extra: Any) -> "HookCache":
+        cache = HookCache(output, self.captures, **extra)
+        cache._grads = self.grads
+        return cache
+
+
+def _grad_hook(hp: HookPoint, fn: "BackwardHook | None", grads: dict[str, torch.Tensor]
+               ) -> Callable[[torch.Tensor], "torch.Tensor | None"]:
+    if fn is None:
+        def capture(g: torch.Tensor) -> None:
+            grads[hp.name] = g
+        return capture
+
+    def call(g: torch.Tensor) -> torch.Tensor | None:
+        out = fn(g, hp)
+        if out is not None and (not isinstance(out, torch.Tensor) or out.shape != g.shape):
+            raise HookError(f"backward hook at {hp.name} must return None or a tensor of shape "
+                            f"{list(g.shape)}, got {getattr(out, 'shape', type(out).__name__)}")
+        return out
+    return call
+
+
 class HookCache:
     """The result of a forward pass: logits (always) and the captured tensors."""
 
@@ -341,6 +433,7 @@ class HookCache:
                  **extra: Any) -> None:
         self.output = output
         self._captures: dict[str, torch.Tensor] = dict(captures or {})
+        self._grads: dict[str, torch.Tensor] | None = None  # filled by backward (capture_grad)
         #: backend-specific extras (e.g. ``past`` for generation, a final recurrent state)
         self.extra: dict[str, Any] = extra
 
@@ -377,6 +470,18 @@ class HookCache:
 
     def num_captures(self) -> int:
         return len(self._captures)
+
+    def grad(self, point: HookLike) -> torch.Tensor:
+        """The gradient at `point` (requested with ``HookSpec.capture_grad``) after a
+        backward pass through ``output`` (or a metric of it)."""
+        name = hook_name(point)
+        if self._grads is None:
+            raise HookError(f"no gradient for {name!r}: request it with "
+                            f"HookSpec().capture_grad({name!r})")
+        if name not in self._grads:
+            raise HookError(f"no gradient for {name!r} yet: call .backward() on the output or a "
+                            f"metric of it first (only points passed to capture_grad are kept)")
+        return self._grads[name]
 
     def __repr__(self) -> str:
         return f"HookCache(output={tuple(self.output.shape)}, captures={self.keys()})"

@@ -43,11 +43,19 @@ def resolve_source(source: str | os.PathLike[str], patterns: Iterable[str] | Non
     ``org/name/sub/folder`` fetches and returns that folder of the repository.
 
     Only files matching `patterns` are fetched; the HF cache is reused; progress bars are
-    huggingface_hub's own; ``HF_HUB_OFFLINE=1`` serves from the cache only.
+    huggingface_hub's own; ``HF_HUB_OFFLINE=1`` serves from the cache only. `revision` (a
+    branch, tag or commit of a hub repository, e.g. Pythia's ``"step1000"``) selects that
+    snapshot; a revision that does not exist is a ConfigError naming it.
     """
     s = os.fspath(source)
     p = Path(s).expanduser()
+    if revision is not None and (not isinstance(revision, str) or not revision):
+        raise ConfigError(f"revision must be a non-empty string (branch, tag or commit), "
+                          f"got {revision!r}")
     if p.exists():
+        if revision is not None:
+            raise ConfigError(f"revision={revision!r} was given for the local path {s!r}; "
+                              f"revisions select hub snapshots only")
         return p
     if not looks_like_hub_id(s):
         raise ConfigError(f"model source {s!r} is neither an existing path nor a hub id")
@@ -59,13 +67,19 @@ def resolve_source(source: str | os.PathLike[str], patterns: Iterable[str] | Non
     allow = list(patterns or DEFAULT_HUB_PATTERNS)
     if sub:  # only the files of that folder (SAE releases keep one SAE per folder)
         allow = [f"{sub}/{p}" for p in allow] + [f"{sub}/**/{p}" for p in allow]
+    from huggingface_hub.errors import RevisionNotFoundError
+
+    at = f" at revision {revision!r}" if revision is not None else ""
     try:
         path = snapshot_download(repo_id=repo_id, revision=revision, allow_patterns=allow)
+    except RevisionNotFoundError as exc:
+        raise ConfigError(f"hub repository {repo_id!r} has no revision {revision!r}: "
+                          f"{exc}") from exc
     except LocalEntryNotFoundError as exc:
-        raise ConfigError(f"hub id {s!r} is not in the local HF cache and the hub cannot be "
+        raise ConfigError(f"hub id {s!r}{at} is not in the local HF cache and the hub cannot be "
                           f"reached (offline?): {exc}") from exc
     except Exception as exc:  # network errors, missing repos, ...
-        raise ConfigError(f"could not fetch {s!r} from the hub: {exc}") from exc
+        raise ConfigError(f"could not fetch {s!r}{at} from the hub: {exc}") from exc
     local = Path(path) / sub
     if not local.exists():
         raise ConfigError(f"hub repository {repo_id!r} has no folder {sub!r}")
@@ -209,6 +223,29 @@ def _entry_span(path: Path, name: str, meta: Any) -> tuple[int, int]:
 
 def _is_count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+def checked_tensor(t: torch.Tensor, name: str, origin: str, dtype: torch.dtype | None = None,
+                   device: torch.device | str | None = None) -> torch.Tensor:
+    """`t` cast to `dtype`/`device`, refusing what would silently give wrong numbers.
+
+    An integer or bool tensor (weights outside a quantised format: a cast would keep the
+    integers as if they were the real values) and a tensor with NaN/inf values (checked
+    after the cast, so an F32 value too large for F16 is caught too) are a WeightLoadError
+    naming the tensor and `origin`. The check reads each tensor once (memory-mapped data
+    stays mapped); its cost is in docs/PERFORMANCE.md.
+    """
+    if not (t.dtype.is_floating_point or t.dtype.is_complex):
+        raise WeightLoadError(f"{origin}: tensor {name!r} has integer dtype {t.dtype}; weights "
+                              f"must be floating point (quantised checkpoints need their own "
+                              f"format, e.g. GGUF)")
+    if dtype is not None or device is not None:
+        t = t.to(dtype=dtype or t.dtype, device=device or t.device)
+    # A sum is NaN/inf whenever an entry is (one vectorised pass, ~30x faster than
+    # isfinite().all()); only then, or if the sum itself overflowed, look entry by entry.
+    if not bool(torch.isfinite(t.sum())) and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise WeightLoadError(f"{origin}: NaN or inf values (in {t.dtype}): {name} "
+                              f"({bad} of {t.numel()} entries)")
+    return t
 
 
 class SafetensorsCheckpoint:
@@ -274,8 +311,11 @@ class SafetensorsCheckpoint:
 
     def get(self, name: str, dtype: torch.dtype | None = None,
             device: torch.device | str | None = None,
-            shape: tuple[int, ...] | None = None) -> torch.Tensor:
-        """Load one tensor; `shape` is checked (WeightLoadError names the tensor and file)."""
+            shape: tuple[int, ...] | None = None, check: bool = True) -> torch.Tensor:
+        """Load one tensor; `shape` is checked (WeightLoadError names the tensor and file).
+
+        `check`: refuse integer/bool tensors and NaN/inf values (:func:`checked_tensor`);
+        pass False only for tensors that are integer by design (e.g. buffers of indices)."""
         f = self._where.get(name)
         if f is None:
             raise WeightLoadError(f"tensor {name!r} not found in {', '.join(map(str, self.files))}")
@@ -286,9 +326,8 @@ class SafetensorsCheckpoint:
             t = self._handle(f).get_tensor(name)
         except Exception as exc:
             raise WeightLoadError(f"{f}: cannot read tensor {name!r}: {exc}") from exc
-        if dtype is not None or device is not None:
-            t = t.to(dtype=dtype or t.dtype, device=device or t.device)
-        return t
+        return checked_tensor(t, name, str(f), dtype, device) if check else \
+            t.to(dtype=dtype or t.dtype, device=device or t.device)
 
     def check(self, expected: Mapping[str, tuple[int, ...]], optional: Iterable[str] = ()) -> None:
         """Raise one WeightLoadError listing every missing and every mis-shaped tensor."""

@@ -42,6 +42,7 @@ class Detection:
     missing: list[str] = attrs.field(factory=list)
     unexpected: list[str] = attrs.field(factory=list)
     plugin: str = ""
+    config_keys: list[str] = attrs.field(factory=list)  # config keys the backend refuses
 
     @property
     def ok(self) -> bool:
@@ -103,6 +104,8 @@ class CompatibilityReport:
             if d.missing:
                 lines.append(f"      missing tensors: {', '.join(d.missing[:20])}"
                              + (" ..." if len(d.missing) > 20 else ""))
+            if d.config_keys:
+                lines.append(f"      config keys not understood: {', '.join(d.config_keys)}")
             if d.unexpected:
                 lines.append(f"      unexpected tensors: {', '.join(d.unexpected[:20])}"
                              + (" ..." if len(d.unexpected) > 20 else ""))

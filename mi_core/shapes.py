@@ -13,19 +13,24 @@ if TYPE_CHECKING:
     from mi_core.hooks import HookPoint
 
 #: Global (non-layer) points.
-GLOBAL_NAMES = ("hook_embed", "ln_final.hook_scale", "ln_final.hook_normalized")
+GLOBAL_NAMES = ("hook_embed", "hook_pos_embed", "ln_final.hook_scale",
+                "ln_final.hook_normalized")
 
 #: Per-layer suffixes (``blocks.{i}.<suffix>``), grouped by shape.
 _RESID = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out",
           "hook_mlp_out", "ln1.hook_normalized", "ln2.hook_normalized", "attn.hook_in",
-          "mlp.hook_in")
+          "mlp.hook_in", "hook_mlp_in")
 _SCALE = ("ln1.hook_scale", "ln2.hook_scale")
 _Q_HEADS = ("attn.hook_q", "attn.hook_rot_q", "attn.hook_z")
 _KV_HEADS = ("attn.hook_k", "attn.hook_v", "attn.hook_rot_k")
 _PATTERN = ("attn.hook_attn_scores", "attn.hook_pattern")
-_MLP = ("mlp.hook_pre", "mlp.hook_post")
+_MLP = ("mlp.hook_pre", "mlp.hook_post", "mlp.hook_pre_linear")
+#: TransformerLens' per-head residual inputs (opt-in): [batch, seq, heads (kv heads for k/v), d_model]
+_Q_INPUT = ("hook_attn_in", "hook_q_input")
+_KV_INPUT = ("hook_k_input", "hook_v_input")
 
-LAYER_SUFFIXES = _RESID + _SCALE + _Q_HEADS + _KV_HEADS + _PATTERN + _MLP + ("attn.hook_result",)
+LAYER_SUFFIXES = (_RESID + _SCALE + _Q_HEADS + _KV_HEADS + _PATTERN + _MLP + _Q_INPUT
+                  + _KV_INPUT + ("attn.hook_result",))
 
 #: The one point where a :class:`mi_core.Knockout` (an additive pre-softmax mask) means removal.
 PRE_SOFTMAX_SCORES = "attn.hook_attn_scores"
@@ -63,6 +68,8 @@ def standard_shape(point: "HookPoint | str", batch: int, seq: int, *, d_model: i
         return (batch, h, seq, key_len)
     if s in _MLP:
         return (batch, seq, -1 if d_mlp is None else d_mlp)
-    if s == "attn.hook_result":
+    if s == "attn.hook_result" or s in _Q_INPUT:
         return (batch, seq, h, d_model)
+    if s in _KV_INPUT:
+        return (batch, seq, kv, d_model)
     return None

@@ -18,6 +18,7 @@ import attrs
 import torch
 
 from mi_core import capabilities as caps
+from mi_core.activation_cache import head_results
 from mi_core.backend import MIModel, require_points
 from mi_core.errors import HookError, MIError
 from mi_core.hooks import HookCache, HookPoint, HookSpec
@@ -83,11 +84,7 @@ def stack_head_results(model: MIModel, cache: HookCache, layers: Sequence[int] |
     parts: list[torch.Tensor] = []
     labels: list[str] = []
     for i in layers:
-        res = cache.get(HookPoint.attn_result(i))
-        if res is None:
-            z = cache.require(HookPoint.attn_z(i))  # [b, s, h, dh]
-            w_o = _weight(model, "W_O", i).to(z.dtype)  # [h, dh, d]
-            res = torch.einsum("bshe,hed->bshd", z, w_o)
+        res = head_results(model, cache, i)  # shared with ActivationCache.compute_head_results
         for h in range(res.shape[2]):
             parts.append(res[:, :, h])
             labels.append(f"L{i}H{h}")

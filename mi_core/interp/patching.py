@@ -1,12 +1,15 @@
 """Activation patching: which activations carry the difference between a clean and a
 corrupted prompt?
 
-For each (layer, position) — or (layer, head) via ``attn.hook_z`` — the corrupted prompt is
-run with that one activation replaced by its clean value, and a metric of the logits is
-normalised: 0 = corrupted behaviour, 1 = clean behaviour. The patched variants of one layer
-run as one batch. :func:`attribution_patching` is the first-order (gradient) approximation
-of the same grid: ``grad_corrupted(metric) . (clean - corrupted)``, from one forward and one
-backward pass.
+For each (layer, position) — or (layer, head) for the per-head kinds (z, q, k, v, result,
+pattern; all positions) — the corrupted prompt is run with that one activation replaced by its
+clean value, and a metric of the logits is normalised: 0 = corrupted behaviour, 1 = clean
+behaviour (``raw=True``: the metric itself). The patched variants of one layer run as one
+batch. :func:`attribution_patching` is the first-order (gradient) approximation of the same
+grid: ``grad_corrupted(metric) . (clean - corrupted)``, from one forward and one backward pass
+through the public gradient path (``HookSpec.capture_grad``). TransformerLens' own
+``patching`` functions (every kind, by position or all positions, raw values) are in
+:mod:`mi_core.interp.act_patching`.
 """
 
 from __future__ import annotations
@@ -21,11 +24,15 @@ from mi_core.backend import MIModel, require_points
 from mi_core.errors import InterventionError
 from mi_core.hooks import HookPoint, HookSpec
 from mi_core.interp._common import MetricError, as_ids, check_layers, norm_position, progress
-from mi_core.interventions import Add
 
 #: patch kind -> hook suffix
-PATCH_KINDS = {"resid_pre": "hook_resid_pre", "attn_out": "hook_attn_out",
-               "mlp_out": "hook_mlp_out", "resid_post": "hook_resid_post", "z": "attn.hook_z"}
+PATCH_KINDS = {"resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid",
+               "attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out",
+               "resid_post": "hook_resid_post", "z": "attn.hook_z", "q": "attn.hook_q",
+               "k": "attn.hook_k", "v": "attn.hook_v", "result": "attn.hook_result",
+               "pattern": "attn.hook_pattern"}
+#: per-head kinds: a grid over (layer x head), every position patched
+HEAD_KINDS = ("z", "q", "k", "v", "result", "pattern")
 
 Metric = Callable[[torch.Tensor], torch.Tensor]
 
@@ -49,7 +56,8 @@ def normalize_metric(value: torch.Tensor | float, clean: float, corrupted: float
 
 @attrs.define
 class PatchingResult:
-    """A patching grid [layers, positions or heads]: normalised metric (0 corrupted, 1 clean)."""
+    """A patching grid [layers, positions or heads]: normalised metric (0 corrupted, 1 clean),
+    or the metric itself when run with ``raw=True``."""
 
     kind: str
     method: str  # "exact" or "attribution"
@@ -86,9 +94,13 @@ def _metric_values(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
     return v.float()
 
 
+def _n_heads(model: MIModel, kind: str) -> int:
+    return model.num_kv_heads if kind in ("k", "v") else model.num_heads
+
+
 def _columns(model: MIModel, kind: str, ids: torch.Tensor, positions: list[int]) -> list[str]:
-    if kind == "z":
-        return [f"H{h}" for h in range(model.num_heads)]
+    if kind in HEAD_KINDS:
+        return [f"H{h}" for h in range(_n_heads(model, kind))]
     try:
         toks = model.to_str_tokens(ids[0])
     except Exception:
@@ -115,18 +127,23 @@ def _setup(model: MIModel, clean: Any, corrupted: Any, kind: str,
 def patching_grid(model: MIModel, clean: Any, corrupted: Any, metric: Metric,
                   kind: str = "resid_pre", layers: Sequence[int] | None = None,
                   positions: Sequence[int] | None = None, batch_size: int = 64,
-                  show_progress: bool | None = None) -> PatchingResult:
-    """Exact activation patching over (layer x position), or (layer x head) for ``kind="z"``.
+                  show_progress: bool | None = None, raw: bool = False) -> PatchingResult:
+    """Exact activation patching over (layer x position), or (layer x head) for the per-head
+    kinds (z, q, k, v by KV head, result, pattern).
 
-    `metric`: logits [batch, seq, vocab] -> [batch]. Raises InterventionError for prompts of
-    different token length, MetricError when the metric does not differ between them.
+    `metric`: logits [batch, seq, vocab] -> [batch]. `raw`: the grid holds the metric values
+    (no normalisation). Raises InterventionError for prompts of different token length,
+    MetricError when the metric does not differ between them (normalised grids only).
     """
     c_ids, k_ids, layers, pos, points = _setup(model, clean, corrupted, kind, layers, positions)
     clean_cache = model.forward(c_ids, HookSpec().capture_all(points))
     m_clean = float(_metric_values(metric, clean_cache.output)[0])
     m_corr = float(_metric_values(metric, model.forward(k_ids).output)[0])
-    normalize_metric(0.0, m_clean, m_corr)  # fail early on a constant metric
-    cols = list(range(model.num_heads)) if kind == "z" else pos
+    scale = (lambda v: v.float()) if raw else (  # noqa: E731
+        lambda v: normalize_metric(v, m_clean, m_corr))
+    if not raw:
+        normalize_metric(0.0, m_clean, m_corr)  # fail early on a constant metric
+    cols = list(range(_n_heads(model, kind))) if kind in HEAD_KINDS else pos
     grid = torch.zeros(len(layers), len(cols))
     for li, (layer, hp) in enumerate(progress(list(zip(layers, points)), f"patch {kind}",
                                              enabled=show_progress)):
@@ -138,49 +155,50 @@ def patching_grid(model: MIModel, clean: Any, corrupted: Any, metric: Metric,
                       src: torch.Tensor = src) -> torch.Tensor:
                 x = x.clone()
                 for row, col in enumerate(chunk):
-                    if kind == "z":
+                    if kind in HEAD_KINDS and kind != "pattern":  # [b, s, heads, d]
                         x[row, :, col] = src[0, :, col]
-                    else:
+                    else:  # [b, s, ...] at a position, or a head's pattern [b, heads, q, k]
                         x[row, col] = src[0, col]
                 return x
 
             out = model.forward(k_ids.expand(len(chunk), -1), HookSpec().intervene(hp, patch)).output
-            grid[li, start:start + len(chunk)] = normalize_metric(
-                _metric_values(metric, out), m_clean, m_corr)
+            grid[li, start:start + len(chunk)] = scale(_metric_values(metric, out))
     return PatchingResult(kind, "exact", grid, layers, _columns(model, kind, c_ids, pos),
                           m_clean, m_corr)
 
 
 def attribution_patching(model: MIModel, clean: Any, corrupted: Any, metric: Metric,
                          kind: str = "resid_pre", layers: Sequence[int] | None = None,
-                         positions: Sequence[int] | None = None) -> PatchingResult:
-    """The linear approximation of :func:`patching_grid` (same grid, same normalisation):
-    ``grad of metric at the corrupted run . (clean - corrupted activation)``.
+                         positions: Sequence[int] | None = None, raw: bool = False
+                         ) -> PatchingResult:
+    """The linear approximation of :func:`patching_grid` (same grid, same normalisation;
+    `raw`: the estimated metric values): ``grad of metric at the corrupted run . (clean -
+    corrupted activation)``, the gradients captured through ``HookSpec.capture_grad``.
 
     Needs a backend whose forward is differentiable (gradients flow through hook points).
     """
     model.require(caps.Gradients, "attribution_patching")
     c_ids, k_ids, layers, pos, points = _setup(model, clean, corrupted, kind, layers, positions)
     clean_cache = model.forward(c_ids, HookSpec().capture_all(points))
-    corr_cache = model.forward(k_ids, HookSpec().capture_all(points))
+    spec = HookSpec().capture_all(points)
+    for hp in points:
+        spec.capture_grad(hp)
+    corr_cache = model.forward(k_ids, spec)
     m_clean = float(_metric_values(metric, clean_cache.output)[0])
-    m_corr = float(_metric_values(metric, corr_cache.output)[0])
-    # Zero-valued leaves added at each point: d(metric)/d(leaf) = d(metric)/d(activation).
-    deltas = [torch.zeros_like(corr_cache.require(hp), dtype=torch.float32, requires_grad=True)
-              for hp in points]
-    spec = HookSpec()
-    for hp, d in zip(points, deltas):
-        spec.intervene(hp, Add(d))
-    with torch.enable_grad():
-        out = model.forward(k_ids, spec).output
-        m = _metric_values(metric, out)[0]
-        grads = torch.autograd.grad(m, deltas, allow_unused=True)
+    m = _metric_values(metric, corr_cache.output)[0]
+    m_corr = float(m)
+    m.backward()
     rows = []
-    for hp, g in zip(points, grads):
-        diff = (clean_cache.require(hp) - corr_cache.require(hp)).float()
-        g = torch.zeros_like(diff) if g is None else g.float()
-        prod = (g * diff)[0]
-        rows.append(prod.sum((0, 2)) if kind == "z" else prod.sum(-1)[pos])
-    grid = normalize_metric(torch.stack(rows).detach().cpu() + m_corr, m_clean, m_corr)
+    for hp in points:
+        diff = (clean_cache.require(hp) - corr_cache.require(hp).detach()).float()
+        prod = (corr_cache.grad(hp).float() * diff)[0]
+        if kind == "pattern":  # [heads, q, k]
+            rows.append(prod.sum((1, 2)))
+        elif kind in HEAD_KINDS:  # [seq, heads, d]
+            rows.append(prod.sum((0, 2)))
+        else:
+            rows.append(prod.sum(-1)[pos])
+    est = torch.stack(rows).detach().cpu() + m_corr
+    grid = est if raw else normalize_metric(est, m_clean, m_corr)
     return PatchingResult(kind, "attribution", grid, layers, _columns(model, kind, c_ids, pos),
                           m_clean, m_corr)

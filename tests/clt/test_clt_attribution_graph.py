@@ -30,7 +30,7 @@ def tiny():
 
 
 # attr: the CLT reads hook_resid_mid; attr_mlpin: the same weights read the MLP input
-# (circuit-tracer's mlp.hook_in = our ln2.hook_normalized), behind the frozen ln2 scale.
+# (circuit-tracer's mlp.hook_in = ours: after the ln2 gain), behind the frozen ln2 scale.
 @pytest.fixture(scope="module", params=["attr", "attr_mlpin"])
 def setup(request, tiny):
     model = tiny

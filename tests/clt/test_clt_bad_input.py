@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pickle
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -116,3 +118,86 @@ def test_bad_config_values(tmp_path: Path) -> None:
     (d / "W_enc_0.safetensors").unlink()
     with pytest.raises(mi.DictionaryError, match=r"hub URI"):
         mi.load_dictionary(d)
+
+
+# -- config.yaml: strict types ----------------------------------------------------------
+
+@pytest.mark.parametrize("text, pattern", [
+    ("model_kind: cross_layer_transcoder\nk: '4'\nactivation: topk\n", r"key 'k' = '4'"),
+    ("model_kind: cross_layer_transcoder\nk: true\nactivation: topk\n", r"key 'k' = True"),
+    ("model_kind: cross_layer_transcoder\nk: 1000\n", r"key 'k' = 1000: more than the 32"),
+    ("model_kind: cross_layer_transcoder\nfeature_input_hook: 3\n", r"key 'feature_input_hook' = 3"),
+    ("model_kind: cross_layer_transcoder\nactivation: [relu]\n", r"key 'activation' = \['relu'\]"),
+    ("model_kind: clt\n", r"key 'model_kind' = 'clt'"),
+    ("- a\n- b\n", r"must hold a YAML mapping"),
+    ("model_kind: [unclosed\n", r"not valid YAML"),
+])
+def test_config_yaml_of_wrong_type_names_file_key_and_value(tmp_path: Path, text: str, pattern: str) -> None:
+    d = _copy(tmp_path)
+    (d / "config.yaml").write_text(text)
+    with pytest.raises(mi.DictionaryError, match=rf"config\.yaml.*{pattern}"):
+        mi.load_dictionary(d, format="circuit-tracer-clt")
+
+
+def test_transcoder_list_entry_of_wrong_type_is_named(tmp_path: Path) -> None:
+    d = _copy(tmp_path, "tset")
+    (d / "config.yaml").write_text("model_kind: transcoder_set\ntranscoders:\n"
+                                   "- {layer: '0', filepath: layer_0.safetensors}\n")
+    with pytest.raises(mi.DictionaryError, match=r"config\.yaml: transcoders\[0\]\.layer = '0'"):
+        mi.load_dictionary(d)
+    (d / "config.yaml").write_text("model_kind: transcoder_set\ntranscoders: [7, 8]\n")
+    with pytest.raises(mi.DictionaryError, match=r"config\.yaml: transcoders\[0\] = 7: expected a file path"):
+        mi.load_dictionary(d)
+
+
+# -- tensors -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("file, tensor", [("W_enc_1.safetensors", "b_enc_1"),
+                                          ("W_enc_2.safetensors", "W_enc_2"),
+                                          ("W_dec_0.safetensors", "W_dec_0")])
+def test_non_finite_tensor_names_file_and_tensor(tmp_path: Path, file: str, tensor: str) -> None:
+    d = _copy(tmp_path)
+    w = load_file(str(d / file))
+    w[tensor].view(-1)[0] = float("nan")
+    save_file(w, str(d / file))
+    clt = None
+    with pytest.raises(mi.DictionaryError, match=rf"{file.replace('.', chr(92) + '.')}: tensor '{tensor}' contains NaN"):
+        clt = mi.load_dictionary(d)  # biases are checked at load
+        layer = int(tensor[-1])
+        clt.encoder(layer)  # an encoder when first used
+        clt.decoder_rows(layer, None)  # decoder rows as they are read
+
+
+def test_integer_tensor_is_refused_by_name(tmp_path: Path) -> None:
+    d = _copy(tmp_path)
+    w = load_file(str(d / "W_enc_0.safetensors"))
+    w["b_dec_0"] = w["b_dec_0"].to(torch.int32)
+    save_file(w, str(d / "W_enc_0.safetensors"))
+    with pytest.raises(mi.DictionaryError, match=r"W_enc_0\.safetensors: tensor 'b_dec_0' has dtype I32"):
+        mi.load_dictionary(d)
+
+
+# -- pickles: refused without unpickling -------------------------------------------------
+
+class _Marker:
+    """Unpickling this object creates the file `path` (a stand-in for arbitrary code)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.path,))
+
+
+def test_pickle_files_are_refused_by_name_and_never_unpickled(tmp_path: Path) -> None:
+    marker = tmp_path / "unpickled"
+    d = tmp_path / "clt"
+    d.mkdir()
+    for name in ("W_enc_0.pt", "W_dec_0.pth", "transcoder.pkl"):
+        (d / name).write_bytes(pickle.dumps(_Marker(marker)))
+    with pytest.raises(mi.DictionaryError, match=r"refusing pickle file\(s\) W_dec_0\.pth, W_enc_0\.pt, transcoder\.pkl"):
+        mi.load_dictionary(d)
+    (d / "config.yaml").write_text("model_kind: transcoder_set\ntranscoders: [transcoder.pkl]\n")
+    with pytest.raises(mi.DictionaryError, match=r"config\.yaml: transcoder for layer 0 is a pickle file 'transcoder\.pkl'"):
+        mi.load_dictionary(d)
+    assert not marker.exists()

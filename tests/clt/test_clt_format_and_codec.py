@@ -44,7 +44,7 @@ def test_layout_kinds_and_hooks_are_read_from_config() -> None:
     tset = mi.load_dictionary(FIX / "tset")  # older list-of-dicts config form
     assert not tset.cross_layer and tset.files.kind == "transcoder_set"
     # circuit-tracer's TransformerLens names map onto ours
-    assert str(tset.input_hook(0)) == "blocks.0.ln2.hook_normalized"
+    assert str(tset.input_hook(0)) == "blocks.0.mlp.hook_in"  # circuit-tracer mlp.hook_in
     assert str(tset.output_hook(0)) == "blocks.0.hook_mlp_out"
     gs2 = mi.load_dictionary(FIX / "gs2_clt")
     assert gs2.files.kind == "gemma_scope_2_clt" and gs2.cross_layer

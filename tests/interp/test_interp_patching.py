@@ -105,7 +105,7 @@ def test_constant_metric_is_a_metric_error(model):
 
 def test_unknown_kind_and_bad_metric_shape(model):
     with pytest.raises(mi.InterventionError, match="unknown patch kind"):
-        patching_grid(model, CLEAN, CORRUPT, _metric(model), "q")
+        patching_grid(model, CLEAN, CORRUPT, _metric(model), "rot_q")
     with pytest.raises(MetricError, match="one value per batch row"):
         patching_grid(model, CLEAN, CORRUPT, lambda lg: lg[:, -1, :3])
 

@@ -100,7 +100,35 @@ def test_final_norm_with_captured_scale_reproduces_the_normalized_output(model: 
                       .capture("ln_final.hook_normalized"))
     be = model.backend
     again = be.final_norm(c[last], scale=c["ln_final.hook_scale"])
-    assert (again - c["ln_final.hook_normalized"]).abs().max().item() < 1e-5
+    # hook_normalized is before the gain and bias (TransformerLens); the head reads it after
+    w, b = be.get_weight("ln_final.w"), be.get_weight("ln_final.b")
+    assert (again - (c["ln_final.hook_normalized"] * w + b)).abs().max().item() < 1e-5
+    assert (be.unembed(again) - c.output).abs().max().item() < 1e-4
     assert torch.equal(be.get_weight("W_U"), be.head.T)
     with pytest.raises(mi.WeightLoadError, match="W_Q"):
         be.get_weight("W_Q", 0)
+
+
+def test_ln_hook_normalized_is_before_the_gain_and_hook_in_is_the_sublayer_input(model: mi.MIModel) -> None:
+    """As TransformerLens: ``lnK.hook_normalized`` = (x - mean) / sqrt(var + eps), and the
+    time / channel mix read ``attn.hook_in`` / ``mlp.hook_in`` = that * weight + bias (the
+    checkpoint's LayerNorm tensors), by the explicit formula (F32, 1e-5)."""
+    ids = random_ids(2, 6)
+    base = model.forward(ids).output
+    names = [f"blocks.1.{s}" for s in ("hook_resid_pre", "ln1.hook_normalized", "attn.hook_in",
+                                       "hook_resid_mid", "ln2.hook_normalized", "mlp.hook_in")]
+    c = model.forward(ids, mi.HookSpec().capture_all(names))
+    assert torch.equal(c.output, base)  # capturing changes no number
+    eps, layer = model.config.norm_eps, model.backend.layers[1]
+    for x_name, ln, (w, b) in (("hook_resid_pre", "ln1", layer.ln1), ("hook_resid_mid", "ln2", layer.ln2)):
+        x = c[f"blocks.1.{x_name}"]
+        n = (x - x.mean(-1, keepdim=True)) / (x.var(-1, unbiased=False, keepdim=True) + eps).sqrt()
+        assert (c[f"blocks.1.{ln}.hook_normalized"] - n).abs().max().item() < 1e-5
+        sub = "attn" if ln == "ln1" else "mlp"
+        assert (c[f"blocks.1.{sub}.hook_in"] - (n * w + b)).abs().max().item() < 1e-5
+    # An intervention at hook_normalized feeds the rest of the model through the gain.
+    same = model.forward(ids, mi.HookSpec().intervene("blocks.1.ln2.hook_normalized", lambda t, hook: t)).output
+    assert (same - base).abs().max().item() < 1e-5
+    zeroed = model.forward(ids, mi.HookSpec().intervene("blocks.1.ln2.hook_normalized", mi.Zero())
+                           .capture("blocks.1.mlp.hook_in"))
+    assert torch.allclose(zeroed["blocks.1.mlp.hook_in"], layer.ln2[1].expand(2, 6, -1))  # bias only

@@ -129,8 +129,10 @@ def test_gemma_scope_2_safetensors_match_sae_lens_loader(fake_hub: Path, transco
     torch.testing.assert_close(ours.reconstruct(x), out_ref, atol=TOL, rtol=0)
     if transcoder:
         assert ours.architecture == "jumprelu_skip_transcoder"
+        # trained on pre_feedforward_layernorm.output: the MLP's input after the norm's gain
+        # (sae-lens names it TransformerLens' hook_mlp_in, the residual before the norm)
         assert (str(ours.hook_point), str(ours.hook_point_out)) == (
-            "blocks.3.ln2.hook_normalized", "blocks.3.hook_mlp_out")
+            "blocks.3.mlp.hook_in", "blocks.3.hook_mlp_out")
         skip = torch.from_numpy(a["affine_skip_connection"])
         torch.testing.assert_close(ours.reconstruct(x) - ours.decode(ours.encode(x)), x @ skip,
                                    atol=TOL, rtol=0)
@@ -167,8 +169,8 @@ def test_sparsify_matches_eai_sparsify_on_files_it_saved(tmp_path: Path, variant
     torch.testing.assert_close(ours.reconstruct(x), out_ref, atol=TOL, rtol=0)
     torch.testing.assert_close(ours.decode(ours.encode_sparse(x)), dec_ref, atol=TOL, rtol=0)
     if variant == "transcode_skip":
-        assert (str(ours.hook_point), str(ours.hook_point_out)) == (
-            "blocks.2.ln2.hook_normalized", "blocks.2.hook_mlp_out")
+        assert (str(ours.hook_point), str(ours.hook_point_out)) == (  # the MLP module's input
+            "blocks.2.mlp.hook_in", "blocks.2.hook_mlp_out")
     else:
         assert str(ours.hook_point) == "blocks.2.hook_resid_post"
 

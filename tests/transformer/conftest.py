@@ -17,7 +17,7 @@ import torch
 
 import mi_core as mi
 
-from tests.support.tiny_families import _COMMON, FAMILIES, VOCAB  # noqa: E402
+from tests.support.tiny_families import _COMMON, FAMILIES, GPT_FAMILIES, VOCAB  # noqa: E402
 
 
 @attrs.define
@@ -59,7 +59,8 @@ def make_tiny(root: Path, name: str, model_type: str, overrides: dict[str, Any],
               ) -> Tiny:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = AutoConfig.for_model(model_type, **{**_COMMON, **overrides})
+    kwargs = overrides if name in GPT_FAMILIES else {**_COMMON, **overrides}
+    cfg = AutoConfig.for_model(model_type, **kwargs)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager",
                                              dtype=torch.float32).eval()

@@ -26,13 +26,17 @@ def _to_hub_format(cfg: dict) -> dict:
         params = full
     else:
         old["rope_theta"] = params.pop("rope_theta")
-    params.pop("partial_rotary_factor", None)
+    if "partial_rotary_factor" in params:  # a top-level key in the hub spelling
+        old["partial_rotary_factor"] = params.pop("partial_rotary_factor")
     if params.get("rope_type", "default") != "default":
         old["rope_scaling"] = params
     return old
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+_ROTARY = [n for n, (mt, _) in FAMILIES.items() if mt not in ("gpt2", "gptj", "opt")]
+
+
+@pytest.mark.parametrize("name", _ROTARY)
 def test_rope_parameters_and_rope_theta_formats_parse_to_the_same_config(tiny, name):
     new = tiny(name).config
     assert "rope_parameters" in new  # what transformers 5 wrote
@@ -95,7 +99,7 @@ def test_missing_config_field_is_a_config_error_naming_it(tiny, field):
         parse_config(cfg, "some/config.json")
 
 
-@pytest.mark.parametrize("kind", ["yarn", "longrope", "su"])
+@pytest.mark.parametrize("kind", ["su", "ntk_by_parts_v9"])
 def test_unsupported_rope_scaling_is_a_config_error(tiny, kind):
     cfg = tiny("llama").config
     cfg["rope_parameters"] = {"rope_type": kind, "factor": 2.0, "rope_theta": 1e4}
@@ -117,6 +121,27 @@ def test_heads_not_divisible_by_kv_heads_is_a_config_error(tiny):
         parse_config(cfg)
 
 
-def test_every_family_of_the_issue_has_a_parser():
-    assert set(FAMILY_PARSERS) == {"llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
-                                   "phi3", "starcoder2", "mistral"}
+def test_every_family_of_the_issues_has_a_parser():
+    assert set(FAMILY_PARSERS) >= {
+        "llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "starcoder2",
+        "mistral", "helium", "gpt2", "gpt_neox", "gptj", "phi", "opt", "falcon", "stablelm"}
+
+
+@pytest.mark.parametrize("name", ["gpt_neox", "gpt_neox_sequential"])
+def test_neox_hub_spelling_rotary_pct_and_rotary_emb_base_parses_like_rope_parameters(tiny, name):
+    """Pythia's config.json on the hub says rotary_pct / rotary_emb_base; transformers 5
+    writes rope_parameters with partial_rotary_factor / rope_theta."""
+    new = tiny(name).config
+    old = copy.deepcopy(new)
+    params = old.pop("rope_parameters")
+    old["rotary_pct"], old["rotary_emb_base"] = params["partial_rotary_factor"], params["rope_theta"]
+    c = parse_config(old)
+    assert c == parse_config(new)
+    assert (c.rotary_dim, c.ropes[0].theta) == (8, 500.0)  # 0.5 of head_dim 16; the tiny base
+
+
+def test_neox_spellings_that_disagree_are_a_config_error(tiny):
+    cfg = tiny("gpt_neox").config
+    cfg["rotary_pct"] = 0.25  # rope_parameters says 0.5
+    with pytest.raises(ConfigError, match="rotary_pct"):
+        parse_config(cfg)

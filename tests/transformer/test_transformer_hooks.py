@@ -11,6 +11,8 @@ import mi_core as mi
 from mi_core.errors import InterventionError
 
 SEQ = 10
+#: Points read only through ln1 / ln2 (TransformerLens' per-head and MLP inputs).
+NORM_INPUTS = {"hook_attn_in", "hook_q_input", "hook_k_input", "hook_v_input", "hook_mlp_in"}
 
 
 def _all_points(model: mi.MIModel) -> list[mi.HookPoint]:
@@ -69,6 +71,8 @@ def test_every_intervention_kind_changes_the_logits_at_every_point(llama_model, 
               "callable": lambda: (lambda t, hook: t * 0.5 + 0.1)}[kind]()
         if kind == "zero" and hp.suffix.endswith("hook_scale"):
             iv = mi.Scale(2.0)  # a zero divisor is not a meaningful intervention
+        if kind == "scale" and hp.suffix in NORM_INPUTS:
+            iv = mi.Add(torch.ones(shape))  # RMSNorm(0.5 x) == RMSNorm(x) up to eps
         out = llama_model.forward(ids, mi.HookSpec().intervene(hp, iv)).output
         assert torch.isfinite(out).all(), hp.name
         assert (out - base).abs().max().item() > 1e-4, (kind, hp.name)
@@ -151,12 +155,13 @@ def test_attn_out_and_mlp_out_interventions_feed_the_residual(llama_model, make_
 
 def test_gated_mlp_hooks_are_neuron_space_gate_and_act_times_up(llama_model, make_ids):
     ids = make_ids(1, SEQ)
-    names = ["blocks.0.ln2.hook_normalized", "blocks.0.mlp.hook_pre", "blocks.0.mlp.hook_post",
-             "blocks.0.hook_mlp_out"]
+    names = ["blocks.0.mlp.hook_in", "blocks.0.mlp.hook_pre", "blocks.0.mlp.hook_post",
+             "blocks.0.hook_mlp_out", "blocks.0.mlp.hook_pre_linear"]
     c = llama_model.forward(ids, mi.HookSpec().capture_all(names))
     x = c[names[0]]
     be = llama_model.backend
     assert (c[names[1]] - x @ be.get_weight("W_gate", 0)).abs().max().item() < 1e-5
+    assert (c[names[4]] - x @ be.get_weight("W_up", 0)).abs().max().item() < 1e-5
     want_post = F.silu(c[names[1]]) * (x @ be.get_weight("W_up", 0))
     assert (c[names[2]] - want_post).abs().max().item() < 1e-5
     assert (c[names[3]] - c[names[2]] @ be.get_weight("W_out", 0)).abs().max().item() < 1e-5
@@ -166,7 +171,8 @@ def test_post_norm_models_apply_the_post_norm_before_attn_out(tiny, make_ids):
     model = tiny("gemma2").load()
     names = ["blocks.0.ln1_post.hook_normalized", "blocks.0.hook_attn_out"]
     c = model.forward(make_ids(1, SEQ), mi.HookSpec().capture_all(names))
-    assert torch.equal(c[names[0]], c[names[1]])
+    gain = 1 + model.backend.w.layers[0].ln1_post.weight  # Gemma's RMSNorm multiplies by 1 + w
+    assert (c[names[0]] * gain - c[names[1]]).abs().max().item() < 1e-6
 
 
 def test_wrongly_shaped_operand_is_rejected_before_compute(llama_model, make_ids):
@@ -232,3 +238,70 @@ def test_gradients_flow_with_frozen_norms_and_attention(llama_model, make_ids):
             "blocks.1.hook_resid_pre", mi.Replace(resid))).output
 
     assert (f(r0 + d) - f(r0) - (f(r0 + 2 * d) - f(r0 + d))).abs().max().item() < 1e-3
+
+
+TL_INPUT_POINTS = ["blocks.1.hook_attn_in", "blocks.1.hook_q_input", "blocks.1.hook_k_input",
+                   "blocks.1.hook_v_input", "blocks.1.hook_mlp_in", "blocks.1.mlp.hook_pre_linear",
+                   "blocks.1.ln1.hook_normalized", "blocks.1.attn.hook_in",
+                   "blocks.1.ln2.hook_normalized", "blocks.1.mlp.hook_in"]
+
+
+def test_capturing_the_tl_input_points_does_not_change_the_logits(llama_model, make_ids):
+    ids = make_ids(2, SEQ)
+    base = llama_model.forward(ids).output
+    cache = llama_model.forward(ids, mi.HookSpec().capture_all(TL_INPUT_POINTS))
+    assert torch.equal(cache.output, base)
+    assert len(cache) == len(TL_INPUT_POINTS)
+
+
+def test_normalized_is_before_the_gain_and_hook_in_after_it(llama_model, make_ids):
+    """TransformerLens' hook_normalized = x / scale; attn/mlp.hook_in = that times the gain."""
+    be = llama_model.backend
+    names = ["blocks.1.hook_resid_pre", "blocks.1.ln1.hook_scale", "blocks.1.hook_resid_mid",
+             "blocks.1.ln2.hook_scale", "blocks.1.hook_mlp_in"] + TL_INPUT_POINTS
+    c = llama_model.forward(make_ids(2, SEQ), mi.HookSpec().capture_all(names))
+    for ln, resid, sub in (("ln1", "hook_resid_pre", "attn"), ("ln2", "hook_resid_mid", "mlp")):
+        want = c[f"blocks.1.{resid}"] / c[f"blocks.1.{ln}.hook_scale"]
+        assert (c[f"blocks.1.{ln}.hook_normalized"] - want).abs().max().item() < 1e-5
+        gained = want * be.get_weight(f"{ln}.w", 1)
+        assert (c[f"blocks.1.{sub}.hook_in"] - gained).abs().max().item() < 1e-5
+    assert torch.equal(c["blocks.1.hook_mlp_in"], c["blocks.1.hook_resid_mid"])
+    h, kv = llama_model.num_heads, llama_model.num_kv_heads
+    resid = c["blocks.1.hook_resid_pre"]
+    for name, n in (("hook_attn_in", h), ("hook_q_input", h), ("hook_k_input", kv),
+                    ("hook_v_input", kv)):
+        assert torch.equal(c[f"blocks.1.{name}"], resid[:, :, None].expand(-1, -1, n, -1)), name
+
+
+def test_q_input_intervention_changes_only_that_heads_query(llama_model, make_ids):
+    """Head 0 reads another prompt's residual: its query is that prompt's ln1 output times
+    W_Q[0]; the other heads' queries and every key are unchanged."""
+    ids, other = make_ids(1, SEQ, seed=1), make_ids(1, SEQ, seed=2)
+    be = llama_model.backend
+    names = ["blocks.1.hook_resid_pre", "blocks.1.attn.hook_in", "blocks.1.attn.hook_q",
+             "blocks.1.attn.hook_k"]
+    base = llama_model.forward(ids, mi.HookSpec().capture_all(names))
+    alt = llama_model.forward(other, mi.HookSpec().capture_all(names))
+
+    def patch(t, hook):
+        t[:, :, 0] = alt["blocks.1.hook_resid_pre"][:, :]
+        return t
+
+    c = llama_model.forward(ids, mi.HookSpec().intervene("blocks.1.attn.hook_q_input", patch)
+                            .capture_all(names[2:]))
+    want0 = alt["blocks.1.attn.hook_in"] @ be.get_weight("W_Q", 1)[0]
+    assert (c["blocks.1.attn.hook_q"][:, :, 0] - want0).abs().max().item() < 1e-5
+    assert (c["blocks.1.attn.hook_q"][:, :, 1:] - base["blocks.1.attn.hook_q"][:, :, 1:]
+            ).abs().max().item() < 1e-5
+    assert (c["blocks.1.attn.hook_k"] - base["blocks.1.attn.hook_k"]).abs().max().item() < 1e-5
+    assert (c.output - base.output).abs().max().item() > 1e-4
+
+
+def test_mlp_in_intervention_feeds_ln2(llama_model, make_ids):
+    ids = make_ids(1, SEQ)
+    names = ["blocks.1.hook_resid_mid", "blocks.1.ln2.hook_scale", "blocks.1.ln2.hook_normalized"]
+    c = llama_model.forward(ids, mi.HookSpec().intervene("blocks.1.hook_mlp_in", mi.Scale(-1.0))
+                            .capture_all(names))
+    base = llama_model.forward(ids, mi.HookSpec().capture_all(names))
+    assert torch.equal(c[names[0]], base[names[0]])  # the residual itself is untouched
+    assert (c[names[2]] + base[names[2]]).abs().max().item() < 1e-5  # ln2 saw -x

@@ -25,17 +25,21 @@ def test_family_matches_transformers_logits_resid_and_patterns(tiny, make_ids, n
     with torch.no_grad():
         ref = t.hf(ids, output_hidden_states=True, output_attentions=True)
     L = model.num_layers
-    hooks = mi.HookSpec().capture("hook_embed").capture("ln_final.hook_normalized")
+    hooks = mi.HookSpec().capture(mi.HookPoint.resid_pre(0)).capture("ln_final.hook_normalized")
     for i in range(L):
         hooks.capture(mi.HookPoint.resid_post(i)).capture(mi.HookPoint.attn_pattern(i))
     cache = model.forward(ids, hooks)
 
     assert (cache.output - ref.logits).abs().max().item() < TOL
     # hidden_states: [embeddings, after layer 0, ..., after layer L-2, final-normed output]
-    assert (cache["hook_embed"] - ref.hidden_states[0]).abs().max().item() < TOL
+    # (token + learned position embeddings where the family has them)
+    assert (cache[mi.HookPoint.resid_pre(0)] - ref.hidden_states[0]).abs().max().item() < TOL
     for i in range(L - 1):
         assert (cache[mi.HookPoint.resid_post(i)] - ref.hidden_states[i + 1]).abs().max() < TOL, i
-    assert (cache["hook_final_norm"] - ref.hidden_states[L]).abs().max().item() < TOL
+    # ln_final.hook_normalized is x / scale before the gain (TransformerLens); HF's last
+    # hidden state is the norm's full output
+    final = model.backend.final_norm(cache[mi.HookPoint.resid_post(L - 1)])
+    assert (final - ref.hidden_states[L]).abs().max().item() < TOL
     for i in range(L):
         assert (cache[mi.HookPoint.attn_pattern(i)] - ref.attentions[i]).abs().max() < TOL, i
     # the logits must actually vary, or the comparison above proves little

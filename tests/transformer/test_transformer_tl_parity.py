@@ -5,16 +5,14 @@ no LayerNorm folding), booted offline from a local directory. It names its hook 
 TransformerLens does, and so do we; every name below exists on both sides with the same
 shape. Differences, documented:
 
-- ``ln*.hook_normalized``: TransformerLens' is ``x / scale`` *before* the norm's gain; ours
-  (API.md) is the norm's output, gain included (ln2's is the MLP input). We compare ours with
-  the bridge's value times the HF norm weight.
-
+- ``ln*.hook_normalized`` is ``x / scale`` *before* the norm's gain on both sides; the norm's
+  output (the sublayer input) is ``attn.hook_in`` / ``mlp.hook_in`` on both.
 - ``attn.hook_attn_scores``: masked (future) positions are ``-inf`` here and
   ``torch.finfo(float32).min`` in the bridge (HF's eager mask); both are compared as "masked"
   and the finite entries are compared by value.
-- The bridge also has points we do not (``*.hook_in`` / ``hook_out`` of every wrapped module,
-  ``attn.hook_cos`` / ``hook_sin``, ``mlp.hook_pre_linear`` (the up projection), ``hook_unembed``);
-  we have ``attn.hook_result``, which it lacks. Those are not compared.
+- The bridge also has points we do not (``hook_in`` / ``hook_out`` of other wrapped modules,
+  ``attn.hook_cos`` / ``hook_sin``, ``hook_unembed``); we have ``attn.hook_result``, which it
+  lacks. Those are not compared.
 
 Tolerance: max abs diff < 1e-4 (F32) for the tiny model. For SmolLM2 the check is
 ``max|ours - bridge| <= 1e-4 + 1e-5 * max|bridge|`` per tensor: SmolLM2 has massive
@@ -39,11 +37,11 @@ tl_bridge = pytest.importorskip("transformer_lens.model_bridge")
 
 #: Per-layer hook points both sides provide (TransformerLens names, ours by the API contract).
 LAYER_POINTS = [
-    "hook_resid_pre", "ln1.hook_scale", "ln1.hook_normalized",
+    "hook_resid_pre", "ln1.hook_scale", "ln1.hook_normalized", "attn.hook_in",
     "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q", "attn.hook_rot_k",
     "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z", "hook_attn_out",
-    "hook_resid_mid", "ln2.hook_scale", "ln2.hook_normalized",
-    "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
+    "hook_resid_mid", "ln2.hook_scale", "ln2.hook_normalized", "mlp.hook_in",
+    "mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post", "hook_mlp_out", "hook_resid_post",
 ]
 GLOBAL_POINTS = ["hook_embed", "ln_final.hook_scale", "ln_final.hook_normalized"]
 
@@ -74,23 +72,12 @@ def _boot(directory: Path, tokenizer=None):
         str(directory), device="cpu", dtype=torch.float32, tokenizer=tokenizer)
 
 
-def _norm_weights(directory: Path, num_layers: int) -> dict[str, torch.Tensor]:
-    """TL norm name -> the HF RMSNorm gain applied after ``hook_normalized`` (from the files)."""
-    from safetensors.torch import load_file
-
-    sd = load_file(str(directory / "model.safetensors"))
-    out = {"ln_final": sd["model.norm.weight"]}
-    for i in range(num_layers):
-        out[f"blocks.{i}.ln1"] = sd[f"model.layers.{i}.input_layernorm.weight"]
-        out[f"blocks.{i}.ln2"] = sd[f"model.layers.{i}.post_attention_layernorm.weight"]
-    return out
-
-
 def _compare(model: mi.MIModel, directory: Path, ids: torch.Tensor, atol: float, rtol: float,
-             tokenizer=None) -> None:
+             tokenizer=None, layer_points: list[str] = LAYER_POINTS,
+             global_points: list[str] = GLOBAL_POINTS) -> None:
     bridge = _boot(directory, tokenizer)
-    names = GLOBAL_POINTS + [f"blocks.{i}.{p}" for i in range(model.num_layers) for p in LAYER_POINTS]
-    gains = _norm_weights(directory, model.num_layers)
+    names = global_points + [f"blocks.{i}.{p}" for i in range(model.num_layers)
+                             for p in layer_points]
     with torch.no_grad():
         ref_logits, ref = bridge.run_with_cache(ids)
     logits, ours = model.run_with_cache(ids, names_filter=names)
@@ -99,8 +86,6 @@ def _compare(model: mi.MIModel, directory: Path, ids: torch.Tensor, atol: float,
         assert n in ref, f"bridge lacks {n}"
         a, b = ours[n], ref[n].to(torch.float32)
         assert a.shape == b.shape, f"{n}: ours {list(a.shape)} vs bridge {list(b.shape)}"
-        if n.endswith("hook_normalized"):
-            b = b * gains[n.rsplit(".", 1)[0]].float()
         if n.endswith("hook_attn_scores"):
             masked = torch.isneginf(a)
             assert torch.equal(masked, b <= torch.finfo(torch.float32).min / 2), n
@@ -124,3 +109,32 @@ def test_smollm2_hook_values_match_transformer_bridge(smollm2, smollm2_gguf_path
     n = min(len(r) for r in rows)
     _compare(smollm2, smollm2_hf_dir(smollm2_gguf_path), torch.tensor([r[:n] for r in rows]),
              atol=1e-4, rtol=1e-5)
+
+
+# GPT-2 has no rotary (no hook_rot_*; learned positions at hook_pos_embed) and a plain MLP (no
+# hook_pre_linear); Pythia's parallel block has no hook_resid_mid; its hook_q / hook_k are
+# before the (partial) rotary on both sides.
+_GPT2_POINTS = [p for p in LAYER_POINTS
+                if p not in ("attn.hook_rot_q", "attn.hook_rot_k", "mlp.hook_pre_linear")]
+_NEOX_POINTS = [p for p in _GPT2_POINTS if p != "hook_resid_mid"]
+
+
+@pytest.mark.parametrize("name, points, extra", [
+    ("gpt2", _GPT2_POINTS, ["hook_pos_embed"]),
+    ("gpt_neox", _NEOX_POINTS, []),
+])
+def test_gpt2_and_pythia_hook_values_match_transformer_bridge(tiny, make_ids, tmp_path, name,
+                                                              points, extra) -> None:
+    """The names TransformerBridge shares with us for GPT-2 and GPT-NeoX (Pythia), on a tiny
+    random checkpoint of each, agree in value (< 1e-4)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    t = tiny(name)
+    directory = tmp_path / name  # a copy with a tokenizer saved next to the weights
+    shutil.copytree(t.path, directory)
+    _dummy_tokenizer().save_pretrained(directory)
+    tok = AutoTokenizer.from_pretrained(str(directory))
+    _compare(t.load(), directory, make_ids(2, 12), atol=1e-4, rtol=0.0, tokenizer=tok,
+             layer_points=points, global_points=GLOBAL_POINTS + extra)

@@ -16,7 +16,7 @@ TOL = 1e-5
 def test_qkv_weights_recompute_hook_q_k_v_with_biases(tiny, make_ids):
     model = tiny("qwen2_untied").load()  # has q/k/v biases
     be = model.backend
-    names = ["blocks.1.ln1.hook_normalized", "blocks.1.attn.hook_q", "blocks.1.attn.hook_k",
+    names = ["blocks.1.attn.hook_in", "blocks.1.attn.hook_q", "blocks.1.attn.hook_k",
              "blocks.1.attn.hook_v"]
     c = model.forward(make_ids(2, SEQ), mi.HookSpec().capture_all(names))
     x = c[names[0]]
@@ -43,10 +43,11 @@ def test_embedding_unembedding_and_final_norm(tiny, make_ids):
     assert (be.get_weight("W_E")[ids] * 64 ** 0.5 - c["hook_embed"]).abs().max().item() < TOL
     assert (be.project_to_vocab(c[last]) - c.output).abs().max().item() < TOL
     assert (model.project_to_vocab(c[last]) - c.output).abs().max().item() < TOL
-    assert (be.final_norm(c[last]) - c["hook_final_norm"]).abs().max().item() < TOL
+    # hook_final_norm is x / scale before the gain, as TransformerLens (RMSNorm: no centring)
+    assert (c[last] / c["ln_final.hook_scale"] - c["hook_final_norm"]).abs().max().item() < TOL
     lin = be.final_norm(c[last] * 3, scale=3 * c["ln_final.hook_scale"])
-    assert (lin - c["hook_final_norm"]).abs().max().item() < TOL
-    raw = c["hook_final_norm"] @ be.get_weight("W_U")
+    assert (lin - be.final_norm(c[last])).abs().max().item() < TOL
+    raw = be.final_norm(c[last]) @ be.get_weight("W_U")
     assert (torch.tanh(raw / 5.0) * 5.0 - c.output).abs().max().item() < TOL  # cap 5 (conftest)
 
 

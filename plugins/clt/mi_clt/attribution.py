@@ -5,8 +5,8 @@ attention patterns and every norm's scale are frozen (detached), each MLP output
 by the CLT's reconstruction plus an error node (a detached leaf whose value is the real MLP
 output), so every path from a source node to a target node is linear. The direct effect of
 source s on target t is then one gradient contraction: inject t's input vector (its encoder
-row at its input hook, or the de-meaned unembedding column of a logit at the final norm's
-output) as the gradient, and read ``grad(mlp_out[l]) . (a_s W_dec[s -> l])`` for features,
+row at its input hook, or the de-meaned unembedding column of a logit through the final
+norm's gain, at ``ln_final.hook_normalized``) as the gradient, and read ``grad(mlp_out[l]) . (a_s W_dec[s -> l])`` for features,
 ``grad(mlp_out[l]) . error[l]`` for error nodes and ``grad(embed) . embedding`` for tokens.
 Many targets share one batched forward (one row per batch element) and one backward pass.
 """
@@ -170,8 +170,8 @@ class _ReplacementRun:
         # cutting its input and hidden state too saves the memory and time autograd would
         # spend recording it (unless the CLT reads the MLP input itself).
         mlp_cut = {"mlp.hook_post"} if clt.files.feature_output_hook == "hook_mlp_out" else set()
-        if mlp_cut and clt.files.feature_input_hook != "ln2.hook_normalized":
-            mlp_cut.add("ln2.hook_normalized")
+        if mlp_cut and clt.files.feature_input_hook != "mlp.hook_in":
+            mlp_cut.add("mlp.hook_in")
         for hp in model.hook_points():
             if (hp.suffix.endswith("hook_scale") or hp.suffix == "attn.hook_pattern"
                     or hp.suffix in mlp_cut):
@@ -247,6 +247,21 @@ def select_logits(logits: torch.Tensor, max_n_logits: int, desired_logit_prob: f
     return top_i[:cutoff], top_p[:cutoff]
 
 
+def _through_final_gain(model: Any, vecs: torch.Tensor) -> torch.Tensor:
+    """Unembedding directions vecs [k, d_model] (read after the final norm's gain and bias)
+    as gradients at ``ln_final.hook_normalized`` (before the gain, as TransformerLens): the
+    transpose of the norm's map with its divisor fixed to 1, whatever the family's gain is."""
+    final_norm = getattr(model.backend, "final_norm", None)
+    if final_norm is None:
+        raise MIError(f"backend {model.backend_name!r} has no final_norm(x, scale); attribution "
+                      "needs it to read logit directions at ln_final.hook_normalized")
+    with torch.enable_grad():
+        n = torch.zeros(vecs.shape, dtype=model.dtype, device=model.device, requires_grad=True)
+        y = final_norm(n, scale=torch.ones(vecs.shape[0], 1, dtype=model.dtype, device=model.device))
+        (g,) = torch.autograd.grad(y, n, vecs.to(y.dtype))
+    return g.to(vecs.dtype)
+
+
 def attribute(model: Any, clt: CrossLayerTranscoder, ids: torch.Tensor | Sequence[int], *,
               max_n_logits: int = 10, desired_logit_prob: float = 0.95, batch_size: int = 64,
               max_feature_nodes: int | None = None, update_interval: int = 4,
@@ -267,7 +282,7 @@ def attribute(model: Any, clt: CrossLayerTranscoder, ids: torch.Tensor | Sequenc
     seq, L = ids.shape[1], clt.n_layers
     logit_ids, logit_p = select_logits(s.logits[-1], max_n_logits, desired_logit_prob)
     w_u = get_weight("W_U").detach().to(clt.dtype)  # [d_model, vocab]
-    logit_vecs = (w_u[:, logit_ids] - w_u.mean(dim=-1, keepdim=True)).T  # [k, d_model]
+    logit_vecs = _through_final_gain(model, (w_u[:, logit_ids] - w_u.mean(dim=-1, keepdim=True)).T)
     n_feat, n_logit = s.feats.shape[0], len(logit_ids)
     n_src = n_feat + (L + 1) * seq
     n_nodes = n_src + n_logit

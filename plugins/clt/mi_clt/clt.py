@@ -16,9 +16,11 @@ import torch
 
 from mi_core.dictionaries import CltFeatureId
 from mi_core.errors import DictionaryError
-from mi_core.hooks import HookPoint
+from mi_core.hooks import HookPoint, HookSpec
 
+from mi_clt import interventions
 from mi_clt.format import CltFiles, read_clt_layout
+from mi_clt.interventions import InjectionLike
 
 
 class CrossLayerTranscoder:
@@ -43,13 +45,15 @@ class CrossLayerTranscoder:
         self.architecture = files.activation
         self.source: Path = files.root
         n, f = files.names, files
-        self.b_enc = torch.stack([e.load(n["b_enc"].format(i=i), dtype, self.device)
-                                  for i, e in enumerate(f.enc_files)])  # [L, d_tc]
-        self.b_dec = torch.stack([e.load(n["b_dec"].format(i=i), dtype, self.device)
-                                  for i, e in enumerate(f.enc_files)])  # [L, d_model]
-        self.threshold = (torch.stack([e.load(n["threshold"].format(i=i), dtype, self.device)
-                                       for i, e in enumerate(f.enc_files)])
-                          if self.activation == "jump_relu" else None)  # [L, d_tc]
+
+        def small(role: str) -> torch.Tensor:
+            return torch.stack([_finite(e.load(n[role].format(i=i), dtype, self.device),
+                                        e.path, n[role].format(i=i))
+                                for i, e in enumerate(f.enc_files)])
+
+        self.b_enc = small("b_enc")  # [L, d_tc]
+        self.b_dec = small("b_dec")  # [L, d_model]
+        self.threshold = small("threshold") if self.activation == "jump_relu" else None  # [L, d_tc]
         self._enc_cache: dict[int, torch.Tensor] = {}
         self._steering: dict[CltFeatureId, torch.Tensor] = {}
 
@@ -108,7 +112,9 @@ class CrossLayerTranscoder:
                 w = w.T
             if w.dtype != self.dtype or self.device.type != "cpu":
                 w = w.to(device=self.device, dtype=self.dtype)
-            self._enc_cache[layer] = w
+            # checked once, when the layer's encoder is first used (it is then cached)
+            self._enc_cache[layer] = _finite(w, f.enc_files[layer].path,
+                                             f.names["W_enc"].format(i=layer))
         return w
 
     def decoder_rows(self, layer: int, index: torch.Tensor | Sequence[int] | None = None
@@ -130,7 +136,8 @@ class CrossLayerTranscoder:
             w = w.unsqueeze(1)
         elif f.kind == "gemma_scope_2_clt":
             w = w[:, layer:, :]
-        return w.to(device=self.device, dtype=self.dtype)
+        # rows are read on demand, so they are checked as read (a cost next to the read)
+        return _finite(w.to(device=self.device, dtype=self.dtype), f.dec_files[layer].path, name)
 
     def decoder_vectors(self, feature: CltFeatureId) -> torch.Tensor:
         """[n_targets, d_model]: the feature's decoder vector at each layer it writes to
@@ -229,8 +236,6 @@ class CrossLayerTranscoder:
     def encode_model(self, model: object, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Run `model` on ids [1, seq] and encode: (feature acts [n_layers, seq, d_features],
         logits [1, seq, vocab])."""
-        from mi_core.hooks import HookSpec
-
         self.check_model(model)
         spec = HookSpec().capture_all(self.input_hook(i) for i in range(self.n_layers))
         cache = model.forward(ids, spec)  # type: ignore[attr-defined]
@@ -240,22 +245,30 @@ class CrossLayerTranscoder:
     # -- interventions (see mi_clt.interventions) -----------------------------------------
     def cache_steering_vectors_all_downstream(self, features: Sequence[CltFeatureId]
                                               ) -> dict[CltFeatureId, torch.Tensor]:
-        """{feature: decoder vectors [n_targets, d_model]} at every layer it writes to (cached)."""
-        from mi_clt.interventions import cache_steering_vectors_all_downstream
+        """{feature: decoder vectors [n_targets, d_model]} at every layer it writes to, read
+        once and kept for later ``prepare_hook_injection`` calls."""
+        for f in features:
+            if f not in self._steering:
+                self._steering[f] = self.decoder_vectors(f)
+        return {f: self._steering[f] for f in features}
 
-        return cache_steering_vectors_all_downstream(self, features)
-
-    def prepare_hook_injection(self, injections: Sequence[object], seq_len: int,
-                               hooks: object | None = None) -> object:
+    def prepare_hook_injection(self, injections: Sequence[InjectionLike], seq_len: int,
+                               hooks: HookSpec | None = None) -> HookSpec:
         """HookSpec of ``Add`` at the output hooks for (feature, position, strength) triples."""
-        from mi_clt.interventions import prepare_hook_injection
-
-        return prepare_hook_injection(self, injections, seq_len, hooks)  # type: ignore[arg-type]
+        return interventions.prepare_hook_injection(self, injections, seq_len, hooks)
 
     def __repr__(self) -> str:
         return (f"CrossLayerTranscoder({self.files.kind}, n_layers={self.n_layers}, "
                 f"d_model={self.d_model}, d_features={self.d_features}, {self.activation}, "
                 f"{self.files.feature_input_hook} -> {self.files.feature_output_hook})")
+
+
+def _finite(t: torch.Tensor, path: Path, name: str) -> torch.Tensor:
+    """`t`, or a DictionaryError naming the file and tensor if it holds NaN / inf."""
+    if not bool(torch.isfinite(t).all()):
+        raise DictionaryError(f"{path}: tensor {name!r} contains NaN or inf "
+                              f"({int((~torch.isfinite(t)).sum())} of {t.numel()} values)")
+    return t
 
 
 __all__ = ["CrossLayerTranscoder", "CltFeatureId"]

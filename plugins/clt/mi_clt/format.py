@@ -41,8 +41,22 @@ _ST_DTYPES = {
     "U8": torch.uint8, "BOOL": torch.bool,
 }
 
-#: circuit-tracer's TransformerLens names for the replacement MLP's own hooks -> ours.
-HOOK_ALIASES = {"mlp.hook_in": "ln2.hook_normalized", "mlp.hook_out": "hook_mlp_out"}
+#: Hook names in CLT / transcoder configs -> the mi-core point holding the values they were
+#: trained on. circuit-tracer hooks its replacement MLP (``mlp.hook_in``: the MLP's input
+#: after the norm's gain; ``mlp.hook_out``: its output); configs that say
+#: ``ln2.hook_normalized`` for transcoders meant that same MLP input. Other names
+#: (``hook_resid_mid``, ``hook_mlp_out``, ...) are ours verbatim.
+HOOK_NAME_MAP = {"mlp.hook_in": "mlp.hook_in", "ln2.hook_normalized": "mlp.hook_in",
+                 "mlp.hook_out": "hook_mlp_out"}
+
+#: Our point -> circuit-tracer's name for it (what :mod:`mi_clt.synthetic` writes).
+CIRCUIT_TRACER_NAMES = {"mlp.hook_in": "mlp.hook_in", "hook_mlp_out": "mlp.hook_out"}
+
+#: safetensors dtypes of float tensors; CLT weights must be one of these.
+_FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
+
+#: Suffixes of (usually) pickle files: never opened, named when a directory offers only them.
+PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt")
 
 
 class MappedSafetensors:
@@ -163,6 +177,34 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def _text(cfg: dict[str, Any], key: str, default: str, cfg_path: Path,
+          choices: tuple[str, ...] | None = None) -> str:
+    """A string value of config.yaml (no coercion); DictionaryError naming file, key, value."""
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, str):
+        raise DictionaryError(f"{cfg_path}: key {key!r} = {v!r}: expected a string, got "
+                              f"{type(v).__name__}")
+    if choices is not None and v.lower() not in choices:
+        raise DictionaryError(f"{cfg_path}: key {key!r} = {v!r}: expected one of "
+                              f"{', '.join(choices)}")
+    return v
+
+
+def _integer(value: Any, what: str, cfg_path: Path, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise DictionaryError(f"{cfg_path}: {what} = {value!r}: expected an integer >= {minimum}")
+    return value
+
+
+def pickle_files(root: Path) -> list[str]:
+    """Names of pickle-format files directly in `root` (sorted)."""
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES)
+
+
 def _config_paths(root: Path, cfg: dict[str, Any], cfg_path: Path) -> list[Path] | None:
     """The per-layer files a config.yaml ``transcoders`` list names (None: not given)."""
     items = cfg.get("transcoders")
@@ -175,9 +217,12 @@ def _config_paths(root: Path, cfg: dict[str, Any], cfg_path: Path) -> list[Path]
         if isinstance(item, dict):  # older form: {id, layer, filepath}
             if "filepath" not in item or "layer" not in item:
                 raise DictionaryError(f"{cfg_path}: transcoders[{i}] needs 'layer' and 'filepath'")
-            layer, fp = int(item["layer"]), str(item["filepath"])
+            layer = _integer(item["layer"], f"transcoders[{i}].layer", cfg_path)
+            fp = item["filepath"]
         else:
-            layer, fp = i, str(item)
+            layer, fp = i, item
+        if not isinstance(fp, str) or not fp:
+            raise DictionaryError(f"{cfg_path}: transcoders[{i}] = {item!r}: expected a file path")
         if layer in by_layer:
             raise DictionaryError(f"{cfg_path}: two transcoders for layer {layer}")
         by_layer[layer] = fp
@@ -191,6 +236,9 @@ def _config_paths(root: Path, cfg: dict[str, Any], cfg_path: Path) -> list[Path]
             raise DictionaryError(f"{cfg_path}: transcoder for layer {layer} is a hub URI {fp!r}; "
                                   f"download it and point 'transcoders' at the local file")
         p = Path(fp)
+        if p.suffix in PICKLE_SUFFIXES:
+            raise DictionaryError(f"{cfg_path}: transcoder for layer {layer} is a pickle file "
+                                  f"{fp!r}: refused (never unpickled); convert it to safetensors")
         out.append(p if p.is_absolute() else root / p)
     return out
 
@@ -225,8 +273,9 @@ def detect_layout(root: Path) -> str | None:
             cfg = _read_yaml(root / "config.yaml")
         except DictionaryError:
             return None
-        if cfg.get("model_kind") in ("cross_layer_transcoder", "transcoder_set"):
-            return str(cfg["model_kind"])
+        kind = cfg.get("model_kind")
+        if isinstance(kind, str) and kind in ("cross_layer_transcoder", "transcoder_set"):
+            return kind
     if (root / "layer_0.safetensors").exists():
         return "transcoder_set"
     return None
@@ -239,7 +288,7 @@ def read_clt_layout(root: Path) -> CltFiles:
         raise DictionaryError(f"{root}: a CLT is a directory of per-layer safetensors files")
     cfg_path = root / "config.yaml"
     cfg = _read_yaml(cfg_path) if cfg_path.exists() else {}
-    kind = cfg.get("model_kind")
+    kind = _text(cfg, "model_kind", "", cfg_path, ("cross_layer_transcoder", "transcoder_set"))
     listed = _config_paths(root, cfg, cfg_path) if cfg else None
 
     enc_paths = _numbered(root, "W_enc_")
@@ -280,6 +329,12 @@ def read_clt_layout(root: Path) -> CltFiles:
         raise DictionaryError(f"{f0.path}: {nm('W_enc', 0)} must be 2-D, has shape {list(w0)}")
     d_model, d_tc = (w0[0], w0[1]) if gs2 else (w0[1], w0[0])
     has_thr = nm("threshold", 0) in f0
+    def check_dtype(f: MappedSafetensors, t: str) -> None:
+        dt = f.meta[t].get("dtype")
+        if dt not in _FLOAT_DTYPES:
+            raise DictionaryError(f"{f.path}: tensor {t!r} has dtype {dt}: CLT weights must be "
+                                  "floating point")
+
     for i in range(n):
         e, d = enc[i], dec[i]
         want_enc = (d_model, d_tc) if gs2 else (d_tc, d_model)
@@ -293,6 +348,7 @@ def read_clt_layout(root: Path) -> CltFiles:
             if e.shape(t) != shape:
                 raise DictionaryError(f"{e.path}: tensor {t!r} has shape {list(e.shape(t))}, "
                                       f"expected {list(shape)}")
+            check_dtype(e, t)
         dn = nm("W_dec", i)
         if dn not in d:
             raise DictionaryError(f"{d.path}: missing tensor {dn!r}")
@@ -300,23 +356,26 @@ def read_clt_layout(root: Path) -> CltFiles:
         if d.shape(dn) != want_dec:
             raise DictionaryError(f"{d.path}: tensor {dn!r} has shape {list(d.shape(dn))}, "
                                   f"expected {list(want_dec)} (layer {i} of {n})")
-    activation = str(cfg.get("activation") or ("jump_relu" if has_thr else "relu")).lower()
-    if activation not in ("relu", "jump_relu", "jumprelu", "topk"):
-        raise DictionaryError(f"{cfg_path}: unknown activation {activation!r} "
-                              f"(relu, jump_relu, topk)")
+        check_dtype(d, dn)
+    activation = _text(cfg, "activation", "jump_relu" if has_thr else "relu", cfg_path,
+                       ("relu", "jump_relu", "jumprelu", "topk")).lower()
     activation = "jump_relu" if activation == "jumprelu" else activation
     if activation == "jump_relu" and not has_thr:
         raise DictionaryError(f"{enc[0].path}: activation jump_relu but no "
                               f"{nm('threshold', 0)!r} tensor")
     k = cfg.get("k")
-    if activation == "topk" and not isinstance(k, int):
+    if k is not None:
+        k = _integer(k, "key 'k'", cfg_path, minimum=1)
+        if k > d_tc:
+            raise DictionaryError(f"{cfg_path}: key 'k' = {k}: more than the {d_tc} features "
+                                  "per layer")
+    if activation == "topk" and k is None:
         raise DictionaryError(f"{cfg_path}: activation topk needs an integer 'k'")
-    fin = HOOK_ALIASES.get(str(cfg.get("feature_input_hook", "hook_resid_mid")),
-                           str(cfg.get("feature_input_hook", "hook_resid_mid")))
-    fout = HOOK_ALIASES.get(str(cfg.get("feature_output_hook", "hook_mlp_out")),
-                            str(cfg.get("feature_output_hook", "hook_mlp_out")))
+    fin = _text(cfg, "feature_input_hook", "hook_resid_mid", cfg_path)
+    fout = _text(cfg, "feature_output_hook", "hook_mlp_out", cfg_path)
+    fin, fout = HOOK_NAME_MAP.get(fin, fin), HOOK_NAME_MAP.get(fout, fout)
     return CltFiles(kind=layout, root=root, n_layers=n, d_model=d_model, d_features=d_tc,
                     enc_files=enc, dec_files=dec, names=names, activation=activation,
-                    k=k if isinstance(k, int) else None, feature_input_hook=fin,
+                    k=k, feature_input_hook=fin,
                     feature_output_hook=fout, config_path=cfg_path if cfg else None,
                     cross_layer=cross)

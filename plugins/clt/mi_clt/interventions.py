@@ -12,7 +12,7 @@ experiment), all positions batched into one forward pass per chunk.
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Union
+from typing import TYPE_CHECKING, Any, Sequence, Union
 
 import attrs
 import torch
@@ -22,7 +22,8 @@ from mi_core.errors import InterventionError
 from mi_core.hooks import HookSpec
 from mi_core.interventions import Add
 
-from mi_clt.clt import CrossLayerTranscoder
+if TYPE_CHECKING:  # clt.py imports this module: no runtime import back
+    from mi_clt.clt import CrossLayerTranscoder
 
 
 @attrs.frozen
@@ -41,11 +42,8 @@ def cache_steering_vectors_all_downstream(clt: CrossLayerTranscoder,
                                           features: Sequence[CltFeatureId]
                                           ) -> dict[CltFeatureId, torch.Tensor]:
     """Read (once) each feature's decoder vectors at all layers it writes to:
-    {feature: [n_targets, d_model]}. Kept on the CLT for later ``prepare_hook_injection``."""
-    for f in features:
-        if f not in clt._steering:
-            clt._steering[f] = clt.decoder_vectors(f)
-    return {f: clt._steering[f] for f in features}
+    {feature: [n_targets, d_model]}, kept by the CLT for later ``prepare_hook_injection``."""
+    return clt.cache_steering_vectors_all_downstream(features)
 
 
 def _as_injection(x: InjectionLike) -> Injection:

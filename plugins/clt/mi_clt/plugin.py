@@ -15,12 +15,15 @@ _LOOKS_FOR = ("a directory with W_enc_{i}.safetensors + W_dec_{i}.safetensors (c
 
 
 def _detect(path: Path) -> Detection:
-    from mi_clt.format import detect_layout
+    from mi_clt.format import detect_layout, pickle_files
 
     kind = detect_layout(Path(path))
     if kind is None:
+        pickles = pickle_files(Path(path))
+        refused = (f"; refusing pickle file(s) {', '.join(pickles)} (never unpickled: convert "
+                   "to safetensors)") if pickles else ""
         return Detection("clt", 0.0, "no W_enc_0.safetensors, layer_0.safetensors or "
-                                     "config.yaml model_kind")
+                                     f"config.yaml model_kind{refused}")
     return Detection("clt", 0.9, f"circuit-tracer layout: {kind}")
 
 

@@ -1,7 +1,7 @@
 """Build a data-initialised CLT for a model (for examples and benchmarks, not a trained CLT).
 
 Encoder rows mix random directions with samples of the model's own activations at the
-input hook (by default the MLP input, ``ln2.hook_normalized``: normalised, so every
+input hook (by default the MLP input, ``mlp.hook_in``: normalised, so every
 position gets a similar number of active features); each layer's JumpReLU threshold is the pre-activation
 quantile that leaves about `n_active` features active per position; decoder rows are
 random directions scaled to the size of the MLP outputs. Files are written one layer at a
@@ -21,12 +21,12 @@ from tqdm import tqdm
 
 from mi_core.hooks import HookPoint, HookSpec
 
-from mi_clt.format import HOOK_ALIASES
+from mi_clt.format import CIRCUIT_TRACER_NAMES
 
 
 def build_clt(model: Any, prompts: Sequence[torch.Tensor], out_dir: str | Path,
               d_features: int = 4096, n_active: int = 8, seed: int = 0,
-              input_hook: str = "ln2.hook_normalized", output_hook: str = "hook_mlp_out",
+              input_hook: str = "mlp.hook_in", output_hook: str = "hook_mlp_out",
               decoder_dtype: torch.dtype = torch.float32,
               planted: dict[tuple[int, int], torch.Tensor] | None = None) -> Path:
     """Write a CLT for `model` to `out_dir`; prompts: token-id tensors [1, seq].
@@ -76,10 +76,9 @@ def build_clt(model: Any, prompts: Sequence[torch.Tensor], out_dir: str | Path,
         save_file({f"W_dec_{i}": dec.to(decoder_dtype).contiguous()},
                   str(out / f"W_dec_{i}.safetensors"))
         del dec
-    ct_name = {v: k for k, v in HOOK_ALIASES.items()}  # circuit-tracer's (TransformerLens) names
     (out / "config.yaml").write_text(yaml.safe_dump({
         "model_kind": "cross_layer_transcoder",
-        "feature_input_hook": ct_name.get(input_hook, input_hook),
+        "feature_input_hook": CIRCUIT_TRACER_NAMES.get(input_hook, input_hook),
         "feature_output_hook": output_hook, "activation": "jump_relu",
         "note": f"data-initialised random CLT (mi_clt.synthetic, seed {seed}); not trained"}))
     return out

@@ -11,6 +11,7 @@ real tokens) and kept in memory, or streamed to safetensors shards on disk once 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -149,10 +150,21 @@ class ActivationSet:
         if self._tensors is not None:
             return self._tensors[name]
         assert self.directory is not None
+        width = math.prod(self.feature_shapes[name])
         parts = []
         for shard in self._shards:
-            with safe_open(str(self.directory / str(shard["file"])), framework="pt") as fh:
-                parts.append(fh.get_tensor(name))
+            f = self.directory / str(shard["file"])
+            try:
+                with safe_open(str(f), framework="pt") as fh:
+                    t = fh.get_tensor(name)
+            except Exception as exc:  # unreadable file, tensor not in the shard
+                raise ProbingError(f"{f}: cannot read tensor {name!r}: {exc}") from None
+            if tuple(t.shape) != (shard["rows"], width) or not t.is_floating_point():
+                raise ProbingError(f"{f}: tensor {name!r} is {t.dtype} {list(t.shape)}, expected "
+                                   f"float [{shard['rows']}, {width}] per {MANIFEST}")
+            if not bool(torch.isfinite(t).all()):
+                raise ProbingError(f"{f}: tensor {name!r} contains NaN or inf")
+            parts.append(t)
         return torch.cat(parts)
 
     def save(self, directory: str | os.PathLike[str], shard_bytes: int = 64 << 20) -> Path:
@@ -169,7 +181,11 @@ class ActivationSet:
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> "ActivationSet":
-        """Open activations written by :func:`collect_activations` or :meth:`save`."""
+        """Open activations written by :func:`collect_activations` or :meth:`save`.
+
+        The manifest is checked strictly (ProbingError naming the file, key and value); each
+        shard's tensors are checked when read (shape, float dtype, finite values).
+        """
         d = Path(directory)
         path = d / MANIFEST
         try:
@@ -177,20 +193,63 @@ class ActivationSet:
         except FileNotFoundError:
             raise ProbingError(f"{path}: not found; not a collected-activations "
                                "directory") from None
-        except json.JSONDecodeError as exc:
-            raise ProbingError(f"{path}: invalid JSON: {exc.msg}") from None
-        if meta.get("format") != FORMAT:
-            raise ProbingError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
-        missing = [s["file"] for s in meta["shards"] if not (d / s["file"]).exists()]
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ProbingError(f"{path}: invalid JSON: {exc}") from None
+        hooks, shapes, position, n, shards = _parse_manifest(meta, path)
+        missing = [s["file"] for s in shards if not (d / str(s["file"])).exists()]
         if missing:
             raise ProbingError(f"{d}: shard file(s) {missing} listed in {MANIFEST} are missing")
-        return cls(list(meta["hooks"]), {k: tuple(v) for k, v in meta["feature_shapes"].items()},
-                   Position.parse(meta["position"]), int(meta["n"]), directory=d,
-                   shards=meta["shards"])
+        return cls(hooks, shapes, position, n, directory=d, shards=shards)
 
     def __repr__(self) -> str:
         where = f"on disk at {self.directory}" if self.on_disk else "in memory"
         return f"ActivationSet(n={self.n}, hooks={self.hooks}, position={self.position}, {where})"
+
+
+def _parse_manifest(meta: object, path: Path
+                    ) -> tuple[list[str], dict[str, tuple[int, ...]], Position, int, list[dict[str, object]]]:
+    """(hooks, feature shapes, position, n, shards) of a manifest, every value type-checked."""
+    def bad(key: str, value: object, why: str) -> ProbingError:
+        return ProbingError(f"{path}: key {key!r} = {value!r}: {why}")
+
+    def count(key: str, value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise bad(key, value, "expected an integer >= 0")
+        return value
+
+    if not isinstance(meta, dict):
+        raise ProbingError(f"{path}: must hold a JSON object, got {type(meta).__name__}")
+    if meta.get("format") != FORMAT:
+        raise bad("format", meta.get("format"), f"expected {FORMAT!r}")
+    hooks = meta.get("hooks")
+    if not isinstance(hooks, list) or not hooks or not all(isinstance(h, str) for h in hooks):
+        raise bad("hooks", hooks, "expected a non-empty list of hook names")
+    shapes = meta.get("feature_shapes")
+    if not isinstance(shapes, dict) or sorted(shapes) != sorted(hooks):
+        raise bad("feature_shapes", shapes, "expected an object with one shape per hook")
+    for h, shape in shapes.items():
+        if not isinstance(shape, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape):
+            raise bad("feature_shapes", shapes, f"{h}: expected a list of positive integers")
+    n = count("n", meta.get("n"))
+    position = meta.get("position")
+    if isinstance(position, bool) or not isinstance(position, (str, int)):
+        raise bad("position", position, "expected 'last', 'mean' or an integer")
+    shards = meta.get("shards")
+    if not isinstance(shards, list):
+        raise bad("shards", shards, "expected a list of {file, rows}")
+    for i, sh in enumerate(shards):
+        if not isinstance(sh, dict) or not isinstance(sh.get("file"), str):
+            raise bad(f"shards[{i}]", sh, "expected {file, rows}")
+        name = sh["file"]
+        if Path(name).name != name or not name.endswith(".safetensors"):
+            raise bad(f"shards[{i}].file", name, "expected a .safetensors file name in the "
+                      "directory (other formats, e.g. pickles, are never opened)")
+        count(f"shards[{i}].rows", sh.get("rows"))
+    if sum(sh["rows"] for sh in shards) != n:
+        raise bad("n", n, f"the shards hold {sum(sh['rows'] for sh in shards)} rows")
+    return (list(hooks), {k: tuple(v) for k, v in shapes.items()}, Position.parse(position), n,
+            shards)
 
 
 def _write_manifest(d: Path, hooks: list[str], shapes: dict[str, tuple[int, ...]],

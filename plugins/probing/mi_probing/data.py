@@ -68,14 +68,25 @@ class LabelledDataset:
             and any(isinstance(v, float) and not float(v).is_integer() for v in self.labels)
 
 
+def _lines(fh: Any, path: Path) -> Any:
+    try:
+        yield from fh
+    except UnicodeDecodeError as exc:
+        raise ProbingError(f"{path}: not UTF-8 text: {exc}") from None
+
+
 def load_jsonl(path: str | os.PathLike[str], text_key: str = "text",
                label_key: str = "label") -> LabelledDataset:
     """Read one JSON object per non-blank line; ProbingError naming file and line on bad data."""
     p = Path(path)
     texts: list[str] = []
     labels: list[Label] = []
-    with p.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    try:
+        fh = p.open(encoding="utf-8")
+    except OSError as exc:  # missing file, a directory, no permission
+        raise ProbingError(f"{p}: cannot open the dataset: {exc.strerror or exc}") from None
+    with fh:
+        for lineno, line in enumerate(_lines(fh, p), 1):
             if not line.strip():
                 continue
             try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import attrs
@@ -139,11 +138,3 @@ def check_dataset(dataset: LabelledDataset, task: str = "auto", cv: int | None =
         check_labels(dataset.labels, task=task, cv=cv, test_size=test_size)
     except ProbingError as exc:
         raise ProbingError(f"{dataset.source}: {exc}") from None
-
-
-def save_curve(result: SweepResult, path: str | os.PathLike[str]) -> Path:
-    """Write the sweep (probes and curve) as JSON through mi_core.serialize."""
-    from mi_core.serialize import to_json
-
-    to_json(result, path)
-    return Path(path)

@@ -4,7 +4,7 @@ from mi_rwkv.config import RwkvConfig
 from mi_rwkv.effective_attn import effective_attention_v6, effective_attention_v7
 from mi_rwkv.loading import load_rwkv6, load_rwkv7
 from mi_rwkv.model import RwkvBackend, RwkvState
-from mi_rwkv.state import (
+from mi_core.interp.state import (  # re-exported: the core holds them (backend-agnostic)
     StateAblationResult,
     StateSteeringResult,
     run_state_knockout,

@@ -2,20 +2,33 @@
 
 Version-specific axes are typed fields; generic code never checks architecture names.
 Low-rank widths are read from the tensor shapes (the configs of real checkpoints do not
-always carry them) and cross-checked against the config where it does.
+always carry them) and cross-checked against the config where it does. Parsing is strict:
+every key is typed and range-checked without coercion (``"false"`` is not False, 2.7 is not
+2), keys that would change the numbers are implemented or refused, and a key that is neither
+read nor known to be harmless is refused (the lists are below and in docs/RWKV.md).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import attrs
 
 from mi_core.errors import ConfigError, UnsupportedModelError
-from mi_core.loading import require_field
 
 #: model_type values of RWKV generations mi-rwkv does not implement, with their names.
 UNSUPPORTED_TYPES = {"rwkv": "RWKV-4 (Dove)", "rwkv4": "RWKV-4 (Dove)", "rwkv5": "RWKV-5 (Eagle)"}
+
+
+def _positive(inst: Any, attr: "attrs.Attribute[Any]", value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"RwkvConfig.{attr.name} = {value!r}: must be a positive number")
+
+
+def _rank(inst: Any, attr: "attrs.Attribute[Any]", value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"RwkvConfig.{attr.name} = {value!r}: must be an integer >= 0")
 
 
 @attrs.frozen
@@ -24,109 +37,232 @@ class RwkvConfig:
 
     ``version`` selects the time-mix / channel-mix kernels (6: data-dependent token shift,
     diagonal decay, receptance-gated FFN; 7: static lerp, diag + rank-1 transition, plain FFN).
+    Built by :func:`parse_v6` / :func:`parse_v7`, which check every key against its file;
+    the validators here keep a directly built config honest too.
     """
 
-    version: int
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    head_dim: int
-    num_heads: int
-    intermediate_size: int
-    norm_eps: float
+    version: int = attrs.field(validator=attrs.validators.in_((6, 7)))
+    vocab_size: int = attrs.field(validator=_positive)
+    hidden_size: int = attrs.field(validator=_positive)
+    num_layers: int = attrs.field(validator=_positive)
+    head_dim: int = attrs.field(validator=_positive)
+    num_heads: int = attrs.field(validator=_positive)
+    intermediate_size: int = attrs.field(validator=_positive)
+    norm_eps: float = attrs.field(validator=_positive)
     #: eps of the per-head GroupNorm after the WKV (v6: 1e-5 * head_size_divisor**2;
     #: v7: head_dim * norm_eps).
-    group_norm_eps: float
+    group_norm_eps: float = attrs.field(validator=_positive)
     #: v6: rank of the five-way ddlerp LoRA (time_maa_w1/w2) and of the decay LoRA.
-    time_mix_rank: int = 0
-    time_decay_rank: int = 0
+    time_mix_rank: int = attrs.field(default=0, validator=_rank)
+    time_decay_rank: int = attrs.field(default=0, validator=_rank)
     #: v7: ranks of the decay / in-context learning rate / value-residual / gate LoRAs.
-    decay_rank: int = 0
-    a_rank: int = 0
-    v_rank: int = 0
-    gate_rank: int = 0
-    head_size_divisor: float = 1.0
-    tie_word_embeddings: bool = False
+    decay_rank: int = attrs.field(default=0, validator=_rank)
+    a_rank: int = attrs.field(default=0, validator=_rank)
+    v_rank: int = attrs.field(default=0, validator=_rank)
+    gate_rank: int = attrs.field(default=0, validator=_rank)
+    head_size_divisor: float = attrs.field(default=1.0, validator=_positive)
+    tie_word_embeddings: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     bos_token_id: int | None = None
     eos_token_id: int | None = 0
 
-    @property
-    def attention_size(self) -> int:
-        return self.num_heads * self.head_dim
+    def __attrs_post_init__(self) -> None:
+        if self.num_heads * self.head_dim != self.hidden_size:
+            raise ConfigError(f"RwkvConfig: num_heads {self.num_heads} x head_dim "
+                              f"{self.head_dim} != hidden_size {self.hidden_size}")
 
 
-def _check_heads(hidden: int, head_dim: int, where: str) -> int:
-    if head_dim <= 0 or hidden % head_dim:
-        raise ConfigError(f"{where}: head size {head_dim} does not divide hidden size {hidden}")
-    return hidden // head_dim
+#: Bookkeeping keys of any HF ``config.json`` that never change the forward.
+GENERIC_HARMLESS = frozenset({
+    "model_type", "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype",
+    "_name_or_path", "use_cache", "pad_token_id", "return_dict", "output_hidden_states",
+    "output_attentions", "torchscript", "is_decoder", "is_encoder_decoder", "chunk_size_feed_forward",
+    "initializer_range", "_attn_implementation_autoset",
+})
+
+#: RWKV-6 (HF ``Rwkv6Config``) keys mi-rwkv reads (each typed and range-checked).
+V6_READ = ("vocab_size", "hidden_size", "num_hidden_layers", "head_size", "attention_hidden_size",
+           "intermediate_size", "head_size_divisor", "layer_norm_epsilon", "tie_word_embeddings",
+           "bos_token_id", "eos_token_id")
+#: RWKV-6 keys known not to change F32 numbers: ``num_attention_heads`` is unused by the
+#: reference code (heads come from ``head_size``); ``rescale_every`` is an fp16 overflow
+#: guard (halving the residual every N layers, undone by the next LayerNorm).
+V6_HARMLESS = ("num_attention_heads", "rescale_every", "context_length")
+
+#: RWKV-7 (flash-linear-attention ``RWKV7Config``) keys mi-rwkv reads. ``norm_bias``,
+#: ``norm_first``, ``hidden_act``, ``attn`` and ``value_dim`` are accepted only at the value
+#: this implementation computes (True, True, "sqrelu", null, hidden_size) and refused otherwise.
+V7_READ = ("vocab_size", "hidden_size", "num_hidden_layers", "head_dim", "num_heads",
+           "num_attention_heads", "attention_hidden_size", "intermediate_size", "hidden_ratio",
+           "decay_low_rank_dim", "a_low_rank_dim", "v_low_rank_dim", "gate_low_rank_dim",
+           "norm_eps", "norm_bias", "norm_first", "hidden_act", "attn", "value_dim",
+           "tie_word_embeddings", "bos_token_id", "eos_token_id")
+#: RWKV-7 keys that select kernels or training behaviour only.
+V7_HARMLESS = ("attn_mode", "fuse_norm", "fuse_cross_entropy", "fuse_linear_cross_entropy",
+               "use_l2warp", "max_position_embeddings")
+
+_MISSING = object()
 
 
-def _rank(shapes: Mapping[str, tuple[int, ...]], name: str, axis: int, default: int) -> int:
+class _Keys:
+    """Typed, strict access to one config.json: no coercion, errors name key, value, file."""
+
+    def __init__(self, cfg: Mapping[str, Any], where: str) -> None:
+        self.cfg, self.where = cfg, where
+
+    def fail(self, key: str, why: str) -> ConfigError:
+        return ConfigError(f"{self.where}: key {key!r} = {self.cfg.get(key)!r}: {why}")
+
+    def integer(self, key: str, default: Any = _MISSING, minimum: int = 1) -> Any:
+        """An integer >= `minimum`; `default` when absent or null (required without one)."""
+        v = self.cfg.get(key)
+        if v is None:
+            if default is _MISSING:
+                raise ConfigError(f"{self.where}: required key {key!r} is missing")
+            return default
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.fail(key, f"expected an integer, got {type(v).__name__}")
+        if v < minimum:
+            raise self.fail(key, f"must be >= {minimum}")
+        return v
+
+    def number(self, key: str, default: float) -> float:
+        """A finite number > 0 (int or float in JSON); `default` when absent or null."""
+        v = self.cfg.get(key)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.fail(key, f"expected a number, got {type(v).__name__}")
+        if not math.isfinite(v) or v <= 0:
+            raise self.fail(key, "must be a finite number > 0")
+        return float(v)
+
+    def flag(self, key: str, default: bool) -> bool:
+        v = self.cfg.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise self.fail(key, f"expected true or false, got {type(v).__name__}")
+        return v
+
+    def token_id(self, key: str, default: int | None) -> int | None:
+        return self.integer(key, default, minimum=0) if key in self.cfg else default
+
+    def only(self, key: str, allowed: Any, why: str) -> None:
+        """Refuse `key` unless absent, null or equal to `allowed` (a value we implement)."""
+        v = self.cfg.get(key)
+        if v is not None and (type(v) is not type(allowed) or v != allowed):
+            raise self.fail(key, why)
+
+    def check_known(self, version: int, read: tuple[str, ...], harmless: tuple[str, ...]) -> None:
+        unknown = sorted(set(self.cfg) - set(read) - set(harmless) - GENERIC_HARMLESS)
+        if unknown:
+            raise ConfigError(f"{self.where}: unknown RWKV-{version} key(s) {unknown}: mi-rwkv "
+                              "cannot tell whether they change the numbers (docs/RWKV.md lists "
+                              "the keys it reads and those known to be harmless)")
+
+
+def _shape_rank(shapes: Mapping[str, tuple[int, ...]], name: str, axis: int) -> int | None:
     shape = shapes.get(name)
-    return int(shape[axis]) if shape is not None and len(shape) > axis else default
+    return int(shape[axis]) if shape is not None and len(shape) > axis else None
+
+
+def _lora_rank(k: _Keys, key: str, shapes: Mapping[str, tuple[int, ...]], tensor: str,
+               axis: int, default: int) -> int:
+    """A LoRA width: the tensor's, checked against the config's when both are given."""
+    declared = k.integer(key, None)
+    found = _shape_rank(shapes, tensor, axis)
+    if declared is not None and found is not None and declared != found:
+        raise k.fail(key, f"the checkpoint's {tensor} has rank {found}")
+    return found if found is not None else declared if declared is not None else default
+
+
+def _hidden(k: _Keys) -> int:
+    hidden = k.integer("hidden_size")
+    att = k.integer("attention_hidden_size", hidden)
+    if att != hidden:
+        raise k.fail("attention_hidden_size", f"!= hidden_size {hidden} is not supported")
+    return hidden
 
 
 def parse_v6(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
              where: str = "config.json") -> RwkvConfig:
     """RWKV-6 from an HF-format ``config.json`` (``model_type: rwkv6``)."""
-    hidden = int(require_field(cfg, "hidden_size", where))
-    layers = int(require_field(cfg, "num_hidden_layers", where))
-    head = int(cfg.get("head_size") or 64)
-    att = int(cfg.get("attention_hidden_size") or hidden)
-    if att != hidden:
-        raise ConfigError(f"{where}: attention_hidden_size {att} != hidden_size {hidden} "
-                          "is not supported")
-    heads = _check_heads(hidden, head, where)
-    inter = cfg.get("intermediate_size") or int((hidden * 3.5) // 32 * 32)
-    divisor = float(cfg.get("head_size_divisor") or 8)
+    k = _Keys(cfg, where)
+    k.check_known(6, V6_READ, V6_HARMLESS)
+    hidden = _hidden(k)
+    head = k.integer("head_size", 64)
+    if hidden % head:
+        raise k.fail("head_size", f"head size {head} does not divide hidden size {hidden}")
+    divisor = k.number("head_size_divisor", 8.0)
     # The HF code hard-codes the LoRA widths: 32 / 64, or 64 / 128 at hidden size 4096.
     tm_default, td_default = (64, 128) if hidden == 4096 else (32, 64)
+    a = "rwkv.blocks.0.attention."
     return RwkvConfig(
-        version=6, vocab_size=int(require_field(cfg, "vocab_size", where)), hidden_size=hidden,
-        num_layers=layers, head_dim=head, num_heads=heads, intermediate_size=int(inter),
-        norm_eps=float(cfg.get("layer_norm_epsilon") or 1e-5),
+        version=6, vocab_size=k.integer("vocab_size"), hidden_size=hidden,
+        num_layers=k.integer("num_hidden_layers"), head_dim=head, num_heads=hidden // head,
+        intermediate_size=k.integer("intermediate_size", int((hidden * 3.5) // 32 * 32)),
+        norm_eps=k.number("layer_norm_epsilon", 1e-5),
         group_norm_eps=1e-5 * divisor ** 2, head_size_divisor=divisor,
-        time_mix_rank=_rank(shapes, "rwkv.blocks.0.attention.time_maa_w2", 1, tm_default),
-        time_decay_rank=_rank(shapes, "rwkv.blocks.0.attention.time_decay_w1", 1, td_default),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        bos_token_id=cfg.get("bos_token_id"), eos_token_id=cfg.get("eos_token_id", 0),
+        time_mix_rank=_shape_rank(shapes, a + "time_maa_w2", 1) or tm_default,
+        time_decay_rank=_shape_rank(shapes, a + "time_decay_w1", 1) or td_default,
+        tie_word_embeddings=k.flag("tie_word_embeddings", False),
+        bos_token_id=k.token_id("bos_token_id", None), eos_token_id=k.token_id("eos_token_id", 0),
     )
+
+
+def _v7_heads(k: _Keys, hidden: int) -> tuple[int, int]:
+    """(head_dim, num_heads) from head_dim and / or num_heads (alias num_attention_heads)."""
+    heads = k.integer("num_heads", None)
+    alias = k.integer("num_attention_heads", None)
+    if heads is not None and alias is not None and heads != alias:
+        raise k.fail("num_attention_heads", f"!= num_heads {heads}")
+    heads = heads if heads is not None else alias
+    head = k.integer("head_dim", None)
+    if head is None:
+        if heads is not None:
+            if hidden % heads:
+                raise k.fail("num_heads", f"num_heads {heads} does not divide hidden size {hidden}")
+            head = hidden // heads
+        else:
+            head = 64
+    if hidden % head:
+        raise k.fail("head_dim", f"head size {head} does not divide hidden size {hidden}")
+    if heads is not None and heads * head != hidden:
+        raise k.fail("num_heads", f"num_heads {heads} != hidden_size / head_dim = {hidden} / {head}")
+    return head, hidden // head
 
 
 def parse_v7(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
              where: str = "config.json") -> RwkvConfig:
     """RWKV-7 from a flash-linear-attention ``config.json`` (``model_type: rwkv7``)."""
-    hidden = int(require_field(cfg, "hidden_size", where))
-    layers = int(require_field(cfg, "num_hidden_layers", where))
-    att = int(cfg.get("attention_hidden_size") or hidden)
-    if att != hidden:
-        raise ConfigError(f"{where}: attention_hidden_size {att} != hidden_size {hidden} "
-                          "is not supported")
-    head = cfg.get("head_dim")
-    if head is None and cfg.get("num_heads"):
-        nh = int(cfg["num_heads"])
-        if hidden % nh:
-            raise ConfigError(f"{where}: num_heads {nh} does not divide hidden size {hidden}")
-        head = hidden // nh
-    head = int(head or 64)
-    heads = _check_heads(hidden, head, where)
-    if cfg.get("num_heads") and int(cfg["num_heads"]) != heads:
-        raise ConfigError(f"{where}: num_heads {cfg['num_heads']} != hidden_size / head_dim "
-                          f"= {hidden} / {head}")
-    inter = cfg.get("intermediate_size") or int(round(hidden * float(cfg.get("hidden_ratio") or 4.0)))
-    eps = float(cfg.get("norm_eps") or 1e-5)
+    k = _Keys(cfg, where)
+    k.check_known(7, V7_READ, V7_HARMLESS)
+    hidden = _hidden(k)
+    layers = k.integer("num_hidden_layers")
+    head, heads = _v7_heads(k, hidden)
+    k.only("norm_bias", True, "LayerNorms without bias are not implemented")
+    k.only("norm_first", True, "only pre-norm RWKV-7 (a LayerNorm on the embeddings) is implemented")
+    k.only("hidden_act", "sqrelu", "the channel mix is relu(x)^2 ('sqrelu') only")
+    k.only("attn", None, "hybrid RWKV-7 / attention models are not supported")
+    value_dim = cfg.get("value_dim")
+    if value_dim is not None and value_dim != hidden and value_dim != [hidden] * layers:
+        raise k.fail("value_dim", f"value_dim must equal hidden_size {hidden} in every layer")
+    inter = k.integer("intermediate_size", None)
+    if inter is None:
+        inter = int(round(hidden * k.number("hidden_ratio", 4.0)))
+    eps = k.number("norm_eps", 1e-5)
     p = "model.layers.0.attn."
     return RwkvConfig(
-        version=7, vocab_size=int(require_field(cfg, "vocab_size", where)), hidden_size=hidden,
-        num_layers=layers, head_dim=head, num_heads=heads, intermediate_size=int(inter),
-        norm_eps=eps, group_norm_eps=head * eps,
-        decay_rank=_rank(shapes, p + "w_lora.lora.0.weight", 0, int(cfg.get("decay_low_rank_dim") or 64)),
-        a_rank=_rank(shapes, p + "a_lora.lora.0.weight", 0, int(cfg.get("a_low_rank_dim") or 64)),
-        v_rank=_rank(shapes, "model.layers.1.attn.v_lora.lora.0.weight", 0,
-                     int(cfg.get("v_low_rank_dim") or 32)),
-        gate_rank=_rank(shapes, p + "g_lora.lora.0.weight", 0, int(cfg.get("gate_low_rank_dim") or 128)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        bos_token_id=cfg.get("bos_token_id"), eos_token_id=cfg.get("eos_token_id", 0),
+        version=7, vocab_size=k.integer("vocab_size"), hidden_size=hidden, num_layers=layers,
+        head_dim=head, num_heads=heads, intermediate_size=inter, norm_eps=eps,
+        group_norm_eps=head * eps,
+        decay_rank=_lora_rank(k, "decay_low_rank_dim", shapes, p + "w_lora.lora.0.weight", 0, 64),
+        a_rank=_lora_rank(k, "a_low_rank_dim", shapes, p + "a_lora.lora.0.weight", 0, 64),
+        v_rank=_lora_rank(k, "v_low_rank_dim", shapes, "model.layers.1.attn.v_lora.lora.0.weight",
+                          0, 32),
+        gate_rank=_lora_rank(k, "gate_low_rank_dim", shapes, p + "g_lora.lora.0.weight", 0, 128),
+        tie_word_embeddings=k.flag("tie_word_embeddings", False),
+        bos_token_id=k.token_id("bos_token_id", None), eos_token_id=k.token_id("eos_token_id", 0),
     )
 
 

@@ -8,13 +8,17 @@ from typing import Callable
 import torch
 
 from mi_core.errors import ConfigError, UnsupportedModelError, WeightLoadError
-from mi_core.loading import SafetensorsCheckpoint, read_config
+from mi_core.loading import SafetensorsCheckpoint, read_config, safetensors_header
 from mi_core.registry import ModelSource
 
 from mi_rwkv.config import RwkvConfig, parse_v6, parse_v7, rwkv_version
 from mi_rwkv.model import RwkvBackend
 from mi_rwkv.v6 import V6Layer, v6_expected_shapes
 from mi_rwkv.v7 import V7Layer, v7_expected_shapes
+
+
+#: safetensors dtypes of float weights; anything else (integer, bool) is refused.
+_FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
 
 
 def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -25,15 +29,35 @@ def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
     return s
 
 
-def _check(ckpt: SafetensorsCheckpoint, expected: dict[str, tuple[int, ...]]) -> None:
-    """One WeightLoadError listing every missing and every mis-shaped tensor."""
+def _listing(names: list[str], limit: int = 12) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _account(ckpt: SafetensorsCheckpoint, expected: dict[str, tuple[int, ...]],
+             heads: tuple[str, ...], cfg: RwkvConfig, where: str) -> None:
+    """Every tensor is expected (or a head), none is missing or mis-shaped, all are floats.
+
+    One WeightLoadError names every culprit; leftovers are reported whatever the config's
+    layer count says (a config with fewer layers than the checkpoint is an error).
+    """
+    files = ", ".join(map(str, ckpt.files))
     missing = [n for n in expected if n not in ckpt]
     wrong = [f"{n}: {list(ckpt.shapes[n])} != expected {list(s)}" for n, s in expected.items()
              if n in ckpt and _squeezed(ckpt.shapes[n]) != _squeezed(s)]
-    if missing or wrong:
-        parts = ([f"missing tensors: {', '.join(missing)}"] if missing else []) + \
-                ([f"mis-shaped tensors: {'; '.join(wrong)}"] if wrong else [])
-        raise WeightLoadError(f"{', '.join(map(str, ckpt.files))}: " + " | ".join(parts))
+    extra = sorted(n for n in ckpt.names() if n not in expected and n not in heads)
+    parts = ([f"missing tensors: {_listing(missing)}"] if missing else []) + \
+            ([f"mis-shaped tensors: {'; '.join(wrong)}"] if wrong else []) + \
+            ([f"tensors an RWKV-{cfg.version} model with num_hidden_layers={cfg.num_layers} "
+              f"({where}) does not use: {_listing(extra)}"] if extra else [])
+    if parts:
+        raise WeightLoadError(f"{files}: " + " | ".join(parts))
+    not_float = [f"{n} ({meta['dtype']})" for f in ckpt.files
+                 for n, meta in safetensors_header(f).items()
+                 if n != "__metadata__" and meta.get("dtype") not in _FLOAT_DTYPES]
+    if not_float:
+        raise WeightLoadError(f"{files}: non-float tensors {_listing(not_float)}: mi-rwkv reads "
+                              "float weights only (quantised checkpoints are not supported)")
 
 
 def _open(src: ModelSource, version: int) -> tuple[SafetensorsCheckpoint, dict, Path]:
@@ -49,20 +73,32 @@ def _open(src: ModelSource, version: int) -> tuple[SafetensorsCheckpoint, dict, 
     return ckpt, cfg, path
 
 
-def _get(ckpt: SafetensorsCheckpoint, device: torch.device, dtype: torch.dtype
-         ) -> Callable[[str], torch.Tensor]:
+def _reader(ckpt: SafetensorsCheckpoint, device: torch.device, dtype: torch.dtype
+            ) -> Callable[[str], torch.Tensor]:
+    """Tensor name -> tensor cast to `dtype` on `device`; the checkpoint checks each one as
+    it is read (integer dtype, NaN / inf after the cast) and names it."""
     return lambda name: ckpt.get(name, dtype=dtype, device=device)
 
 
 def _head(ckpt: SafetensorsCheckpoint, cfg: RwkvConfig, names: tuple[str, ...],
           embed: torch.Tensor, get: Callable[[str], torch.Tensor]) -> torch.Tensor:
-    for n in names:
-        if n in ckpt:
-            w = get(n)
-            if tuple(w.shape) != (cfg.vocab_size, cfg.hidden_size):
-                raise WeightLoadError(f"tensor {n!r} has shape {list(w.shape)}, expected "
-                                      f"{[cfg.vocab_size, cfg.hidden_size]}")
-            return w
+    """The output head: the checkpoint's, or the embedding when tied (a stored head that
+    differs from the embedding while tie_word_embeddings is true is refused)."""
+    present = [n for n in names if n in ckpt]
+    if len(present) > 1:
+        raise WeightLoadError(f"{', '.join(map(str, ckpt.files))}: two output heads "
+                              f"{present}; expected one")
+    if present:
+        n = present[0]
+        w = get(n)
+        if tuple(w.shape) != (cfg.vocab_size, cfg.hidden_size):
+            raise WeightLoadError(f"tensor {n!r} has shape {list(w.shape)}, expected "
+                                  f"{[cfg.vocab_size, cfg.hidden_size]}")
+        if cfg.tie_word_embeddings and not torch.equal(w, embed):
+            raise WeightLoadError(f"{', '.join(map(str, ckpt.files))}: config.json ties the head "
+                                  f"to the embedding (tie_word_embeddings: true) but {n!r} "
+                                  "differs from it; fix the config or drop the tensor")
+        return w
     if cfg.tie_word_embeddings:
         return embed
     raise WeightLoadError(f"{', '.join(map(str, ckpt.files))}: missing tensors: {names[0]} "
@@ -79,18 +115,20 @@ def load_rwkv6(src: ModelSource, device: torch.device, dtype: torch.dtype) -> Rw
     for i in range(cfg.num_layers):
         expected.update(v6_expected_shapes(f"rwkv.blocks.{i}.", c, h, d, cfg.intermediate_size,
                                            cfg.time_mix_rank, cfg.time_decay_rank))
-    _check(ckpt, expected)
-    get = _get(ckpt, device, dtype)
+    heads = ("head.weight",)
+    _account(ckpt, expected, heads, cfg, str(path / "config.json"))
+    get = _reader(ckpt, device, dtype)
     layers = []
     for i in range(cfg.num_layers):
         p = f"rwkv.blocks.{i}."
         w = {n[len(p):]: get(n) for n in expected if n.startswith(p)}
         layers.append(V6Layer(w, h, d, cfg.group_norm_eps))
     embed = get("rwkv.embeddings.weight")
-    return RwkvBackend("rwkv6", cfg, layers, embed,
-                       (get("rwkv.blocks.0.pre_ln.weight"), get("rwkv.blocks.0.pre_ln.bias")),
-                       (get("rwkv.ln_out.weight"), get("rwkv.ln_out.bias")),
-                       _head(ckpt, cfg, ("head.weight",), embed, get), device, dtype)
+    backend = RwkvBackend("rwkv6", cfg, layers, embed,
+                          (get("rwkv.blocks.0.pre_ln.weight"), get("rwkv.blocks.0.pre_ln.bias")),
+                          (get("rwkv.ln_out.weight"), get("rwkv.ln_out.bias")),
+                          _head(ckpt, cfg, heads, embed, get), device, dtype)
+    return backend
 
 
 def load_rwkv7(src: ModelSource, device: torch.device, dtype: torch.dtype) -> RwkvBackend:
@@ -115,8 +153,9 @@ def load_rwkv7(src: ModelSource, device: torch.device, dtype: torch.dtype) -> Rw
                 del block[f"model.layers.{i}.attn.x_{n}"]
             block[xx] = (6, c)
         expected.update(block)
-    _check(ckpt, expected)
-    get = _get(ckpt, device, dtype)
+    heads = ("lm_head.weight", "model.lm_head.weight")
+    _account(ckpt, expected, heads, cfg, str(path / "config.json"))
+    get = _reader(ckpt, device, dtype)
     layers = []
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
@@ -127,8 +166,8 @@ def load_rwkv7(src: ModelSource, device: torch.device, dtype: torch.dtype) -> Rw
                 w[f"attn.x_{n}"] = x6[j]
         layers.append(V7Layer(w, i, h, d, cfg.group_norm_eps))
     embed = get("model.embeddings.weight")
-    return RwkvBackend("rwkv7", cfg, layers, embed,
-                       (get("model.layers.0.pre_norm.weight"), get("model.layers.0.pre_norm.bias")),
-                       (get("model.norm.weight"), get("model.norm.bias")),
-                       _head(ckpt, cfg, ("lm_head.weight", "model.lm_head.weight"), embed, get),
-                       device, dtype)
+    backend = RwkvBackend("rwkv7", cfg, layers, embed,
+                          (get("model.layers.0.pre_norm.weight"), get("model.layers.0.pre_norm.bias")),
+                          (get("model.norm.weight"), get("model.norm.bias")),
+                          _head(ckpt, cfg, heads, embed, get), device, dtype)
+    return backend

@@ -27,9 +27,11 @@ from mi_rwkv.config import RwkvConfig
 
 #: Per-layer hook suffixes in execution order (names are built once per model).
 LAYER_SUFFIXES = (
-    "hook_resid_pre", "ln1.hook_scale", "ln1.hook_normalized", "attn.hook_q", "attn.hook_k", "attn.hook_v",
+    "hook_resid_pre", "ln1.hook_scale", "ln1.hook_normalized", "attn.hook_in", "attn.hook_q",
+    "attn.hook_k", "attn.hook_v",
     "rwkv.hook_decay", "rwkv.hook_effective_attn", "attn.hook_z", "rwkv.hook_state",
-    "hook_attn_out", "hook_resid_mid", "ln2.hook_scale", "ln2.hook_normalized", "mlp.hook_pre", "mlp.hook_post",
+    "hook_attn_out", "hook_resid_mid", "ln2.hook_scale", "ln2.hook_normalized", "mlp.hook_in",
+    "mlp.hook_pre", "mlp.hook_post",
     "hook_mlp_out", "hook_resid_post",
 )
 
@@ -124,23 +126,33 @@ def token_shift(x: torch.Tensor, prev: torch.Tensor, active: torch.Tensor | None
 
 
 def layer_norm(x: torch.Tensor, wb: tuple[torch.Tensor, torch.Tensor], eps: float,
-               run: HookRun | None = None, scale_name: str = "",
+               run: HookRun | None = None, scale_name: str = "", normalized_name: str = "",
                scale: torch.Tensor | None = None) -> torch.Tensor:
-    """LayerNorm over the last axis.
+    """LayerNorm over the last axis: ((x - mean) / scale) * weight + bias.
 
-    When `run` wants `scale_name` ([..., 1], the divisor sqrt(var + eps), as TransformerLens's
-    hook_scale) the divisor is passed through ``run.apply``; only an intervention there (or an
-    explicit `scale`) replaces the divisor, so capturing it changes no number.
+    Hooks, as TransformerLens: `scale_name` the divisor sqrt(var + eps) [..., 1],
+    `normalized_name` ``(x - mean) / scale`` before the gain and bias (the output after
+    them is the sublayer's ``hook_in``, applied by the caller). Only an intervention at one of
+    them (or an explicit `scale`) changes the arithmetic; capturing changes no number.
     """
     if run is not None and scale_name and run.wants(scale_name):
         centred = x - x.mean(-1, keepdim=True)
         out = run.apply(scale_name, (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt())
         if run.spec.has_intervention_at(scale_name):
             scale = out
+    want_norm = run is not None and bool(normalized_name) and run.wants(normalized_name)
+    shape = (x.shape[-1],)
+    if scale is None and not (want_norm and run.spec.has_intervention_at(normalized_name)):  # type: ignore[union-attr]
+        if want_norm:  # capture only: the output keeps the fused arithmetic
+            run.apply(normalized_name, F.layer_norm(x, shape, None, None, eps))  # type: ignore[union-attr]
+        return F.layer_norm(x, shape, wb[0], wb[1], eps)
     if scale is None:
-        return F.layer_norm(x, (x.shape[-1],), wb[0], wb[1], eps)
-    centred = x - x.mean(-1, keepdim=True)
-    return centred / scale.to(x.dtype) * wb[0] + wb[1]
+        n = F.layer_norm(x, shape, None, None, eps)
+    else:
+        n = (x - x.mean(-1, keepdim=True)) / scale.to(x.dtype)
+    if want_norm:
+        n = run.apply(normalized_name, n)  # type: ignore[union-attr]
+    return n * wb[0] + wb[1]
 
 
 def write_scales(knockout: StateKnockoutSpec | None, steering: StateSteeringSpec | None,
@@ -264,13 +276,12 @@ class RwkvBackend:
                            write_scale=write_scales(ko, st, i, t, state.seen, ids.device),
                            v_first=v_first, chunk=self.chunk)
             x = run.apply(n.resid_pre, x)
-            h = run.apply(n.ln1_normalized, layer_norm(x, layer.ln1, eps, run, n.ln1_scale))
+            h = run.apply(n.attn_in, layer_norm(x, layer.ln1, eps, run, n.ln1_scale, n.ln1_normalized))
             x = run.apply(n.resid_mid, x + run.apply(n.attn_out, layer.time_mix(h, ctx)))
             v_first = ctx.v_first
-            h = run.apply(n.ln2_normalized, layer_norm(x, layer.ln2, eps, run, n.ln2_scale))
+            h = run.apply(n.mlp_in, layer_norm(x, layer.ln2, eps, run, n.ln2_scale, n.ln2_normalized))
             x = run.apply(n.resid_post, x + run.apply(n.mlp_out, layer.channel_mix(h, ctx)))
-        x = run.apply("ln_final.hook_normalized",
-                      layer_norm(x, self.ln_out, eps, run, "ln_final.hook_scale"))
+        x = layer_norm(x, self.ln_out, eps, run, "ln_final.hook_scale", "ln_final.hook_normalized")
         logits = x @ self.head.T
         state.seen += t
         return run.finish(logits, state=state)

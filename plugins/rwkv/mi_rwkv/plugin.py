@@ -47,8 +47,10 @@ def mi_detect_backend(source: ModelSource) -> list[Detection]:
                                      "the expected format", missing=missing)]
     try:
         (parse_v6 if version == 6 else parse_v7)(source.config or {}, source.tensor_shapes)
-    except (ConfigError, TypeError, ValueError) as exc:
-        return [Detection(name, 0.0, f"RWKV-{version} config.json: {exc}")]
+    except ConfigError as exc:
+        # Recognised as RWKV (model_type and tensor names), so loading it raises this
+        # ConfigError (naming key, value and file) rather than "no plugin can load".
+        return [Detection(name, 0.1, f"RWKV-{version} checkpoint with an invalid config: {exc}")]
     return [Detection(name, 1.0, f"RWKV-{version} checkpoint (model_type and tensor names)")]
 
 

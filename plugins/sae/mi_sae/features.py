@@ -56,7 +56,7 @@ def capture_features(model: Any, sae: SparseAutoencoder, prompts: Sequence[str] 
     the SAE's own k, or every active feature).
     """
     sae.check_model(model)
-    hp = sae._require_hook()
+    hp = sae.require_hook()
     spec = HookSpec().capture(hp)
     n = len(prompts)
     out = FeatureCapture(hook_point=str(hp), d_sae=sae.d_sae, tokens=[], indices=[], values=[])

@@ -39,7 +39,7 @@ def activation_metrics(sae: SparseAutoencoder, x: torch.Tensor, target: torch.Te
                        mask: torch.Tensor | None = None) -> ReconstructionMetrics:
     """Metrics on activations x [..., d_in]; `target` (transcoders: the output hook's
     activation) defaults to x; `mask` [leading dims] selects the tokens to count."""
-    out, f = sae._reconstruct(x, None)
+    out, f = sae.reconstruct_with_features(x)
     y = x if target is None else target
     ntok = f.shape[:-1].numel()
     y2 = y.reshape(ntok, -1).to(out.dtype)
@@ -72,7 +72,7 @@ def evaluate(model: Any, sae: SparseAutoencoder, ids: torch.Tensor,
              attention_mask: torch.Tensor | None = None) -> ReconstructionMetrics:
     """Run `model` clean, spliced and zero-ablated on ids [batch, seq]; all metrics."""
     sae.check_model(model)
-    hp = sae._require_hook()
+    hp = sae.require_hook()
     out_hp = sae.hook_point_out or hp
     clean = model.forward(ids, HookSpec().capture(hp).capture(out_hp), attention_mask=attention_mask)
     m = activation_metrics(sae, clean[hp], clean[out_hp] if sae.cfg.transcoder else None,

@@ -157,6 +157,9 @@ class SparseAutoencoder:
                                       f"got k={c.k}")
             if c.activation == "groupmax" and c.d_sae % c.k:
                 raise DictionaryError(f"{where}: groupmax needs d_sae={c.d_sae} divisible by k={c.k}")
+        if c.normalize_activations == "layer_norm" and c.d_in < 2:
+            raise DictionaryError(f"{where}: normalize_activations 'layer_norm' needs d_in >= 2 "
+                                  f"(the unbiased std of one value is NaN), got d_in={c.d_in}")
         if c.apply_b_dec_to_input and c.out_dim != c.d_in:
             raise DictionaryError(f"{where}: apply_b_dec_to_input needs d_out == d_in "
                                   f"(got {c.out_dim} vs {c.d_in})")
@@ -330,11 +333,11 @@ class SparseAutoencoder:
 
         `feature_edit` ([..., d_sae] -> [..., d_sae]) changes the features before decoding.
         """
-        return self._reconstruct(x, feature_edit)[0]
+        return self.reconstruct_with_features(x, feature_edit)[0]
 
-    def _reconstruct(self, x: torch.Tensor, feature_edit: FeatureEdit | None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(output, features) for input x."""
+    def reconstruct_with_features(self, x: torch.Tensor, feature_edit: FeatureEdit | None = None
+                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output as :meth:`reconstruct`, features [..., d_sae] it decoded) for input x."""
         x2, lead, st = self._processed_2d(x)
         f = self._encode_2d(x2)
         if feature_edit is not None:
@@ -349,7 +352,8 @@ class SparseAutoencoder:
         return y, f.reshape(*lead, self.d_sae)
 
     # -- into the model --------------------------------------------------------------------
-    def _require_hook(self) -> HookPoint:
+    def require_hook(self) -> HookPoint:
+        """The hook point the SAE reads, or a DictionaryError if the file did not say."""
         if self.hook_point is None:
             raise DictionaryError(f"{self.source or self.format}: the file does not say which "
                                   f"hook point this SAE reads; set sae.hook_point = "
@@ -368,7 +372,7 @@ class SparseAutoencoder:
     def check_model(self, model: Any) -> None:
         """HookError if `model` lacks the SAE's hook point(s); DictionaryError if the widths
         differ (when the backend reports hook shapes, else for residual-width points)."""
-        points = [self._require_hook()] + ([self.hook_point_out] if self.hook_point_out else [])
+        points = [self.require_hook()] + ([self.hook_point_out] if self.hook_point_out else [])
         for hp, width in zip(points, (self.d_in, self.d_out)):
             if not model.has_hook_point(hp):
                 try:
@@ -390,7 +394,7 @@ class SparseAutoencoder:
         effect remains. Transcoders read `hook_point` and replace `hook_point_out`.
         Pass `model` to check hook names and widths before any compute. Returns `hooks`.
         """
-        hp = self._require_hook()
+        hp = self.require_hook()
         if self.cfg.transcoder and self.hook_point_out is None:
             raise DictionaryError(f"{self.source or self.format}: transcoder without an output "
                                   f"hook point; set sae.hook_point_out first")
@@ -399,9 +403,9 @@ class SparseAutoencoder:
         if self.hook_point_out is None:
             def spliced(x: torch.Tensor, hook: Any) -> torch.Tensor:
                 self._check_width(x, hook)
-                out, f = self._reconstruct(x, feature_edit)
+                out, f = self.reconstruct_with_features(x, feature_edit)
                 if include_error:
-                    clean = out if feature_edit is None else self._reconstruct(x, None)[0]
+                    clean = out if feature_edit is None else self.reconstruct_with_features(x, None)[0]
                     out = out + (x.to(out.dtype) - clean)
                 return out
 
@@ -418,9 +422,9 @@ class SparseAutoencoder:
             x = held.pop("x", None)
             if x is None:
                 raise HookError(f"transcoder output hook {hook} ran before its input hook {hp}")
-            out = self._reconstruct(x, feature_edit)[0]
+            out = self.reconstruct_with_features(x, feature_edit)[0]
             if include_error:
-                clean = out if feature_edit is None else self._reconstruct(x, None)[0]
+                clean = out if feature_edit is None else self.reconstruct_with_features(x, None)[0]
                 out = out + (y.to(out.dtype) - clean)
             return out
 
@@ -437,7 +441,7 @@ class SparseAutoencoder:
         return d / self.cfg.out_scale if self.cfg.out_scale != 1.0 else d
 
     def _out_hook(self) -> HookPoint:
-        return self.hook_point_out or self._require_hook()
+        return self.hook_point_out or self.require_hook()
 
     def inject(self, hooks: HookSpec, feature: int, strength: float,
                positions: Iterable[int] | None = None, seq_len: int | None = None,
@@ -461,7 +465,7 @@ class SparseAutoencoder:
             d = v
         if self.cfg.reshape_hook_z and self.hook_point_out is None:
             if d_head is None:
-                raise DictionaryError(f"{self._require_hook()}: injecting into a hook_z SAE's "
+                raise DictionaryError(f"{self.require_hook()}: injecting into a hook_z SAE's "
                                       f"[.., heads, d_head] activation needs d_head")
             d = d.reshape(*d.shape[:-1], -1, d_head)
         return hooks.intervene(self._out_hook(), Add(d))
@@ -475,7 +479,7 @@ class SparseAutoencoder:
         """
         if self.hook_point_out is not None:
             raise DictionaryError("suppress on a transcoder: use splice(feature_edit=...)")
-        hp = self._require_hook()
+        hp = self.require_hook()
         pos = None if positions is None else list(positions)
         direction = self.feature_direction(feature)
 
@@ -506,7 +510,8 @@ def _hook_width(model: Any, hp: HookPoint, heads_flat: bool) -> int | None:
                 return int(shape[-2] * shape[-1])
             return int(shape[-1])
     resid = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_mlp_out",
-             "hook_attn_out", "ln2.hook_normalized", "ln1.hook_normalized")
+             "hook_attn_out", "ln2.hook_normalized", "ln1.hook_normalized", "attn.hook_in",
+             "mlp.hook_in")
     if hp.suffix in resid or hp.name == "hook_embed":
         return int(model.hidden_size)
     return None

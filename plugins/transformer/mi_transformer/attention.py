@@ -1,4 +1,4 @@
-"""Grouped-query self-attention with RoPE, masks, soft-capping and a KV cache.
+"""Grouped-query self-attention with RoPE (either layout, or none), masks, soft-capping and a KV cache.
 
 Two paths, same numbers: the *explicit* path materialises scores and pattern (so they can be
 captured or intervened on, and soft-capping applied); the *fast* path calls
@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from mi_core.hooks import HookRun
 
+from mi_transformer.config import Positions, RopeLayout, TransformerConfig
 from mi_transformer.norm import Norm
 from mi_transformer.rope import apply_rope
 
@@ -36,6 +37,8 @@ class AttnWeights:
     b_o: torch.Tensor | None = None
     q_norm: Norm | None = None  # per-head RMS norm of q/k before RoPE (Qwen3, Gemma 3)
     k_norm: Norm | None = None
+    qk_norm_full: bool = False  # the q/k norms span all heads' dims at once (OLMo2, OLMoE)
+    clip: float | None = None  # clamp q, k, v to [-clip, clip] after projection/norm (OLMo)
 
 
 @attrs.define(eq=False)
@@ -110,40 +113,118 @@ class Masks:
 def safe_softmax(scores: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim, in float32 as transformers' eager attention does; a row that
     is all -inf gives zeros, not NaN."""
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).nan_to_num_(0.0).to(scores.dtype)
+    p = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    # in place unless autograd needs the softmax output for its backward
+    return (p.nan_to_num(0.0) if p.requires_grad else p.nan_to_num_(0.0)).to(scores.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, run: HookRun, name: str
-            ) -> torch.Tensor:
+@attrs.frozen
+class LayerSettings:
+    """Everything attention needs to know about one layer, built once from the config
+    (:meth:`of`), so the forward passes one object instead of a dozen scalars."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float  # multiplies q.k
+    softcap: float | None = None  # cap * tanh(scores / cap) (forces the explicit path)
+    window: int | None = None  # sliding window (None = full causal)
+    rope: int | None = 0  # index of the layer's (cos, sin) table; None = no rotary
+    interleaved: bool = False  # GPT-J rotary layout (pairs of adjacent dims)
+
+    @classmethod
+    def of(cls, c: TransformerConfig, i: int) -> "LayerSettings":
+        scale = c.attn_scale / (i + 1) if c.attn_scale_by_layer else c.attn_scale
+        return cls(num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                   scale=scale, softcap=c.attn_softcap, window=c.layer_windows[i],
+                   rope=c.layer_rope[i] if c.positions is Positions.ROPE and (
+                       not c.layer_use_rope or c.layer_use_rope[i]) else None,  # NoPE layers
+                   interleaved=c.rope_layout is RopeLayout.INTERLEAVED)
+
+
+def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+    """GPT-J's rotate_every_two: (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)."""
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
+def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                           ) -> torch.Tensor:
+    """x [batch, heads, seq, d_head]; cos/sin [.., rot] with each frequency repeated twice
+    (``repeat_interleave``); the first `rot` dims rotate in adjacent pairs."""
+    rot = cos.shape[-1]
+    if rot == x.shape[-1]:
+        return x * cos + _rotate_pairs(x) * sin
+    xr, xp = x[..., :rot], x[..., rot:]
+    return torch.cat((xr * cos + _rotate_pairs(xr) * sin, xp), dim=-1)
+
+
+def _rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+            interleaved: bool, run: HookRun, name: str) -> torch.Tensor:
     """x [b, s, n, d_head] -> rotated [b, n, s, d_head], computed in that (contiguous) layout
-    so SDPA reads contiguous inputs; the hook sees the documented [b, s, n, d_head] view."""
-    return run.apply(name, apply_rope(x.transpose(1, 2), cos, sin).transpose(1, 2)).transpose(1, 2)
+    so SDPA reads contiguous inputs; the hook sees the documented [b, s, n, d_head] view.
+    Without rotary (learned positions) ``hook_rot_*`` equals ``hook_q`` / ``hook_k``."""
+    xt = x.transpose(1, 2)
+    if rope is not None:
+        xt = (apply_rope_interleaved if interleaved else apply_rope)(xt, *rope)
+    return run.apply(name, xt.transpose(1, 2)).transpose(1, 2)
 
 
-def attention(w: AttnWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              masks: Masks, window: int | None, run: HookRun, n: AttnNames, *,
-              num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-              softcap: float | None, explicit: bool | None,
+def _per_head(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n: int,
+              head_dim: int) -> torch.Tensor:
+    """x [b, s, n, d_model], weight [n * d_head, d_model] -> [b, s, n, d_head], head h reading
+    only its own input row."""
+    out = torch.einsum("bsnm,ndm->bsnd", x, weight.view(n, head_dim, -1))
+    return out + bias.view(n, head_dim) if bias is not None else out
+
+
+def attention(w: AttnWeights, x: torch.Tensor,
+              rope: tuple[torch.Tensor, torch.Tensor] | None, masks: Masks, run: HookRun,
+              n: AttnNames, ls: LayerSettings, *, explicit: bool | None,
               cache_update: Callable[[torch.Tensor, torch.Tensor],
-                                     tuple[torch.Tensor, torch.Tensor]] | None = None
+                                     tuple[torch.Tensor, torch.Tensor]] | None = None,
+              head_inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
               ) -> torch.Tensor:
     """x [batch, seq, d_model] (already normalised) -> attention output [batch, seq, d_model].
 
-    `explicit`: True/False forces a path, None picks (explicit iff scores/pattern are hooked);
-    a soft-capping layer is always explicit. `cache_update(k, v)` appends this call's rotated
-    keys and values [batch, kv_heads, seq, d_head] to the cache and returns the full ones.
+    `rope`: this layer's (cos, sin) [batch, 1, seq, rot] (None: no rotary); `ls` the layer's
+    settings. `explicit`: True/False forces a path, None picks (explicit iff scores/pattern
+    are hooked); a soft-capping layer is always explicit. `cache_update(k, v)` appends this
+    call's rotated keys and values [batch, kv_heads, seq, d_head] to the cache and returns
+    the full ones. `head_inputs`: normalised per-head inputs of q, k and v ([batch, seq,
+    heads or kv_heads, d_model], from ``hook_q_input`` / ``hook_k_input`` /
+    ``hook_v_input``) used instead of x.
     """
+    num_heads, num_kv_heads, head_dim = ls.num_heads, ls.num_kv_heads, ls.head_dim
+    scale, softcap, window = ls.scale, ls.softcap, ls.window
     b, s, _ = x.shape
-    q = F.linear(x, w.w_q, w.b_q).view(b, s, num_heads, head_dim)
-    k = F.linear(x, w.w_k, w.b_k).view(b, s, num_kv_heads, head_dim)
-    v = F.linear(x, w.w_v, w.b_v).view(b, s, num_kv_heads, head_dim)
+    if head_inputs is None:
+        q = F.linear(x, w.w_q, w.b_q).view(b, s, num_heads, head_dim)
+        k = F.linear(x, w.w_k, w.b_k).view(b, s, num_kv_heads, head_dim)
+        v = F.linear(x, w.w_v, w.b_v).view(b, s, num_kv_heads, head_dim)
+    else:
+        if head_inputs[1].shape[2] != num_kv_heads:  # per query head keys/values (hook_attn_in)
+            groups = num_heads // num_kv_heads
+            w = attrs.evolve(w, **{n_: None if t is None else t.view(
+                num_kv_heads, -1).repeat_interleave(groups, 0).view(-1, *t.shape[1:])
+                for n_, t in (("w_k", w.w_k), ("w_v", w.w_v), ("b_k", w.b_k), ("b_v", w.b_v))})
+            num_kv_heads = num_heads
+        q, k, v = (_per_head(xi, wi, bi, n_i, head_dim) for xi, wi, bi, n_i in zip(
+            head_inputs, (w.w_q, w.w_k, w.w_v), (w.b_q, w.b_k, w.b_v),
+            (num_heads, num_kv_heads, num_kv_heads)))
     if w.q_norm is not None and w.k_norm is not None:
-        q = w.q_norm(q, run, n.q_scale)
-        k = w.k_norm(k, run, n.k_scale)
+        if w.qk_norm_full:  # one norm over [heads * d_head]; hook_scale [b, s, 1]
+            q = w.q_norm(q.flatten(2), run, n.q_scale).view(q.shape)
+            k = w.k_norm(k.flatten(2), run, n.k_scale).view(k.shape)
+        else:
+            q = w.q_norm(q, run, n.q_scale)
+            k = w.k_norm(k, run, n.k_scale)
+    if w.clip is not None:
+        q, k, v = (t.clamp(-w.clip, w.clip) for t in (q, k, v))
     q = run.apply(n.q, q)  # [b, s, heads, d_head], before RoPE
     k = run.apply(n.k, k)
     v = run.apply(n.v, v)
-    q, k = _rotate(q, cos, sin, run, n.rot_q), _rotate(k, cos, sin, run, n.rot_k)
+    q = _rotate(q, rope, ls.interleaved, run, n.rot_q)
+    k = _rotate(k, rope, ls.interleaved, run, n.rot_k)
     v = v.transpose(1, 2)  # [b, g, s, d_head]
     if cache_update is not None:
         k, v = cache_update(k, v)

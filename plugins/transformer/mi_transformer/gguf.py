@@ -1,4 +1,4 @@
-"""GGUF (llama.cpp) checkpoints of the LLaMA family -> HF-named tensors, an HF config dict and a tokenizer.
+"""GGUF (llama.cpp) checkpoints -> HF-named tensors, an HF config dict and a tokenizer.
 
 What this does, in order:
 
@@ -9,14 +9,17 @@ What this does, in order:
 2. Dequantise tensor by tensor with ``gguf.quants.dequantize`` (F32, F16, BF16, Q4_0/1, Q5_0/1,
    Q8_0, the K-quants, the IQ quants: whatever the installed ``gguf`` implements), from a
    read-only memory map, converting each tensor to the requested dtype before the next.
-3. Undo the row permutation llama.cpp's converter applies to q/k projections (it reorders
-   each head's rows from HF's rotate-half layout to GPT-J's interleaved one).
-4. Map llama.cpp tensor names to HF LLaMA names, check every shape against the config.
+3. Undo what llama.cpp's converter changed: the q/k row permutation of LLaMA (each head's
+   rows from HF's rotate-half layout to GPT-J's interleaved one), Gemma's norm gains stored
+   as 1 + w; fold rope factor tensors (llama3, Phi-3 longrope) back into ``rope_scaling``.
+4. Map llama.cpp tensor names to the family's HF names (:data:`GGUF_ARCHES`, one entry per
+   architecture) and check every shape against the family's weight table.
 5. Build a ``tokenizers.Tokenizer`` from ``tokenizer.ggml.*`` the way transformers does for
    the same file (byte-level BPE for ``tokenizer.ggml.model == "gpt2"``, sentencepiece BPE
    with byte fallback for ``"llama"``), so ids agree.
 
-Only ``general.architecture == "llama"`` is accepted.
+Architectures: llama, qwen2, qwen3, gemma2, phi3, gpt2 (:data:`GGUF_ARCHES`); others are
+refused by name. Metadata values of the wrong type are a ConfigError naming the key.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import mmap
 import struct
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import attrs
 import numpy as np
@@ -234,7 +237,7 @@ def iter_dequantized(header: GgufHeader) -> Iterator[tuple[GgufTensorInfo, np.nd
 
 
 # ---------------------------------------------------------------------------------------------
-# LLaMA: config, names, q/k permutation
+# The loaded checkpoint
 
 
 @attrs.define
@@ -283,39 +286,8 @@ class GgufCheckpoint:
         return out
 
 
-# llama.cpp tensor name -> HF name ({i} = layer).
-_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.bias": "self_attn.o_proj.bias",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-    "ffn_gate.bias": "mlp.gate_proj.bias",
-    "ffn_up.bias": "mlp.up_proj.bias",
-    "ffn_down.bias": "mlp.down_proj.bias",
-}
-_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
-                 "output_norm.weight": "model.norm.weight",
-                 "output.weight": "lm_head.weight"}
-_ROPE_FREQS = "rope_freqs.weight"  # llama3 rope factors, folded into config.rope_scaling
-
-
-def hf_name(gguf_name: str) -> str | None:
-    """The HF LLaMA name of a llama.cpp tensor, or None when it has none."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
-    return None
+# ---------------------------------------------------------------------------------------------
+# Architectures: metadata -> HF config, llama.cpp tensor names -> HF names
 
 
 def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -329,86 +301,258 @@ def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape).contiguous()
 
 
-def _md(md: dict[str, Any], key: str, path: Path, default: Any = None) -> Any:
-    if key in md:
-        return md[key]
-    if default is None:
-        raise ConfigError(f"{path}: GGUF metadata lacks required key {key!r}")
-    return default
+_REQUIRED: Any = object()
+
+
+class _Meta:
+    """Typed reads of GGUF metadata: a value of the wrong type (a string where a count is
+    expected, a list, a negative or non-finite number) is a ConfigError naming the key."""
+
+    def __init__(self, header: GgufHeader, arch: str) -> None:
+        self.md, self.path, self.arch = header.metadata, header.path, arch
+
+    def raw(self, key: str) -> Any:
+        return self.md.get(key)
+
+    def _bad(self, key: str, v: Any, what: str) -> ConfigError:
+        return ConfigError(f"{self.path}: GGUF metadata {key!r} = {v!r} ({type(v).__name__}): "
+                           f"expected {what}")
+
+    def int(self, key: str, default: Any = _REQUIRED, *, arch: bool = True, min: int = 1,
+            allow_list: bool = False) -> Any:
+        k = f"{self.arch}.{key}" if arch else key
+        v = self.md.get(k)
+        if v is None:
+            if default is _REQUIRED:
+                raise ConfigError(f"{self.path}: GGUF metadata lacks required key {k!r}")
+            return default
+        if allow_list and isinstance(v, list):  # per-layer values: only uniform ones map to HF
+            if not v or len(set(map(repr, v))) != 1:
+                raise UnsupportedModelError(f"{self.path}: GGUF metadata {k!r} has per-layer "
+                                            f"values {v[:8]}; only uniform ones are supported")
+            v = v[0]
+        if isinstance(v, bool) or not isinstance(v, int) or v < min:
+            raise self._bad(k, v, f"an integer >= {min}")
+        return v
+
+    def float(self, key: str, default: Any = _REQUIRED, *, positive: bool = True) -> Any:
+        k = f"{self.arch}.{key}"
+        v = self.md.get(k)
+        if v is None:
+            if default is _REQUIRED:
+                raise ConfigError(f"{self.path}: GGUF metadata lacks required key {k!r}")
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or (positive and v <= 0):
+            raise self._bad(k, v, "a finite number" + (" > 0" if positive else ""))
+        return float(v)
+
+    def str(self, key: str, default: Any = None) -> Any:
+        v = self.md.get(key, default)
+        if v is not None and not isinstance(v, str):
+            raise self._bad(key, v, "a string")
+        return v
+
+
+@attrs.frozen
+class GgufArch:
+    """How one llama.cpp ``general.architecture`` maps onto an HF family.
+
+    `layer_slots`: llama.cpp per-layer module -> the slot of the family's weight table
+    (:func:`mi_transformer.weights.slot_names`; ``.weight`` / ``.bias`` kept), so the HF
+    tensor names come from the one table loading also uses. `permute_qk`: llama.cpp permuted
+    the q/k rows to GPT-J order (LLaMA only; the others use its NeoX rope). `norm_offset`:
+    llama.cpp stores Gemma's norm gains as 1 + w; subtracted. `transpose_linear`: GPT-2's
+    Conv1D weights are stored as [out, in]. `configure(meta, cfg, names)`: the family's
+    extra config keys.
+    """
+
+    model_type: str
+    hf_class: str
+    layer_slots: Mapping[str, str]
+    permute_qk: bool = False
+    norm_offset: float = 0.0
+    configure: Callable[["_Meta", dict[str, Any], set[str]], None] | None = None
+    transpose_linear: bool = False
+
+
+_LLAMA_LAYER = {
+    "attn_norm": "ln1", "ffn_norm": "ln2", "attn_q": "q", "attn_k": "k", "attn_v": "v",
+    "attn_output": "o", "ffn_gate": "mlp_in", "ffn_up": "mlp_up", "ffn_down": "mlp_out",
+}
+#: llama.cpp global tensors -> weight-table slots (the same in every architecture).
+_GLOBAL_SLOTS = {"token_embd.weight": "embed", "position_embd.weight": "pos_embed",
+                 "output_norm.weight": "final_norm.weight", "output_norm.bias": "final_norm.bias",
+                 "output.weight": "lm_head.weight"}
+_ROPE_FREQS = "rope_freqs.weight"  # llama3 rope factors, folded into config.rope_scaling
+_LONGROPE = {"rope_factors_long.weight": "long_factor",  # Phi-3 128k, folded into rope_scaling
+             "rope_factors_short.weight": "short_factor"}
+
+
+def _llama_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+    cfg["mlp_bias"] = "blk.0.ffn_up.bias" in names
+
+
+def _qwen3_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+
+
+def _gemma2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    cfg.pop("hidden_act")
+    cfg["hidden_activation"] = "gelu_pytorch_tanh"
+    cfg["attn_logit_softcapping"] = m.float("attn_logit_softcapping", None)
+    cfg["final_logit_softcapping"] = m.float("final_logit_softcapping", None)
+    cfg["sliding_window"] = m.int("attention.sliding_window", None)
+    # llama.cpp scales scores by key_length**-0.5 (its 27B special case aside, which the
+    # file does not record): the HF equivalent is query_pre_attn_scalar = head_dim.
+    cfg["query_pre_attn_scalar"] = cfg["head_dim"]
+
+
+def _phi3_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    cfg["sliding_window"] = m.int("attention.sliding_window", None)
+    orig = m.int("rope.scaling.original_context_length", None)
+    if orig is not None:
+        cfg["original_max_position_embeddings"] = orig
+
+
+def _gpt2_config(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    """GPT-2 spells its config its own way; llama.cpp's converter also writes the (tied)
+    embedding a second time as output.weight, which is then loaded untied (same numbers)."""
+    cfg.update({
+        "n_embd": cfg.pop("hidden_size"), "n_head": cfg.pop("num_attention_heads"),
+        "n_layer": cfg.pop("num_hidden_layers"), "n_inner": cfg.pop("intermediate_size"),
+        "n_positions": cfg.pop("max_position_embeddings"),
+        "layer_norm_epsilon": m.float("attention.layer_norm_epsilon", 1e-5),
+        "activation_function": "gelu_new"})
+    for k in ("num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "rope_theta"):
+        cfg.pop(k, None)
+
+
+GGUF_ARCHES: dict[str, GgufArch] = {
+    "llama": GgufArch("llama", "LlamaForCausalLM", _LLAMA_LAYER, permute_qk=True,
+                      configure=_llama_extra),
+    "qwen2": GgufArch("qwen2", "Qwen2ForCausalLM", _LLAMA_LAYER),
+    "qwen3": GgufArch("qwen3", "Qwen3ForCausalLM", {
+        **_LLAMA_LAYER, "attn_q_norm": "q_norm", "attn_k_norm": "k_norm"},
+        configure=_qwen3_extra),
+    "gemma2": GgufArch("gemma2", "Gemma2ForCausalLM", {
+        **_LLAMA_LAYER, "post_attention_norm": "ln1_post", "ffn_norm": "ln2",
+        "post_ffw_norm": "ln2_post"}, norm_offset=1.0, configure=_gemma2_extra),
+    "phi3": GgufArch("phi3", "Phi3ForCausalLM", {
+        "attn_norm": "ln1", "ffn_norm": "ln2", "attn_qkv": "qkv", "attn_output": "o",
+        "ffn_up": "gate_up", "ffn_down": "mlp_out"}, configure=_phi3_extra),
+    "gpt2": GgufArch("gpt2", "GPT2LMHeadModel", {
+        "attn_norm": "ln1", "attn_qkv": "qkv", "attn_output": "o", "ffn_norm": "ln2",
+        "ffn_up": "mlp_in", "ffn_down": "mlp_out"}, configure=_gpt2_config,
+        transpose_linear=True),
+}
+
+
+def gguf_arch(header: GgufHeader) -> GgufArch:
+    arch = header.metadata.get("general.architecture")
+    if arch not in GGUF_ARCHES:
+        raise UnsupportedModelError(f"{header.path}: GGUF architecture {arch!r} is not supported "
+                                    f"(supported: {', '.join(GGUF_ARCHES)})")
+    return GGUF_ARCHES[arch]
+
+
+def slot_of(gguf_name: str, arch: GgufArch) -> tuple[int | None, str] | None:
+    """(layer or None, weight-table slot) of a llama.cpp tensor, or None when it has none."""
+    if gguf_name in _GLOBAL_SLOTS:
+        return None, _GLOBAL_SLOTS[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and \
+            parts[3] in ("weight", "bias") and parts[2] in arch.layer_slots:
+        return int(parts[1]), f"{arch.layer_slots[parts[2]]}.{parts[3]}"
+    return None
+
+
+def hf_config(header: GgufHeader) -> dict[str, Any]:
+    """An HF config.json dict from the GGUF metadata (and tensor table)."""
+    arch = gguf_arch(header)
+    name = header.metadata["general.architecture"]
+    m = _Meta(header, name)
+    path = header.path
+    hidden = m.int("embedding_length")
+    heads = m.int("attention.head_count")
+    kv_heads = m.int("attention.head_count_kv", heads, allow_list=True)
+    head_dim = m.int("attention.key_length", hidden // heads)
+    rot = m.int("rope.dimension_count", head_dim)
+    value_len = m.int("attention.value_length", head_dim)
+    if rot != head_dim or value_len != head_dim:
+        raise UnsupportedModelError(f"{path}: {name}.rope.dimension_count {rot} / "
+                                    f"value_length {value_len} differ from head dim {head_dim} "
+                                    f"(partial rotary is not supported for GGUF)")
+    names = {t.name for t in header.tensors}
+    tokens = header.metadata.get("tokenizer.ggml.tokens")
+    if tokens is not None and not isinstance(tokens, list):
+        raise m._bad("tokenizer.ggml.tokens", tokens, "a list of strings")
+    vocab = m.int("vocab_size", len(tokens) if tokens else None)
+    if vocab is None:
+        emb = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
+        if emb is None or len(emb.shape) != 2:
+            raise ConfigError(f"{path}: no vocab_size, tokenizer.ggml.tokens or token_embd.weight")
+        vocab = emb.shape[0]
+    ctx = m.int("context_length", 2048)
+    cfg: dict[str, Any] = {
+        "architectures": [arch.hf_class],
+        "model_type": arch.model_type,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": m.int("feed_forward_length", allow_list=True),
+        "num_hidden_layers": m.int("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": m.float("attention.layer_norm_rms_epsilon", 1e-5),
+        "rope_theta": m.float("rope.freq_base", 10000.0),
+        "max_position_embeddings": ctx,
+        "tie_word_embeddings": "output.weight" not in names,
+        "torch_dtype": "float32",
+    }
+    scaling = _rope_scaling(header, m, ctx)
+    if scaling is not None:
+        cfg["rope_scaling"] = scaling
+    if arch.configure is not None:
+        arch.configure(m, cfg, names)
+    for key, hf in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                    ("padding_token_id", "pad_token_id")):
+        v = m.int(f"tokenizer.ggml.{key}", None, arch=False, min=0)
+        if v is not None:
+            cfg[hf] = v
+    return {k: v for k, v in cfg.items() if v is not None}
 
 
 def llama_config(header: GgufHeader) -> dict[str, Any]:
-    """An HF LLaMA config.json dict from the GGUF metadata (and tensor table)."""
-    md, path = header.metadata, header.path
-    arch = md.get("general.architecture")
-    if arch != "llama":
-        raise UnsupportedModelError(f"{path}: GGUF architecture {arch!r} is not supported "
-                                    f"(only the LLaMA family, general.architecture = 'llama')")
-    a = "llama."
-    hidden = int(_md(md, a + "embedding_length", path))
-    heads = int(_md(md, a + "attention.head_count", path))
-    kv_heads = _md(md, a + "attention.head_count_kv", path, heads)
-    if isinstance(kv_heads, list):  # per-layer counts; only uniform ones map onto HF LLaMA
-        if len(set(kv_heads)) != 1:
-            raise UnsupportedModelError(f"{path}: per-layer head_count_kv {kv_heads} unsupported")
-        kv_heads = kv_heads[0]
-    head_dim = int(md.get(a + "attention.key_length", hidden // heads))
-    rot = int(md.get(a + "rope.dimension_count", head_dim))
-    if rot != head_dim or int(md.get(a + "attention.value_length", head_dim)) != head_dim:
-        raise UnsupportedModelError(f"{path}: rope.dimension_count {rot} / value_length differ "
-                                    f"from head dim {head_dim} (partial rotary is not LLaMA)")
+    """Kept for callers of the LLaMA-only reader: :func:`hf_config` for any architecture."""
+    return hf_config(header)
+
+
+def _rope_scaling(header: GgufHeader, m: _Meta, ctx: int) -> dict[str, Any] | None:
     names = {t.name for t in header.tensors}
-    tokens = md.get("tokenizer.ggml.tokens")
-    vocab = md.get(a + "vocab_size", len(tokens) if tokens is not None else None)
-    if vocab is None:
-        emb = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
-        if emb is None:
-            raise ConfigError(f"{path}: no vocab_size, tokenizer.ggml.tokens or token_embd.weight")
-        vocab = emb.shape[0]
-    ctx = int(_md(md, a + "context_length", path, 2048))
-    cfg: dict[str, Any] = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": int(vocab),
-        "hidden_size": hidden,
-        "intermediate_size": int(_md(md, a + "feed_forward_length", path)),
-        "num_hidden_layers": int(_md(md, a + "block_count", path)),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(kv_heads),
-        "head_dim": head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": float(_md(md, a + "attention.layer_norm_rms_epsilon", path, 1e-5)),
-        "rope_theta": float(md.get(a + "rope.freq_base", 10000.0)),
-        "rope_scaling": _rope_scaling(header, head_dim, ctx),
-        "max_position_embeddings": ctx,
-        "tie_word_embeddings": "output.weight" not in names,
-        "attention_bias": "blk.0.attn_q.bias" in names,
-        "mlp_bias": "blk.0.ffn_up.bias" in names,
-        "torch_dtype": "float32",
-    }
-    for key, hf in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                    ("padding_token_id", "pad_token_id")):
-        if f"tokenizer.ggml.{key}" in md:
-            cfg[hf] = int(md[f"tokenizer.ggml.{key}"])
-    return cfg
-
-
-def _rope_scaling(header: GgufHeader, head_dim: int, ctx: int) -> dict[str, Any] | None:
-    md, a = header.metadata, "llama.rope.scaling."
-    kind = md.get(a + "type", "none")
-    factor = md.get(a + "factor")
-    if any(t.name == _ROPE_FREQS for t in header.tensors):
-        return None  # llama3: filled in from the factors tensor by read_gguf
+    if _ROPE_FREQS in names or set(_LONGROPE) & names:
+        return None  # filled in from the factor tensors by read_gguf
+    kind = m.str(f"{m.arch}.rope.scaling.type", "none")
+    factor = m.float("rope.scaling.factor", None)
     if kind in ("none", None) or (kind == "linear" and not factor):
         return None
     if kind == "linear":
-        return {"rope_type": "linear", "factor": float(factor)}
+        return {"rope_type": "linear", "factor": factor}
     if kind == "yarn":
-        out = {"rope_type": "yarn", "factor": float(factor or 1.0),
-               "original_max_position_embeddings": int(md.get(a + "original_context_length", ctx))}
-        for k in ("beta_fast", "beta_slow", "attn_factor"):
-            if a + "yarn_" + k in md:
-                out[k] = float(md[a + "yarn_" + k])
+        out: dict[str, Any] = {"rope_type": "yarn", "factor": factor or 1.0,
+                               "original_max_position_embeddings":
+                                   m.int("rope.scaling.original_context_length", ctx)}
+        for k in ("beta_fast", "beta_slow"):
+            v = m.float(f"rope.scaling.yarn_{k}", None)
+            if v is not None:
+                out[k] = v
+        for k in ("rope.scaling.yarn_attn_factor", "rope.scaling.attn_factor"):
+            v = m.float(k, None)
+            if v is not None and v != 1.0:  # llama.cpp's multiplier on its own mscale
+                raise UnsupportedModelError(f"{header.path}: {m.arch}.{k} = {v} has no HF "
+                                            f"yarn equivalent")
         return out
     raise UnsupportedModelError(f"{header.path}: rope scaling type {kind!r} is not supported")
 
@@ -437,75 +581,82 @@ def llama3_rope_from_factors(factors: torch.Tensor, theta: float, head_dim: int,
                                 f"with any known parameters; cannot express it as an HF config")
 
 
-def _expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    h, hd, f = cfg["hidden_size"], cfg["head_dim"], cfg["intermediate_size"]
-    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
-    per = {"input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
-           "self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h),
-           "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, q),
-           "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,),
-           "self_attn.v_proj.bias": (kv,), "self_attn.o_proj.bias": (h,),
-           "mlp.gate_proj.weight": (f, h), "mlp.up_proj.weight": (f, h),
-           "mlp.down_proj.weight": (h, f), "mlp.gate_proj.bias": (f,), "mlp.up_proj.bias": (f,),
-           "mlp.down_proj.bias": (h,)}
-    out = {f"model.layers.{i}.{k}": s for i in range(cfg["num_hidden_layers"]) for k, s in per.items()}
-    out.update({"model.embed_tokens.weight": (cfg["vocab_size"], h), "model.norm.weight": (h,),
-                "lm_head.weight": (cfg["vocab_size"], h)})
-    return out
-
-
-def _required(cfg: dict[str, Any]) -> list[str]:
-    per = ["input_layernorm.weight", "post_attention_layernorm.weight"] + [
-        f"self_attn.{p}_proj.weight" for p in "qkvo"] + [
-        f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
-    req = [f"model.layers.{i}.{k}" for i in range(cfg["num_hidden_layers"]) for k in per]
-    req += ["model.embed_tokens.weight", "model.norm.weight"]
-    if not cfg["tie_word_embeddings"]:
-        req.append("lm_head.weight")
-    return req
-
-
 def read_gguf(path: Path, dtype: torch.dtype = torch.float32) -> GgufCheckpoint:
-    """Load a LLaMA-family GGUF: dequantised HF-named tensors, HF config, tokenizer.
+    """Load a GGUF of a supported architecture (:data:`GGUF_ARCHES`): dequantised HF-named
+    tensors, HF config, tokenizer.
 
-    Raises UnsupportedModelError for other architectures or unknown tensors, WeightLoadError
-    for truncated files, unsupported quantisations (naming tensor and type) and mis-shaped or
-    missing tensors, ConfigError for missing metadata.
+    Every name and shape is checked against the family's weight table
+    (:func:`mi_transformer.weights.expected_shapes` of the parsed config). Raises
+    UnsupportedModelError for other architectures or unknown tensors, WeightLoadError for
+    truncated files, unsupported quantisations (naming tensor and type) and mis-shaped or
+    missing tensors, ConfigError for missing or malformed metadata.
     """
     from tqdm.auto import tqdm
 
+    from mi_transformer.config import parse_config
+    from mi_transformer.weights import expected_shapes, slot_names
+
     path = Path(path)
     header = read_gguf_header(path)
-    cfg = llama_config(header)
-    unknown = [t.name for t in header.tensors if hf_name(t.name) is None and t.name != _ROPE_FREQS]
+    arch = gguf_arch(header)
+    cfg = hf_config(header)
+    special = {_ROPE_FREQS, *_LONGROPE}
+    unknown = [t.name for t in header.tensors if slot_of(t.name, arch) is None
+               and t.name not in special]
     if unknown:
-        raise UnsupportedModelError(f"{path}: tensors with no LLaMA equivalent: "
+        raise UnsupportedModelError(f"{path}: tensors with no {arch.model_type} equivalent: "
                                     f"{', '.join(unknown[:10])}{' ...' if len(unknown) > 10 else ''}")
-    shapes = _expected_shapes(cfg)
-    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    factor_tensors = {t.name: t for t in header.tensors if t.name in special}
+    if factor_tensors:  # rope factors are data, but the config needs them before the shapes
+        arrays = {t.name: a for t, a in iter_dequantized(attrs.evolve(
+            header, tensors=list(factor_tensors.values())))}
+        if _ROPE_FREQS in arrays:
+            cfg["rope_scaling"] = llama3_rope_from_factors(
+                torch.from_numpy(arrays[_ROPE_FREQS]), cfg["rope_theta"], cfg["head_dim"],
+                header.metadata.get("llama.rope.scaling.original_context_length"), path)
+        else:
+            missing_f = sorted(set(_LONGROPE) - set(arrays))
+            if missing_f:
+                raise WeightLoadError(f"{path}: longrope needs both factor tensors; missing "
+                                      f"{', '.join(missing_f)}")
+            cfg["rope_scaling"] = {"rope_type": "longrope", **{
+                _LONGROPE[k]: [float(x) for x in a.reshape(-1)] for k, a in arrays.items()}}
+            att = _Meta(header, header.metadata["general.architecture"]).float(
+                "rope.scaling.attn_factor", None)
+            if att is not None:
+                cfg["rope_scaling"]["attention_factor"] = att
+    family = parse_config(cfg, f"{path} (config from GGUF metadata)")
+    shapes, names = expected_shapes(family), slot_names(family)
+    heads, kv_heads = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads")
     tensors: dict[str, torch.Tensor] = {}
     quant: dict[str, str] = {}
-    it = iter_dequantized(header)
-    for t, arr in tqdm(it, total=len(header.tensors), desc=f"dequantising {path.name}",
+    body = [t for t in header.tensors if t.name not in special]
+    it = iter_dequantized(attrs.evolve(header, tensors=body))
+    for t, arr in tqdm(it, total=len(body), desc=f"dequantising {path.name}",
                        disable=None, leave=False):
-        if t.name == _ROPE_FREQS:
-            cfg["rope_scaling"] = llama3_rope_from_factors(
-                torch.from_numpy(arr), cfg["rope_theta"], cfg["head_dim"],
-                header.metadata.get("llama.rope.scaling.original_context_length"), path)
-            continue
-        name = hf_name(t.name)
-        assert name is not None
+        slot = slot_of(t.name, arch)
+        name = names.get(slot) if slot is not None else None
+        if name is None:
+            if slot == (None, "lm_head.weight") and family.tie_word_embeddings:
+                continue  # the tied head, stored once more
+            raise WeightLoadError(f"{path}: tensor {t.name!r} is not used by this "
+                                  f"{arch.model_type} configuration")
         w = torch.from_numpy(arr)
-        if tuple(w.shape) != shapes[name]:
+        if arch.transpose_linear and w.dim() == 2 and t.name.startswith("blk."):
+            w = w.t().contiguous()  # back to the checkpoint's Conv1D [in, out]
+        want = shapes[name]
+        if tuple(w.shape) != tuple(want):
             raise WeightLoadError(f"{path}: tensor {t.name!r} ({name}) has shape {list(w.shape)}, "
-                                  f"expected {list(shapes[name])} from the GGUF metadata")
-        if ".attn_q." in t.name:
+                                  f"expected {list(want)} from the GGUF metadata")
+        if arch.permute_qk and ".attn_q." in t.name:
             w = unpermute_qk(w, heads)
-        elif ".attn_k." in t.name:
+        elif arch.permute_qk and ".attn_k." in t.name:
             w = unpermute_qk(w, kv_heads)
+        if arch.norm_offset and "norm" in t.name:
+            w = w - arch.norm_offset
         tensors[name] = w.to(dtype)
         quant[name] = _quant_type(t, path).name
-    missing = [n for n in _required(cfg) if n not in tensors]
+    missing = [n for n in shapes if n not in tensors]
     if missing:
         raise WeightLoadError(f"{path}: missing tensors: {', '.join(missing[:10])}"
                               f"{' ...' if len(missing) > 10 else ''}")

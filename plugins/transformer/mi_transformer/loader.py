@@ -27,7 +27,7 @@ def from_tensors(config: Mapping[str, Any], tensors: TensorSource | Mapping[str,
     cfg = parse_config(config, f"{origin}/config.json", src.names())
     if cfg.model_type not in _known():
         chk = check_tensors(cfg, src.shapes)
-        if chk.missing or chk.unexpected:
+        if not chk.ok:
             raise UnsupportedModelError(
                 f"{origin}: model_type {cfg.model_type!r} is not a known family and its tensors "
                 f"are not LLaMA-like; missing: {', '.join(chk.missing[:10]) or 'none'}; "

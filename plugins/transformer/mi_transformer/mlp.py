@@ -16,6 +16,7 @@ ACTIVATIONS: dict[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
     Activation.SILU: F.silu,
     Activation.GELU_TANH: lambda x: F.gelu(x, approximate="tanh"),
     Activation.GELU: F.gelu,
+    Activation.RELU: F.relu,
 }
 
 
@@ -37,15 +38,17 @@ class MlpWeights:
 
 
 def mlp(w: MlpWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor],
-        run: HookRun, pre_name: str, post_name: str) -> torch.Tensor:
+        run: HookRun, pre_name: str, post_name: str, pre_linear_name: str = "") -> torch.Tensor:
     """x [batch, seq, d_model] -> [batch, seq, d_model].
 
     ``mlp.hook_pre`` is the gate pre-activation (gated) or c_fc output (plain);
-    ``mlp.hook_post`` is act(gate) * up (gated) or act(pre) (plain), both [batch, seq, d_mlp].
+    ``mlp.hook_post`` is act(gate) * up (gated) or act(pre) (plain), both [batch, seq, d_mlp];
+    ``mlp.hook_pre_linear`` (gated only, TransformerLens' name) the up projection's output.
     """
     pre = run.apply(pre_name, F.linear(x, w.w_in, w.b_in))
     post = act(pre)
     if w.w_up is not None:
-        post = post * F.linear(x, w.w_up, w.b_up)
+        up = F.linear(x, w.w_up, w.b_up)
+        post = post * (run.apply(pre_linear_name, up) if pre_linear_name else up)
     post = run.apply(post_name, post)
     return F.linear(post, w.w_out, w.b_out)

@@ -1,7 +1,8 @@
 """The one generic decoder-only forward pass, config-driven, with every hook point.
 
 Reading order: :class:`TransformerBackend.forward` (embed -> blocks -> final norm -> logits),
-then :meth:`TransformerBackend._block` (pre-norm attention and MLP, optional post-norms).
+then :meth:`TransformerBackend._block` (sequential or parallel attention and MLP, optional
+post-norms), then the helpers; the per-layer records (hook names, KV cache) come last.
 Nothing here checks a family name; every difference is an axis of :class:`TransformerConfig`.
 """
 
@@ -19,93 +20,15 @@ from mi_core.hooks import HookCache, HookPoint, HookRun, HookSpec
 from mi_core.shapes import standard_shape
 from mi_core.tokenizer import MITokenizer
 
-from mi_transformer.attention import AttnNames, Masks, attention
-from mi_transformer.config import RopeConfig, RopeScaling, TransformerConfig
+from mi_transformer.attention import AttnNames, LayerSettings, Masks, attention
+from mi_transformer.config import (BlockLayout, MlpLayout, Positions, RopeConfig, RopeLayout,
+                                   TransformerConfig)
 from mi_transformer.mlp import ACTIVATIONS, mlp
-from mi_transformer.rope import cos_sin, inv_freq
+from mi_transformer.moe import MoeNames, moe
+from mi_transformer.rope import attention_scaling, cos_sin, inv_freq
 from mi_transformer.weights import LayerWeights, Weights
 
 BetweenLayers = Callable[[int, int, torch.Tensor], torch.Tensor]
-
-
-@attrs.define(eq=False)
-class LayerNames:
-    """Every hook name of one layer, built once at load (no string formatting per forward)."""
-
-    resid_pre: str
-    ln1_scale: str
-    ln1_normalized: str
-    attn: AttnNames
-    ln1_post_scale: str
-    ln1_post_normalized: str
-    attn_out: str
-    resid_mid: str
-    ln2_scale: str
-    ln2_normalized: str
-    mlp_pre: str
-    mlp_post: str
-    ln2_post_scale: str
-    ln2_post_normalized: str
-    mlp_out: str
-    resid_post: str
-
-    @classmethod
-    def of(cls, i: int) -> "LayerNames":
-        p = f"blocks.{i}."
-        a = p + "attn."
-        return cls(
-            resid_pre=p + "hook_resid_pre", ln1_scale=p + "ln1.hook_scale",
-            ln1_normalized=p + "ln1.hook_normalized",
-            attn=AttnNames(q=a + "hook_q", k=a + "hook_k", v=a + "hook_v", rot_q=a + "hook_rot_q",
-                           rot_k=a + "hook_rot_k", scores=a + "hook_attn_scores",
-                           pattern=a + "hook_pattern", z=a + "hook_z", result=a + "hook_result",
-                           q_scale=a + "q_ln.hook_scale", k_scale=a + "k_ln.hook_scale"),
-            ln1_post_scale=p + "ln1_post.hook_scale",
-            ln1_post_normalized=p + "ln1_post.hook_normalized",
-            attn_out=p + "hook_attn_out", resid_mid=p + "hook_resid_mid",
-            ln2_scale=p + "ln2.hook_scale", ln2_normalized=p + "ln2.hook_normalized",
-            mlp_pre=p + "mlp.hook_pre", mlp_post=p + "mlp.hook_post",
-            ln2_post_scale=p + "ln2_post.hook_scale",
-            ln2_post_normalized=p + "ln2_post.hook_normalized",
-            mlp_out=p + "hook_mlp_out", resid_post=p + "hook_resid_post")
-
-    def in_order(self, post_norms: bool, qk_norm: bool) -> list[str]:
-        a = self.attn
-        out = [self.resid_pre, self.ln1_scale, self.ln1_normalized]
-        out += [a.q_scale, a.k_scale] if qk_norm else []
-        out += [a.q, a.k, a.v, a.rot_q, a.rot_k, a.scores, a.pattern, a.z, a.result]
-        out += [self.ln1_post_scale, self.ln1_post_normalized] if post_norms else []
-        out += [self.attn_out, self.resid_mid, self.ln2_scale, self.ln2_normalized,
-                self.mlp_pre, self.mlp_post]
-        out += [self.ln2_post_scale, self.ln2_post_normalized] if post_norms else []
-        out += [self.mlp_out, self.resid_post]
-        return out
-
-
-class KVCache:
-    """Rotated keys and values per *schedule step* (not per layer: a layer run twice by a
-    `layer_schedule` has two slots), plus the attention mask seen so far.
-
-    Every key is kept (no rolling window), so sliding-window layers stay exact at any length.
-    """
-
-    def __init__(self, batch_size: int) -> None:
-        self.batch_size = batch_size
-        self.keys: dict[int, torch.Tensor] = {}  # step -> [batch, kv_heads, length, d_head]
-        self.values: dict[int, torch.Tensor] = {}
-        self.length = 0  # cached positions (slots)
-        self.mask: torch.Tensor | None = None  # [batch, length] bool, None = no padding
-        self.schedule: tuple[int, ...] | None = None
-
-    def updater(self, step: int) -> Callable[[torch.Tensor, torch.Tensor],
-                                             tuple[torch.Tensor, torch.Tensor]]:
-        def update(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            if step in self.keys:
-                k = torch.cat([self.keys[step], k], dim=2)
-                v = torch.cat([self.values[step], v], dim=2)
-            self.keys[step], self.values[step] = k, v
-            return k, v
-        return update
 
 
 class TransformerBackend:
@@ -132,40 +55,14 @@ class TransformerBackend:
         self.max_positions = config.max_positions
         self.act = ACTIVATIONS[config.activation]
         self.names = [LayerNames.of(i) for i in range(config.num_layers)]
+        for i, n in enumerate(self.names):
+            if config.moe is not None and config.layer_moe and config.layer_moe[i]:
+                n.moe = MoeNames.of(i, config.moe.num_experts)
+            n.rotary = config.positions is Positions.ROPE and (
+                not config.layer_use_rope or config.layer_use_rope[i])
+        self.settings = [LayerSettings.of(config, i) for i in range(config.num_layers)]
         self.inv_freqs = [inv_freq(r, config.rot_dim).to(device) for r in config.ropes]
         self._warned_long = False
-
-    # -- hook points -------------------------------------------------------------------
-    def hook_points(self) -> list[HookPoint]:
-        c = self.config
-        names = ["hook_embed"]
-        for n in self.names:
-            names += n.in_order(c.post_norms, c.qk_norm)
-        names += ["ln_final.hook_scale", "ln_final.hook_normalized"]
-        return [HookPoint.parse(n) for n in names]
-
-    def hook_shape(self, point: HookPoint | str, batch: int, seq: int) -> tuple[int, ...] | None:
-        """Shape of the activation at `point` for ids [batch, seq] (key length -1: any): the
-        core's standard table, plus this backend's q/k-norm and post-norm points."""
-        hp = HookPoint.parse(point)
-        c = self.config
-        heads = {"attn.q_ln.hook_scale": c.num_heads, "attn.k_ln.hook_scale": c.num_kv_heads}
-        if hp.suffix in heads:
-            return (batch, seq, heads[hp.suffix], 1)
-        shape = standard_shape(hp, batch, seq, d_model=c.hidden_size, n_heads=c.num_heads,
-                               n_kv_heads=c.num_kv_heads, d_head=c.head_dim,
-                               d_mlp=c.intermediate_size)
-        if shape is not None:
-            return shape
-        return (batch, seq, 1) if hp.suffix.endswith("hook_scale") else (batch, seq, c.hidden_size)
-
-    def check_layer_schedule(self, schedule: Sequence[int]) -> None:
-        """LayerSchedule capability: any layer order (repeats allowed) runs."""
-        self._check_schedule(tuple(schedule), None)
-
-    # -- generation --------------------------------------------------------------------
-    def new_past(self, batch_size: int) -> KVCache:
-        return KVCache(batch_size)
 
     # -- forward -----------------------------------------------------------------------
     def forward(self, ids: torch.Tensor, hooks: HookSpec | None = None,
@@ -197,18 +94,15 @@ class TransformerBackend:
         positions = key_positions[:, offset:]
         masks = Masks(key_valid, offset, seq, ids.device,
                       key_positions if key_valid is not None else None)
-        rope = [cos_sin(self._inv_freq(r, inv, positions), positions, self.dtype)
-                for r, inv in zip(c.ropes, self.inv_freqs)]
+        rope = self._rope_tables(positions)
         explicit = {None: None, "explicit": True, "sdpa": False}[attn_impl]
 
-        x = F.embedding(ids, w.embed)
-        if c.embedding_scale is not None:
-            x = x * torch.tensor(c.embedding_scale, dtype=x.dtype)
-        x = run.apply("hook_embed", x)
+        x = self._embed(ids, positions, run)
         for step, layer in enumerate(schedule):
-            cos, sin = rope[c.layer_rope[layer]]
+            r = self.settings[layer].rope
             update = past.updater(step) if past is not None else None
-            x = self._block(layer, x, run, cos, sin, masks, explicit, update)
+            x = self._block(layer, x, run, rope[r] if r is not None else None, masks, explicit,
+                            update)
             if between_layers is not None:
                 x = between_layers(step, layer, x)
         x = w.final_norm(x, run, "ln_final.hook_scale", "ln_final.hook_normalized")
@@ -217,29 +111,154 @@ class TransformerBackend:
             past.length += seq
         return run.finish(logits, past=past)
 
-    def _block(self, i: int, x: torch.Tensor, run: HookRun, cos: torch.Tensor,
-               sin: torch.Tensor, masks: Masks, explicit: bool | None,
-               cache_update: Callable[..., Any] | None) -> torch.Tensor:
-        """One pre-norm block: x [batch, seq, d_model] -> [batch, seq, d_model]."""
+    def _block(self, i: int, x: torch.Tensor, run: HookRun,
+               rope: tuple[torch.Tensor, torch.Tensor] | None, masks: Masks,
+               explicit: bool | None, cache_update: Callable[..., Any] | None) -> torch.Tensor:
+        """One block, x [batch, seq, d_model] -> [batch, seq, d_model].
+
+        Sequential: x += attn(ln1(x)); x += mlp(ln2(x)). Parallel: x += attn(ln1(x)) +
+        mlp(ln2(x)), both branches reading the block's input (ln2 is ln1 when the block
+        shares one norm). Post-norms (Gemma 2/3) normalise each branch's output.
+        """
         c, lw, n = self.config, self.w.layers[i], self.names[i]
+        sequential = c.block is BlockLayout.SEQUENTIAL
         x = run.apply(n.resid_pre, x)
-        h = lw.ln1(x, run, n.ln1_scale, n.ln1_normalized)
-        a = attention(lw.attn, h, cos, sin, masks, c.layer_windows[i], run, n.attn,
-                      num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-                      scale=c.attn_scale, softcap=c.attn_softcap, explicit=explicit,
-                      cache_update=cache_update)
+        if lw.ln1 is not None:
+            h = lw.ln1(x, run, n.ln1_scale, n.ln1_normalized, out_name=n.attn_in)
+        else:  # no pre-norm (OLMo2): attention reads the residual stream itself
+            h = run.apply(n.attn_in, x)
+        a = attention(lw.attn, h, rope, masks, run, n.attn, self.settings[i], explicit=explicit,
+                      cache_update=cache_update, head_inputs=self._head_inputs(i, x, run))
         if lw.ln1_post is not None:
             a = lw.ln1_post(a, run, n.ln1_post_scale, n.ln1_post_normalized)
-        x = run.apply(n.resid_mid, x + run.apply(n.attn_out, a))
-        h = lw.ln2(x, run, n.ln2_scale, n.ln2_normalized)
-        m = mlp(lw.mlp, h, self.act, run, n.mlp_pre, n.mlp_post)
+        if c.residual_scale != 1.0:  # Granite: branch outputs scaled before the residual add
+            a = a * c.residual_scale
+        a = run.apply(n.attn_out, a)
+        if sequential:
+            x = run.apply(n.resid_mid, x + a)
+        mlp_in = run.apply(n.tl_mlp_in, x)  # resid_mid, or resid_pre in a parallel block
+        if lw.ln2 is not None:
+            h = lw.ln2(mlp_in, run, n.ln2_scale, n.ln2_normalized, out_name=n.mlp_in)
+        elif not c.pre_norms:
+            h = run.apply(n.mlp_in, mlp_in)
+        else:  # one shared norm: the MLP reads ln1's output (recomputed if hook_mlp_in changed)
+            if run.spec.has_intervention_at(n.tl_mlp_in):
+                h = lw.ln1(mlp_in)
+            h = run.apply(n.mlp_in, h)
+        if n.moe is not None:
+            m = moe(lw.mlp, h, self.act, run, n.moe)  # type: ignore[arg-type]
+        else:
+            m = mlp(lw.mlp, h, self.act, run, n.mlp_pre, n.mlp_post, n.mlp_pre_linear)
         if lw.ln2_post is not None:
             m = lw.ln2_post(m, run, n.ln2_post_scale, n.ln2_post_normalized)
-        return run.apply(n.resid_post, x + run.apply(n.mlp_out, m))
+        if c.residual_scale != 1.0:
+            m = m * c.residual_scale
+        m = run.apply(n.mlp_out, m)
+        return run.apply(n.resid_post, x + m if sequential else x + (a + m))
+
+    # -- embedding and rotary tables ---------------------------------------------------
+    def _embed(self, ids: torch.Tensor, positions: torch.Tensor, run: HookRun) -> torch.Tensor:
+        """ids [batch, seq] -> layer 0's resid_pre: the token embedding (scaled for Gemma),
+        plus the learned position embedding (``hook_pos_embed``) where the family has one."""
+        c, w = self.config, self.w
+        x = F.embedding(ids, w.embed)
+        if c.embedding_scale is not None:
+            x = x * torch.tensor(c.embedding_scale, dtype=x.dtype)
+        x = run.apply("hook_embed", x)
+        if w.pos_embed is not None:
+            pos = F.embedding(positions + c.position_offset, w.pos_embed)
+            x = x + run.apply("hook_pos_embed", pos)
+        return x
+
+    def _rope_tables(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin) [batch, 1, seq, rot_dim] per configured rope (none without rotary);
+        GPT-J's interleaved layout repeats each frequency twice instead of concatenating
+        the two halves."""
+        c = self.config
+        if c.positions is not Positions.ROPE:
+            return []
+        out = []
+        for r, inv in zip(c.ropes, self.inv_freqs):
+            cos, sin = cos_sin(self._inv_freq(r, inv, positions), positions, self.dtype,
+                               attention_scaling(r))
+            if c.rope_layout is RopeLayout.INTERLEAVED:
+                half = cos.shape[-1] // 2
+                cos = cos[..., :half].repeat_interleave(2, dim=-1)
+                sin = sin[..., :half].repeat_interleave(2, dim=-1)
+            out.append((cos, sin))
+        return out
+
+    # -- hook points -------------------------------------------------------------------
+    def hook_points(self) -> list[HookPoint]:
+        c = self.config
+        names = ["hook_embed"] + (["hook_pos_embed"] if c.positions is Positions.LEARNED else [])
+        for n in self.names:
+            names += n.in_order(c)
+        names += ["ln_final.hook_scale", "ln_final.hook_normalized"]
+        return [HookPoint.parse(n) for n in names]
+
+    def hook_shape(self, point: HookPoint | str, batch: int, seq: int) -> tuple[int, ...] | None:
+        """Shape of the activation at `point` for ids [batch, seq] (key length -1: any)."""
+        hp = HookPoint.parse(point)
+        c = self.config
+        suffix = hp.suffix
+        d, h, kv, hd = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        if suffix.endswith("hook_scale"):
+            heads = {"attn.q_ln.hook_scale": h, "attn.k_ln.hook_scale": kv}.get(suffix)
+            return (batch, seq, heads, 1) if heads and not c.qk_norm_full else (batch, seq, 1)
+        if c.moe is not None and suffix in ("mlp.hook_router_logits", "mlp.hook_expert_weights",
+                                            "mlp.hook_expert_indices"):
+            return (batch, seq, c.moe.num_experts if suffix.endswith("logits") else c.moe.top_k)
+        table: dict[str, tuple[int, ...]] = {
+            "attn.hook_q": (batch, seq, h, hd), "attn.hook_rot_q": (batch, seq, h, hd),
+            "attn.hook_z": (batch, seq, h, hd),
+            "attn.hook_k": (batch, seq, kv, hd), "attn.hook_rot_k": (batch, seq, kv, hd),
+            "attn.hook_v": (batch, seq, kv, hd),
+            "attn.hook_attn_scores": (batch, h, seq, -1), "attn.hook_pattern": (batch, h, seq, -1),
+            "attn.hook_result": (batch, seq, h, d), "hook_attn_in": (batch, seq, h, d),
+            "hook_q_input": (batch, seq, h, d), "hook_k_input": (batch, seq, kv, d),
+            "hook_v_input": (batch, seq, kv, d),
+            "mlp.hook_pre_linear": (batch, seq, c.intermediate_size),
+            "mlp.hook_pre": (batch, seq, c.intermediate_size),
+            "mlp.hook_post": (batch, seq, c.intermediate_size),
+        }
+        return table.get(suffix, (batch, seq, d))
+
+    # -- generation --------------------------------------------------------------------
+    def new_past(self, batch_size: int) -> KVCache:
+        return KVCache(batch_size)
+
+    # -- helpers of the forward -------------------------------------------------------
+    def _head_inputs(self, i: int, x: torch.Tensor, run: HookRun
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """TransformerLens' ``hook_attn_in`` / ``hook_q_input`` / ``hook_k_input`` /
+        ``hook_v_input``: resid_pre repeated per head [b, s, heads (kv_heads for k, v), d_model].
+
+        Opt-in: None (the fused path) unless one is hooked; captured only, the forward is
+        unchanged. An intervention there makes q/k/v read ln1 of each head's own input.
+        """
+        n = self.names[i]
+        if not (run.wants(n.tl_attn_in) or run.wants(n.q_input) or run.wants(n.k_input)
+                or run.wants(n.v_input)):
+            return None
+        c, has = self.config, run.spec.has_intervention_at
+        # copies, not expanded views: a hook may write into its tensor in place
+        rep = lambda t, heads: t.unsqueeze(2).expand(-1, -1, heads, -1).clone()  # noqa: E731
+        attn_in = run.apply(n.tl_attn_in, rep(x, c.num_heads))
+        # As TransformerLens: a changed hook_attn_in gives every query head its own keys and
+        # values (GQA weights repeated per query head); otherwise k/v inputs are per KV head.
+        kv_of = (lambda: attn_in.clone()) if c.num_kv_heads == c.num_heads or has(
+            n.tl_attn_in) else (lambda: rep(x, c.num_kv_heads))
+        ins = (run.apply(n.q_input, attn_in), run.apply(n.k_input, kv_of()),
+               run.apply(n.v_input, kv_of()))
+        if not any(has(p) for p in (n.tl_attn_in, n.q_input, n.k_input, n.v_input)):
+            return None
+        ln1 = self.w.layers[i].ln1
+        return ln1(ins[0]), ln1(ins[1]), ln1(ins[2])
 
     def _inv_freq(self, rope: RopeConfig, cached: torch.Tensor, positions: torch.Tensor
                   ) -> torch.Tensor:
-        if rope.scaling is not RopeScaling.DYNAMIC:
+        if not rope.position_dependent:  # dynamic NTK, longrope
             return cached
         longest = int(positions.max()) + 1  # one sync, only for dynamic-NTK models
         return inv_freq(rope, self.config.rot_dim, longest).to(self.device)
@@ -279,6 +298,9 @@ class TransformerBackend:
         if past is not None:
             past.mask = mask
         top = offset + seq
+        if self.config.positions is Positions.LEARNED and top > (self.max_positions or 0):
+            raise MIError(f"sequence reaches position {top}, beyond the model's "
+                          f"{self.max_positions} learned position embeddings")
         if self.max_positions is not None and top > self.max_positions and not self._warned_long:
             self._warned_long = True
             warnings.warn(f"sequence reaches position {top}, beyond the model's "
@@ -293,7 +315,9 @@ class TransformerBackend:
 
     def unembed(self, normalized: torch.Tensor) -> torch.Tensor:
         """[..., d_model] (after the final norm) -> logits [..., vocab], soft-capped if configured."""
-        logits = F.linear(normalized, self.w.lm_head)
+        logits = F.linear(normalized, self.w.lm_head, self.w.lm_head_bias)
+        if self.config.logit_scale != 1.0:  # Granite 1 / logits_scaling, Cohere logit_scale
+            logits = logits * self.config.logit_scale
         cap = self.config.final_softcap
         return torch.tanh(logits / cap) * cap if cap is not None else logits
 
@@ -301,10 +325,17 @@ class TransformerBackend:
         """Residual stream [..., d_model] -> logits [..., vocab] (the logit lens)."""
         return self.unembed(self.final_norm(x))
 
+    def process_weights(self, **flags: bool) -> None:
+        """TransformerLens' weight processing, in place (mi_transformer.processing)."""
+        from mi_transformer.processing import process_weights
+
+        process_weights(self, **flags)
+
     def get_weight(self, name: str, layer: int | None = None) -> torch.Tensor:
         """A weight in TransformerLens naming and layout (a view where possible).
 
-        Global: W_E [vocab, d_model], W_U [d_model, vocab], ln_final.w / ln_final.b.
+        Global: W_E [vocab, d_model], W_U [d_model, vocab], W_pos [positions, d_model] and
+        b_U [vocab] where the family has them, ln_final.w / ln_final.b.
         Per layer: W_Q [heads, d_model, d_head], W_K / W_V [kv_heads, d_model, d_head],
         W_O [heads, d_head, d_model], b_Q [heads, d_head], b_K / b_V [kv_heads, d_head],
         b_O [d_model], W_in / W_gate / W_up [d_model, d_mlp] (W_in is the gate when gated),
@@ -316,6 +347,8 @@ class TransformerBackend:
             return w.embed
         if name == "W_U":
             return w.lm_head.T
+        if name in ("W_pos", "b_U"):
+            return self._need(w.pos_embed if name == "W_pos" else w.lm_head_bias, name, None)
         if name in ("ln_final.w", "ln_final.b"):
             return self._need(w.final_norm.weight if name.endswith("w") else w.final_norm.bias,
                               name, None)
@@ -338,11 +371,19 @@ class TransformerBackend:
             "W_gate": lambda: m.w_in.T if m.w_up is not None else None,
             "W_up": lambda: None if m.w_up is None else m.w_up.T, "b_up": lambda: m.b_up,
             "W_out": lambda: m.w_out.T, "b_out": lambda: m.b_out,
-            "ln1.w": lambda: lw.ln1.weight, "ln1.b": lambda: lw.ln1.bias,
-            "ln2.w": lambda: lw.ln2.weight, "ln2.b": lambda: lw.ln2.bias,
+            "ln1.w": lambda: lw.ln1.weight if lw.ln1 else None,
+            "ln1.b": lambda: lw.ln1.bias if lw.ln1 else None,
+            "ln2.w": lambda: lw.ln2.weight if lw.ln2 else None,
+            "ln2.b": lambda: lw.ln2.bias if lw.ln2 else None,
         }
+        if self.names[layer].moe is not None and name in (
+                "W_in", "b_in", "W_gate", "W_up", "b_up", "W_out", "b_out"):
+            raise WeightLoadError(f"layer {layer} is a mixture-of-experts MLP: {name} is per "
+                                  f"expert (backend.w.layers[{layer}].mlp.experts[e].w_gate / "
+                                  f"w_up / w_down, router backend.w.layers[{layer}].mlp.router)")
         if name not in getters:
-            raise WeightLoadError(f"unknown weight name {name!r}; known: W_E, W_U, ln_final.w, "
+            raise WeightLoadError(f"unknown weight name {name!r}; known: W_E, W_U, W_pos, b_U, "
+                                  f"ln_final.w, "
                                   f"ln_final.b, {', '.join(getters)}")
         return self._need(getters[name](), name, layer)
 
@@ -356,3 +397,113 @@ class TransformerBackend:
         c = self.config
         return (f"TransformerBackend({c.model_type}, layers={c.num_layers}, d_model="
                 f"{c.hidden_size}, heads={c.num_heads}/{c.num_kv_heads})")
+
+
+@attrs.define(eq=False)
+class LayerNames:
+    """Every hook name of one layer, built once at load (no string formatting per forward)."""
+
+    resid_pre: str
+    ln1_scale: str
+    ln1_normalized: str
+    attn: AttnNames
+    ln1_post_scale: str
+    ln1_post_normalized: str
+    attn_out: str
+    resid_mid: str
+    ln2_scale: str
+    ln2_normalized: str
+    mlp_pre: str
+    mlp_post: str
+    ln2_post_scale: str
+    ln2_post_normalized: str
+    mlp_out: str
+    resid_post: str
+    attn_in: str = ""  # attn.hook_in: ln1's output after gain/bias
+    mlp_in: str = ""  # mlp.hook_in
+    tl_attn_in: str = ""  # hook_attn_in: resid_pre per head [b, s, heads, d_model] (opt-in)
+    q_input: str = ""  # hook_q_input / hook_k_input / hook_v_input (opt-in)
+    k_input: str = ""
+    v_input: str = ""
+    tl_mlp_in: str = ""  # hook_mlp_in: resid_mid before ln2
+    mlp_pre_linear: str = ""  # mlp.hook_pre_linear (gated MLPs)
+    moe: MoeNames | None = None  # router and expert points of a mixture-of-experts layer
+    rotary: bool = True  # False: no hook_rot_q / hook_rot_k (no rotary, or a NoPE layer)
+
+    @classmethod
+    def of(cls, i: int) -> "LayerNames":
+        p = f"blocks.{i}."
+        a = p + "attn."
+        return cls(
+            resid_pre=p + "hook_resid_pre", ln1_scale=p + "ln1.hook_scale",
+            ln1_normalized=p + "ln1.hook_normalized",
+            attn=AttnNames(q=a + "hook_q", k=a + "hook_k", v=a + "hook_v", rot_q=a + "hook_rot_q",
+                           rot_k=a + "hook_rot_k", scores=a + "hook_attn_scores",
+                           pattern=a + "hook_pattern", z=a + "hook_z", result=a + "hook_result",
+                           q_scale=a + "q_ln.hook_scale", k_scale=a + "k_ln.hook_scale"),
+            ln1_post_scale=p + "ln1_post.hook_scale",
+            ln1_post_normalized=p + "ln1_post.hook_normalized",
+            attn_out=p + "hook_attn_out", resid_mid=p + "hook_resid_mid",
+            ln2_scale=p + "ln2.hook_scale", ln2_normalized=p + "ln2.hook_normalized",
+            mlp_pre=p + "mlp.hook_pre", mlp_post=p + "mlp.hook_post",
+            ln2_post_scale=p + "ln2_post.hook_scale",
+            ln2_post_normalized=p + "ln2_post.hook_normalized",
+            mlp_out=p + "hook_mlp_out", resid_post=p + "hook_resid_post",
+            attn_in=a + "hook_in", mlp_in=p + "mlp.hook_in", tl_attn_in=p + "hook_attn_in",
+            q_input=p + "hook_q_input", k_input=p + "hook_k_input", v_input=p + "hook_v_input",
+            tl_mlp_in=p + "hook_mlp_in", mlp_pre_linear=p + "mlp.hook_pre_linear")
+
+    def in_order(self, c: TransformerConfig) -> list[str]:
+        """This layer's points in execution order, only those the family has a value for:
+        no ``hook_rot_*`` without rotary, no ``hook_resid_mid`` in a parallel block, no
+        ``ln2`` points when the block shares one norm."""
+        a = self.attn
+        out = [self.resid_pre, self.tl_attn_in, self.q_input, self.k_input, self.v_input]
+        out += [self.ln1_scale, self.ln1_normalized] if c.pre_norms else []
+        out += [self.attn_in]
+        out += [a.q_scale, a.k_scale] if c.qk_norm else []
+        out += [a.q, a.k, a.v]
+        out += [a.rot_q, a.rot_k] if self.rotary else []
+        out += [a.scores, a.pattern, a.z, a.result]
+        out += [self.ln1_post_scale, self.ln1_post_normalized] if c.post_norms else []
+        out += [self.attn_out]
+        out += [self.resid_mid] if c.block is BlockLayout.SEQUENTIAL else []
+        out += [self.tl_mlp_in]
+        if c.block is not BlockLayout.PARALLEL_SHARED_NORM and c.pre_norms:
+            out += [self.ln2_scale, self.ln2_normalized]
+        out += [self.mlp_in]
+        if self.moe is not None:
+            out += self.moe.in_order(bool(c.moe and c.moe.shared_expert_size))
+        else:
+            out += [self.mlp_pre]
+            out += [self.mlp_pre_linear] if c.mlp_layout is not MlpLayout.PLAIN else []
+            out += [self.mlp_post]
+        out += [self.ln2_post_scale, self.ln2_post_normalized] if c.post_norms else []
+        out += [self.mlp_out, self.resid_post]
+        return out
+
+
+class KVCache:
+    """Rotated keys and values per *schedule step* (not per layer: a layer run twice by a
+    `layer_schedule` has two slots), plus the attention mask seen so far.
+
+    Every key is kept (no rolling window), so sliding-window layers stay exact at any length.
+    """
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.keys: dict[int, torch.Tensor] = {}  # step -> [batch, kv_heads, length, d_head]
+        self.values: dict[int, torch.Tensor] = {}
+        self.length = 0  # cached positions (slots)
+        self.mask: torch.Tensor | None = None  # [batch, length] bool, None = no padding
+        self.schedule: tuple[int, ...] | None = None
+
+    def updater(self, step: int) -> Callable[[torch.Tensor, torch.Tensor],
+                                             tuple[torch.Tensor, torch.Tensor]]:
+        def update(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            if step in self.keys:
+                k = torch.cat([self.keys[step], k], dim=2)
+                v = torch.cat([self.values[step], v], dim=2)
+            self.keys[step], self.values[step] = k, v
+            return k, v
+        return update

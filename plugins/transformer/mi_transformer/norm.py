@@ -44,29 +44,56 @@ class Norm:
         return x, (x.pow(2).mean(dim=-1, keepdim=True) + self.eps).sqrt()
 
     def __call__(self, x: torch.Tensor, run: HookRun | None = None, scale_name: str = "",
-                 normalized_name: str = "", scale: torch.Tensor | None = None) -> torch.Tensor:
+                 normalized_name: str = "", scale: torch.Tensor | None = None,
+                 out_name: str = "") -> torch.Tensor:
         """x [..., d] -> normalised [..., d]. `scale` [..., 1] given: divide by it instead.
 
-        Unless the divisor is replaced (by `scale` or an intervention at `scale_name`), the
-        arithmetic is transformers' own (``F.layer_norm``; x * rsqrt(mean(x^2) + eps) in
-        float32), so capturing the scale does not change any number.
+        Hooks, as TransformerLens: `scale_name` the divisor [..., 1], `normalized_name`
+        ``x / scale`` (centred for LayerNorm) *before* the gain and bias; `out_name` the output
+        after them (the sublayer's input, ``attn.hook_in`` / ``mlp.hook_in``).
+        Unless the divisor or the normalised value is intervened on, the arithmetic is
+        transformers' own (``F.layer_norm``; x * rsqrt(mean(x^2) + eps) in float32), so
+        capturing any of these points does not change any number.
         """
         if scale is None and run is not None and scale_name and run.wants(scale_name):
             out = run.apply(scale_name, self.divisor(x)[1])
             if run.spec.has_intervention_at(scale_name):
                 scale = out
         dtype = x.dtype
-        if scale is not None:
-            xc, _ = self.divisor(x)
-            y = (xc / scale.to(xc.dtype)).to(dtype) * self.gain
+        want_norm = run is not None and normalized_name and run.wants(normalized_name)
+        if scale is not None or (want_norm and run.spec.has_intervention_at(normalized_name)):
+            # The normalised value feeds the output: divide, hook, then gain and bias.
+            if scale is not None:
+                xc, _ = self.divisor(x)
+                n = (xc / scale.to(xc.dtype)).to(dtype)
+            else:
+                n = self._normalized(x)
+            if want_norm:
+                n = run.apply(normalized_name, n)  # type: ignore[union-attr]
+            y = n * self.gain
             if self.bias is not None:
                 y = y + self.bias
         elif self.kind is NormType.LAYER_NORM:
-            y = F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+            if want_norm:  # capture only: the output keeps transformers' fused arithmetic
+                run.apply(normalized_name, self._normalized(x))  # type: ignore[union-attr]
+            if self.weight.dim() == 1:
+                y = F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+            else:  # gains per head [heads, d], normalising over d only (Cohere's q/k norms)
+                y = F.layer_norm(x, x.shape[-1:], None, None, self.eps) * self.gain
+                if self.bias is not None:
+                    y = y + self.bias
         else:
-            xf = x.float() if dtype in (torch.float16, torch.bfloat16) else x
-            y = (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)).to(dtype)
-            y = y * self.gain
-        if run is not None and normalized_name:
-            y = run.apply(normalized_name, y)
+            n = self._normalized(x)
+            if want_norm:
+                n = run.apply(normalized_name, n)  # type: ignore[union-attr]
+            y = n * self.gain
+        if run is not None and out_name:
+            y = run.apply(out_name, y)
         return y
+
+    def _normalized(self, x: torch.Tensor) -> torch.Tensor:
+        """x / scale before the gain (centred for LayerNorm), in x's dtype."""
+        if self.kind is NormType.LAYER_NORM:
+            return F.layer_norm(x, x.shape[-1:], None, None, self.eps)
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        return (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)).to(x.dtype)

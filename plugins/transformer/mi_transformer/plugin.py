@@ -8,7 +8,7 @@ from mi_core.errors import MIError
 from mi_core import plugin_impl
 from mi_core.registry import BackendSpec, Detection, ModelSource
 
-from mi_transformer.config import FAMILY_PARSERS, auto_config
+from mi_transformer.config import FAMILIES, UnknownKeysError, parse_config
 from mi_transformer.weights import check_tensors
 
 BACKEND = "transformer"
@@ -16,7 +16,7 @@ BACKEND = "transformer"
 
 @plugin_impl
 def mi_plugin_info() -> dict[str, Any]:
-    return {"provides": ["GGUF files (LLaMA family)"]}
+    return {"provides": ["GGUF files (llama, qwen2, qwen3, gemma2, phi3, gpt2 architectures)"]}
 
 
 @plugin_impl
@@ -25,34 +25,42 @@ def mi_register_backends() -> list[BackendSpec]:
 
     return [BackendSpec(name=BACKEND, load=load_backend,
                         description="generic decoder-only transformer: "
-                                    + ", ".join(FAMILY_PARSERS) + ", LLaMA-like auto-config, GGUF")]
+                                    + ", ".join(FAMILIES) + ", LLaMA-like auto-config, GGUF")]
 
 
 @plugin_impl
 def mi_detect_backend(source: ModelSource) -> Detection:
-    """Known model_type: 0.9; LLaMA-like unknown type whose tensors all match: 0.5;
-    anything else: 0 with the missing / unexpected tensor lists."""
+    """Known model_type whose config parses strictly: 0.9; unknown type whose keys are all
+    LLaMA's (or harmless) and whose tensors all match: 0.5; anything else: 0, naming the
+    config keys that are not understood or the missing / unexpected tensors."""
     path = source.path
     if source.is_file:
         if path.suffix.lower() == ".gguf":
-            return Detection(BACKEND, 0.9, "GGUF file (LLaMA-family architectures)")
+            return Detection(BACKEND, 0.9, "GGUF file (llama, qwen2, qwen3, gemma2, phi3, gpt2)")
         return Detection(BACKEND, 0.0, f"{path.name}: single files must be .gguf")
     cfg = source.config
     if cfg is None:
         return Detection(BACKEND, 0.0, "no config.json")
     mt = cfg.get("model_type")
-    if mt in FAMILY_PARSERS:
-        return Detection(BACKEND, 0.9, f"model_type {mt!r} is a supported family")
+    known = isinstance(mt, str) and mt in FAMILIES
     try:
-        ac = auto_config(cfg, "config.json", source.tensor_names)
-    except (MIError, TypeError, ValueError) as exc:
-        return Detection(BACKEND, 0.0, f"model_type {mt!r} unknown and config not LLaMA-like: {exc}")
+        ac = parse_config(cfg, str(path / "config.json"), source.tensor_names)
+    except UnknownKeysError as exc:
+        return Detection(BACKEND, 0.0, f"model_type {mt!r}: config keys not understood "
+                                       f"(they may change the numbers): {', '.join(exc.keys)}",
+                         config_keys=list(exc.keys))
+    except MIError as exc:
+        what = "a supported family but its config is invalid" if known else \
+            "unknown and config not LLaMA-like"
+        return Detection(BACKEND, 0.0, f"model_type {mt!r} {what}: {exc}")
+    if known:
+        return Detection(BACKEND, 0.9, f"model_type {mt!r} is a supported family")
     if not source.tensor_shapes:
         return Detection(BACKEND, 0.0, f"model_type {mt!r} unknown and no safetensors to inspect")
     chk = check_tensors(ac, source.tensor_shapes)
     if chk.ok:
-        return Detection(BACKEND, 0.5, f"model_type {mt!r} unknown; config and tensors are "
-                                       f"LLaMA-like (auto-config)")
+        return Detection(BACKEND, 0.5, f"model_type {mt!r} unknown; every config key and tensor "
+                                       f"is LLaMA's (auto-config: assumes LLaMA arithmetic)")
     why = "; ".join(chk.misshaped[:3]) if chk.misshaped else ""
     return Detection(BACKEND, 0.0, f"model_type {mt!r} unknown and its tensors do not match a "
                                    f"LLaMA-like layout" + (f" ({why})" if why else ""),

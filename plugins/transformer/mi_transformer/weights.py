@@ -1,26 +1,283 @@
-"""The weight map: HF tensor names -> our per-layer weights, with every shape checked first.
+"""The weight map: checkpoint tensor names -> our per-layer weights, as data.
 
-Names follow from the config's axes (layouts, biases, norms), never from the family name, so
-a new LLaMA-like family usually needs no change here. Tensors come from a
-:class:`mi_core.loading.SafetensorsCheckpoint` (memory-mapped) or an in-memory dict (GGUF).
+Each family's tensor names are one :class:`NameTable` (:data:`NAME_TABLES`, chosen by
+``TransformerConfig.weight_names``). :func:`tensor_table` turns a config and its table into
+every tensor the checkpoint must hold, with its stored shape and the slot it fills; shape
+checking, accounting (no leftovers, nothing missing), loading and GGUF all read that one
+table. Fused layouts (GPT-2 Conv1D, NeoX per-head QKV, Falcon grouped QKV, Phi-3 qkv and
+gate_up) are unpacked by :func:`_unpack_qkv` into plain q/k/v row blocks.
+
+Every tensor is checked as it is loaded (:func:`mi_core.loading.checked_tensor`: no integer
+weights, no NaN/inf), from a memory map.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Mapping, Protocol
 
 import attrs
 import torch
 
 from mi_core.errors import WeightLoadError
+from mi_core.loading import checked_tensor
 
 from mi_transformer.attention import AttnWeights
-from mi_transformer.config import MlpLayout, QkvLayout, TransformerConfig
+from mi_transformer.config import BlockLayout, MlpLayout, Positions, QkvLayout, TransformerConfig
 from mi_transformer.mlp import MlpWeights
+from mi_transformer.moe import MoeWeights, expected_moe_shapes, load_moe
 from mi_transformer.norm import Norm
 
-#: Tensors a checkpoint may hold that the forward does not read.
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+@attrs.frozen
+class NameTable:
+    """One family's checkpoint names (module names; ``.weight`` / ``.bias`` are appended).
+
+    Per-layer names are relative to `layer` (``{i}`` is the layer index). A slot a family
+    does not have is never looked up (e.g. `ln2` in a shared-norm parallel block). `conv1d`:
+    every linear weight is stored [in, out] (GPT-2's Conv1D) and is transposed on load.
+    `base_prefix`: some hub checkpoints store the base model without it (GPT-2's
+    ``h.0.attn...`` for ``transformer.h.0.attn...``); both spellings load. `ignore`: regexes
+    of tensors that are known not to be weights (rotary caches, causal-mask buffers).
+    """
+
+    embed: str = "model.embed_tokens"
+    pos_embed: str = ""
+    final_norm: str = "model.norm"
+    lm_head: str = "lm_head"
+    layer: str = "model.layers.{i}."
+    ln1: str = "input_layernorm"
+    ln2: str = "post_attention_layernorm"
+    ln1_post: str = ""
+    ln2_post: str = ""
+    q: str = "self_attn.q_proj"
+    k: str = "self_attn.k_proj"
+    v: str = "self_attn.v_proj"
+    qkv: str = "self_attn.qkv_proj"
+    o: str = "self_attn.o_proj"
+    q_norm: str = "self_attn.q_norm"
+    k_norm: str = "self_attn.k_norm"
+    mlp_in: str = "mlp.gate_proj"  # gate (gated MLP) or the first linear (plain)
+    mlp_up: str = "mlp.up_proj"
+    mlp_gate_up: str = "mlp.gate_up_proj"
+    mlp_out: str = "mlp.down_proj"
+    conv1d: bool = False
+    base_prefix: str = ""
+    ignore: tuple[str, ...] = (r"rotary_emb\.inv_freq$",)
+
+
+_CAUSAL_BUFFERS = (r"\.att(n|ention)\.(bias|masked_bias)$", r"rotary_emb\.inv_freq$")
+
+#: weight_names -> table. Adding a family that names its tensors differently is one entry.
+NAME_TABLES: dict[str, NameTable] = {
+    "llama": NameTable(),
+    "phi3": NameTable(),  # fused qkv_proj / gate_up_proj (QkvLayout / MlpLayout say which)
+    "olmo2": NameTable(ln1_post="post_attention_layernorm",  # post-norms only
+                       ln2_post="post_feedforward_layernorm"),
+    "gemma2": NameTable(ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
+                        ln2_post="post_feedforward_layernorm"),
+    "starcoder2": NameTable(mlp_in="mlp.c_fc", mlp_out="mlp.c_proj"),
+    # Gemma 3 multimodal: the language model's tensors under language_model.; the vision
+    # tower and projector are ignored (the forward is text-only)
+    "gemma3_mm": NameTable(embed="language_model.model.embed_tokens",
+                           final_norm="language_model.model.norm",
+                           lm_head="language_model.lm_head",
+                           layer="language_model.model.layers.{i}.",
+                           ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
+                           ln2_post="post_feedforward_layernorm",
+                           ignore=(r"^vision_tower\.", r"^multi_modal_projector\.",
+                                   r"rotary_emb\.inv_freq$")),
+    "gpt2": NameTable(embed="transformer.wte", pos_embed="transformer.wpe",
+                      final_norm="transformer.ln_f", layer="transformer.h.{i}.", ln1="ln_1",
+                      ln2="ln_2", qkv="attn.c_attn", o="attn.c_proj", mlp_in="mlp.c_fc",
+                      mlp_out="mlp.c_proj", conv1d=True, base_prefix="transformer.",
+                      ignore=_CAUSAL_BUFFERS),
+    "gpt_neox": NameTable(embed="gpt_neox.embed_in", final_norm="gpt_neox.final_layer_norm",
+                          lm_head="embed_out", layer="gpt_neox.layers.{i}.",
+                          qkv="attention.query_key_value", o="attention.dense",
+                          mlp_in="mlp.dense_h_to_4h", mlp_out="mlp.dense_4h_to_h",
+                          ignore=_CAUSAL_BUFFERS),
+    "gptj": NameTable(embed="transformer.wte", final_norm="transformer.ln_f",
+                      layer="transformer.h.{i}.", ln1="ln_1", ln2="", q="attn.q_proj",
+                      k="attn.k_proj", v="attn.v_proj", o="attn.out_proj", mlp_in="mlp.fc_in",
+                      mlp_out="mlp.fc_out", ignore=_CAUSAL_BUFFERS),
+    "phi": NameTable(final_norm="model.final_layernorm", ln2="", o="self_attn.dense",
+                     mlp_in="mlp.fc1", mlp_out="mlp.fc2"),
+    "opt": NameTable(embed="model.decoder.embed_tokens", pos_embed="model.decoder.embed_positions",
+                     final_norm="model.decoder.final_layer_norm", layer="model.decoder.layers.{i}.",
+                     ln1="self_attn_layer_norm", ln2="final_layer_norm", o="self_attn.out_proj",
+                     mlp_in="fc1", mlp_out="fc2"),
+    "falcon": NameTable(embed="transformer.word_embeddings", final_norm="transformer.ln_f",
+                        layer="transformer.h.{i}.", ln1="input_layernorm",
+                        ln2="post_attention_layernorm", qkv="self_attention.query_key_value",
+                        o="self_attention.dense", mlp_in="mlp.dense_h_to_4h",
+                        mlp_out="mlp.dense_4h_to_h"),
+    "falcon_two_norms": NameTable(embed="transformer.word_embeddings",
+                                  final_norm="transformer.ln_f", layer="transformer.h.{i}.",
+                                  ln1="ln_attn", ln2="ln_mlp", qkv="self_attention.query_key_value",
+                                  o="self_attention.dense", mlp_in="mlp.dense_h_to_4h",
+                                  mlp_out="mlp.dense_4h_to_h"),
+}
+
+
+@attrs.frozen
+class Entry:
+    """One checkpoint tensor: the slot it fills (layer None: a global one), stored shape."""
+
+    slot: str  # e.g. "q.weight", "qkv.bias", "ln1.weight", "embed", "lm_head.bias"
+    layer: int | None
+    shape: tuple[int, ...]
+
+
+def _linear(names: NameTable, out: int, inp: int) -> tuple[int, ...]:
+    return (inp, out) if names.conv1d else (out, inp)
+
+
+def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
+    """Every tensor the config implies: checkpoint name -> Entry (lm_head only when untied).
+
+    The one description of a family's weights: shapes are checked, tensors loaded and
+    leftovers found from it; GGUF maps its names onto the same slots (:func:`slot_names`).
+    """
+    t = NAME_TABLES[cfg.weight_names]
+    d, hd, h, kv, m = (cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads,
+                       cfg.intermediate_size)
+    out: dict[str, Entry] = {t.embed + ".weight": Entry("embed", None, (cfg.vocab_size, d))}
+    if cfg.positions is Positions.LEARNED:
+        rows = (cfg.max_positions or 0) + cfg.position_offset
+        out[t.pos_embed + ".weight"] = Entry("pos_embed", None, (rows, d))
+    if cfg.norm_affine:  # OLMo's non-parametric LayerNorm has no tensors
+        out[t.final_norm + ".weight"] = Entry("final_norm.weight", None, (d,))
+    if cfg.norm_bias:
+        out[t.final_norm + ".bias"] = Entry("final_norm.bias", None, (d,))
+    if not cfg.tie_word_embeddings:
+        out[t.lm_head + ".weight"] = Entry("lm_head.weight", None, (cfg.vocab_size, d))
+    if cfg.lm_head_bias:
+        out[t.lm_head + ".bias"] = Entry("lm_head.bias", None, (cfg.vocab_size,))
+
+    def add(i: int, slot: str, name: str, shape: tuple[int, ...], bias: bool) -> None:
+        p = t.layer.format(i=i) + name
+        out[p + ".weight"] = Entry(slot + ".weight", i, shape)
+        if bias:
+            rows = shape[1] if t.conv1d and len(shape) == 2 else shape[0]
+            out[p + ".bias"] = Entry(slot + ".bias", i, (rows,))
+
+    norms = {"ln1": t.ln1}
+    if cfg.block is not BlockLayout.PARALLEL_SHARED_NORM:
+        norms["ln2"] = t.ln2
+    if not cfg.pre_norms:
+        norms = {}
+    if cfg.post_norms:
+        norms.update(ln1_post=t.ln1_post, ln2_post=t.ln2_post)
+    if not cfg.norm_affine:
+        norms = {}
+    # q/k norms per head [d_head], or over the whole projection (OLMo2, OLMoE)
+    qn, kn = ((h * hd,), (kv * hd,)) if cfg.qk_norm_full else ((hd,), (hd,))
+    if cfg.qk_norm_heads:  # a gain per head (Cohere)
+        qn, kn = (h, hd), (kv, hd)
+    for i in range(cfg.num_layers):
+        if cfg.qkv_layout is QkvLayout.SEPARATE:
+            for slot, rows in (("q", h * hd), ("k", kv * hd), ("v", kv * hd)):
+                add(i, slot, getattr(t, slot), _linear(t, rows, d), cfg.qkv_bias)
+        else:
+            add(i, "qkv", t.qkv, _linear(t, (h + 2 * kv) * hd, d), cfg.qkv_bias)
+        add(i, "o", t.o, _linear(t, d, h * hd), cfg.o_bias)
+        if cfg.qk_norm:
+            add(i, "q_norm", t.q_norm, qn, False)
+            add(i, "k_norm", t.k_norm, kn, False)
+        for slot, name in norms.items():
+            add(i, slot, name, (d,), cfg.norm_bias)
+        if cfg.moe is not None and cfg.layer_moe and cfg.layer_moe[i]:
+            prefix = t.layer.format(i=i)  # slot "moe:<name inside the layer>"
+            for name, shape in expected_moe_shapes(prefix, cfg.moe, d).items():
+                out[name] = Entry("moe:" + name[len(prefix):], i, shape)
+            continue
+        if cfg.mlp_layout is MlpLayout.GATED_FUSED:
+            add(i, "gate_up", t.mlp_gate_up, _linear(t, 2 * m, d), cfg.mlp_bias)
+        else:
+            add(i, "mlp_in", t.mlp_in, _linear(t, m, d), cfg.mlp_bias)
+            if cfg.mlp_layout is MlpLayout.GATED:
+                add(i, "mlp_up", t.mlp_up, _linear(t, m, d), cfg.mlp_bias)
+        add(i, "mlp_out", t.mlp_out, _linear(t, d, m), cfg.mlp_bias)
+    return out
+
+
+def slot_names(cfg: TransformerConfig) -> dict[tuple[int | None, str], str]:
+    """(layer or None, slot) -> checkpoint name, for formats that name tensors their own way
+    (GGUF maps ``blk.{i}.attn_q.weight`` to (i, "q.weight") and looks the name up here)."""
+    return {(e.layer, e.slot): name for name, e in tensor_table(cfg).items()}
+
+
+def expected_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the config implies, checkpoint name -> stored shape."""
+    return {name: e.shape for name, e in tensor_table(cfg).items()}
+
+
+def is_ignorable(cfg: TransformerConfig, name: str) -> bool:
+    return any(re.search(p, name) for p in NAME_TABLES[cfg.weight_names].ignore)
+
+
+@attrs.define
+class WeightCheck:
+    """The outcome of comparing a checkpoint's tensor names/shapes with a config."""
+
+    missing: list[str]
+    unexpected: list[str]
+    misshaped: list[str]
+    config_layers: int = 0
+    extra_layers: list[int] = attrs.field(factory=list)  # checkpoint layers past the config's
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.misshaped)
+
+    def message(self, origin: str, model_type: str) -> str:
+        parts = []
+        if self.extra_layers:
+            parts.append(f"the checkpoint has layers up to index {max(self.extra_layers)} but "
+                         f"the config has {self.config_layers} layers (num_hidden_layers)")
+        for what, names in (("missing tensors", self.missing),
+                            ("unexpected tensors (not used by the forward)", self.unexpected)):
+            if names:
+                parts.append(f"{what}: " + ", ".join(names[:20])
+                             + (f" ... ({len(names)} in all)" if len(names) > 20 else ""))
+        if self.misshaped:
+            parts.append("mis-shaped tensors: " + "; ".join(self.misshaped[:20]))
+        return f"{origin} ({model_type}): " + " | ".join(parts)
+
+
+def resolve_names(cfg: TransformerConfig, names: Mapping[str, object] | list[str]
+                  ) -> dict[str, str]:
+    """Expected name -> the checkpoint's spelling of it (the base prefix may be absent)."""
+    t = NAME_TABLES[cfg.weight_names]
+    have = set(names)
+    out = {}
+    for name in tensor_table(cfg):
+        if name not in have and t.base_prefix and name.startswith(t.base_prefix) \
+                and name[len(t.base_prefix):] in have:
+            out[name] = name[len(t.base_prefix):]
+        else:
+            out[name] = name
+    return out
+
+
+def check_tensors(cfg: TransformerConfig, shapes: Mapping[str, tuple[int, ...]]) -> WeightCheck:
+    """Every expected tensor present with its shape; every other tensor ignorable."""
+    table, alias = tensor_table(cfg), resolve_names(cfg, list(shapes))
+    t = NAME_TABLES[cfg.weight_names]
+    used = set(alias.values())
+    missing = [n for n in table if alias[n] not in shapes]
+    tied_head = t.lm_head + ".weight"
+    unexpected = [n for n in shapes if n not in used and not is_ignorable(cfg, n)
+                  and not (cfg.tie_word_embeddings and n == tied_head)]
+    misshaped = [f"{alias[n]}: {list(shapes[alias[n]])} != expected {list(e.shape)}"
+                 for n, e in table.items() if alias[n] in shapes
+                 and tuple(shapes[alias[n]]) != e.shape]
+    pat = re.compile(re.escape(t.layer).replace(re.escape("{i}"), r"(\d+)"))
+    extra = sorted({int(mt.group(1)) for n in unexpected
+                    if (mt := pat.match(n) or pat.match(t.base_prefix + n))
+                    and int(mt.group(1)) >= cfg.num_layers})
+    return WeightCheck(missing, unexpected, misshaped, cfg.num_layers, extra)
 
 
 class TensorSource(Protocol):
@@ -34,7 +291,7 @@ class TensorSource(Protocol):
 
 
 class DictSource:
-    """A TensorSource over an in-memory ``{hf_name: tensor}`` dict (e.g. from GGUF)."""
+    """A TensorSource over an in-memory ``{name: tensor}`` dict (e.g. from GGUF)."""
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], origin: str = "<memory>") -> None:
         self.tensors = tensors
@@ -53,93 +310,15 @@ class DictSource:
         if shape is not None and tuple(t.shape) != tuple(shape):
             raise WeightLoadError(f"{self.origin}: tensor {name!r} has shape {list(t.shape)}, "
                                   f"expected {list(shape)}")
-        return t.to(dtype=dtype or t.dtype, device=device or t.device)
-
-
-def _norm_names(cfg: TransformerConfig) -> dict[str, str]:
-    """Our norm slot -> HF module name inside a layer (Gemma 2/3 reuse names differently)."""
-    if cfg.post_norms:
-        return {"ln1": "input_layernorm", "ln1_post": "post_attention_layernorm",
-                "ln2": "pre_feedforward_layernorm", "ln2_post": "post_feedforward_layernorm"}
-    return {"ln1": "input_layernorm", "ln2": "post_attention_layernorm"}
-
-
-def expected_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the config implies, HF name -> shape (lm_head only when untied)."""
-    d, hd, h, kv, m = (cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads,
-                       cfg.intermediate_size)
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, d),
-                                       "model.norm.weight": (d,)}
-    if cfg.norm_bias:
-        out["model.norm.bias"] = (d,)
-    if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = (cfg.vocab_size, d)
-    for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        a = p + "self_attn."
-        if cfg.qkv_layout is QkvLayout.FUSED:
-            out[a + "qkv_proj.weight"] = ((h + 2 * kv) * hd, d)
-            if cfg.qkv_bias:
-                out[a + "qkv_proj.bias"] = ((h + 2 * kv) * hd,)
-        else:
-            for name, rows in (("q", h * hd), ("k", kv * hd), ("v", kv * hd)):
-                out[a + f"{name}_proj.weight"] = (rows, d)
-                if cfg.qkv_bias:
-                    out[a + f"{name}_proj.bias"] = (rows,)
-        out[a + "o_proj.weight"] = (d, h * hd)
-        if cfg.o_bias:
-            out[a + "o_proj.bias"] = (d,)
-        if cfg.qk_norm:
-            out[a + "q_norm.weight"] = (hd,)
-            out[a + "k_norm.weight"] = (hd,)
-        for hf in _norm_names(cfg).values():
-            out[p + hf + ".weight"] = (d,)
-            if cfg.norm_bias:
-                out[p + hf + ".bias"] = (d,)
-        mp = p + "mlp."
-        if cfg.mlp_layout is MlpLayout.PLAIN:
-            mats = {"c_fc": (m, d), "c_proj": (d, m)}
-        elif cfg.mlp_layout is MlpLayout.GATED_FUSED:
-            mats = {"gate_up_proj": (2 * m, d), "down_proj": (d, m)}
-        else:
-            mats = {"gate_proj": (m, d), "up_proj": (m, d), "down_proj": (d, m)}
-        for name, shape in mats.items():
-            out[mp + name + ".weight"] = shape
-            if cfg.mlp_bias:
-                out[mp + name + ".bias"] = (shape[0],)
-    return out
-
-
-@attrs.define
-class WeightCheck:
-    """The outcome of comparing a checkpoint's tensor names/shapes with a config."""
-
-    missing: list[str]
-    unexpected: list[str]
-    misshaped: list[str]
-
-    @property
-    def ok(self) -> bool:
-        return not (self.missing or self.unexpected or self.misshaped)
-
-
-def check_tensors(cfg: TransformerConfig, shapes: Mapping[str, tuple[int, ...]]) -> WeightCheck:
-    exp = expected_shapes(cfg)
-    tied_extra = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
-    missing = [n for n in exp if n not in shapes]
-    unexpected = [n for n in shapes if n not in exp and n not in tied_extra
-                  and not n.endswith(IGNORED_SUFFIXES)]
-    misshaped = [f"{n}: {list(shapes[n])} != expected {list(s)}"
-                 for n, s in exp.items() if n in shapes and tuple(shapes[n]) != tuple(s)]
-    return WeightCheck(missing, unexpected, misshaped)
+        return checked_tensor(t, name, self.origin, dtype, device)
 
 
 @attrs.define(eq=False)
 class LayerWeights:
-    ln1: Norm
-    ln2: Norm
+    ln1: Norm | None  # None: no pre-norms (OLMo2)
+    ln2: Norm | None  # None: parallel block with one shared norm, or no pre-norms
     attn: AttnWeights
-    mlp: MlpWeights
+    mlp: MlpWeights | MoeWeights
     ln1_post: Norm | None = None
     ln2_post: Norm | None = None
 
@@ -150,6 +329,8 @@ class Weights:
     lm_head: torch.Tensor  # [vocab, d_model] (the embedding itself when tied)
     final_norm: Norm
     layers: list[LayerWeights]
+    pos_embed: torch.Tensor | None = None  # [positions (+ offset), d_model]
+    lm_head_bias: torch.Tensor | None = None  # [vocab]
 
 
 def _origin(src: TensorSource) -> str:
@@ -157,73 +338,105 @@ def _origin(src: TensorSource) -> str:
     return ", ".join(map(str, files)) if files else getattr(src, "origin", "<memory>")
 
 
+def _unpack_qkv(cfg: TransformerConfig, t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A fused q/k/v weight [rows, d_model] (or bias [rows]) -> (q, k, v) row blocks.
+
+    FUSED / CONV1D: [q | k | v] (row views, no copy). HEAD_INTERLEAVED (NeoX, Falcon
+    without multi-query): [h, 3, d_head]. GROUPED (Falcon new decoder): [kv, h/kv + 2, d_head]
+    with the group's queries then its key and value.
+    """
+    h, kv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    tail = t.shape[1:]
+    if cfg.qkv_layout in (QkvLayout.FUSED, QkvLayout.CONV1D):
+        return t.split([h * hd, kv * hd, kv * hd], dim=0)
+    if cfg.qkv_layout is QkvLayout.HEAD_INTERLEAVED:
+        g = t.view(h, 3, hd, *tail)
+        return tuple(g[:, j].reshape(h * hd, *tail) for j in range(3))
+    groups = h // kv
+    g = t.view(kv, groups + 2, hd, *tail)
+    return (g[:, :groups].reshape(h * hd, *tail), g[:, groups].reshape(kv * hd, *tail),
+            g[:, groups + 1].reshape(kv * hd, *tail))
+
+
 def load_weights(cfg: TransformerConfig, src: TensorSource, device: torch.device,
                  dtype: torch.dtype, show_progress: bool = True) -> Weights:
-    """Check every name and shape (one error listing all problems), then load.
+    """Account for every tensor (one WeightLoadError listing all problems), then load.
 
-    Fused QKV / gate-up tensors are split into row views of the one loaded tensor, so no
-    second copy is made.
+    Missing, mis-shaped and unexpected tensors (including layers beyond the config's count)
+    are refused before anything is read; each tensor is then checked as it is loaded (no
+    integer dtype, no NaN/inf). Fused tensors are split into row views where the layout
+    allows (no second copy).
     """
     chk = check_tensors(cfg, src.shapes)
-    if chk.missing or chk.misshaped:
-        parts = []
-        if chk.missing:
-            parts.append("missing tensors: " + ", ".join(chk.missing[:20])
-                         + (" ..." if len(chk.missing) > 20 else ""))
-        if chk.misshaped:
-            parts.append("mis-shaped tensors: " + "; ".join(chk.misshaped[:20]))
-        raise WeightLoadError(f"{_origin(src)} ({cfg.model_type}): " + " | ".join(parts))
-
-    def get(name: str) -> torch.Tensor:
-        return src.get(name, dtype=dtype, device=device)
-
-    def opt(name: str) -> torch.Tensor | None:
-        return get(name) if name in src.shapes else None
-
-    def norm(prefix: str) -> Norm:
-        return Norm(cfg.norm_type, cfg.norm_eps, get(prefix + ".weight"),
-                    get(prefix + ".bias") if cfg.norm_bias else None)
-
-    hd, h, kv, m = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size
-    layers: list[LayerWeights] = []
+    if not chk.ok:
+        raise WeightLoadError(chk.message(_origin(src), cfg.model_type))
+    table, alias = tensor_table(cfg), resolve_names(cfg, src.names())
+    t = NAME_TABLES[cfg.weight_names]
+    slots: dict[tuple[int | None, str], torch.Tensor] = {}
     from tqdm.auto import tqdm
 
-    for i in tqdm(range(cfg.num_layers), desc="loading layers", leave=False,
-                  disable=not show_progress or None):
-        p = f"model.layers.{i}."
-        a = p + "self_attn."
-        if cfg.qkv_layout is QkvLayout.FUSED:
-            qkv = get(a + "qkv_proj.weight")
-            wq, wk, wv = qkv.split([h * hd, kv * hd, kv * hd], dim=0)
-            b = opt(a + "qkv_proj.bias")
-            bq, bk, bv = b.split([h * hd, kv * hd, kv * hd]) if b is not None else (None,) * 3
+    for name, e in tqdm(table.items(), desc="loading weights", leave=False,
+                        disable=not show_progress or None):
+        w = src.get(alias[name], dtype=dtype, device=device)
+        if t.conv1d and w.dim() == 2 and e.layer is not None:
+            w = w.t().contiguous()  # Conv1D [in, out] -> Linear [out, in]
+        slots[(e.layer, e.slot)] = w
+
+    def opt(layer: int | None, slot: str) -> torch.Tensor | None:
+        return slots.get((layer, slot))
+
+    def norm(layer: int | None, slot: str) -> Norm:
+        if not cfg.norm_affine:  # no gain in the checkpoint: 1 (same numbers as none)
+            return Norm(cfg.norm_type, cfg.norm_eps,
+                        torch.ones(cfg.hidden_size, dtype=dtype, device=device))
+        return Norm(cfg.norm_type, cfg.norm_eps, slots[(layer, slot + ".weight")],
+                    opt(layer, slot + ".bias"))
+
+    layers: list[LayerWeights] = []
+    for i in range(cfg.num_layers):
+        if cfg.qkv_layout is QkvLayout.SEPARATE:
+            wq, wk, wv = (slots[(i, f"{x}.weight")] for x in "qkv")
+            bq, bk, bv = (opt(i, f"{x}.bias") for x in "qkv")
         else:
-            wq, wk, wv = (get(a + f"{x}_proj.weight") for x in "qkv")
-            bq, bk, bv = (opt(a + f"{x}_proj.bias") for x in "qkv")
-        qn = Norm(cfg.norm_type, cfg.norm_eps, get(a + "q_norm.weight")) if cfg.qk_norm else None
-        kn = Norm(cfg.norm_type, cfg.norm_eps, get(a + "k_norm.weight")) if cfg.qk_norm else None
-        attn = AttnWeights(wq, wk, wv, get(a + "o_proj.weight"), bq, bk, bv,
-                           opt(a + "o_proj.bias"), qn, kn)
-        mp = p + "mlp."
-        if cfg.mlp_layout is MlpLayout.PLAIN:
-            mw = MlpWeights(cfg.mlp_layout, get(mp + "c_fc.weight"), get(mp + "c_proj.weight"),
-                            None, opt(mp + "c_fc.bias"), None, opt(mp + "c_proj.bias"))
+            wq, wk, wv = _unpack_qkv(cfg, slots[(i, "qkv.weight")])
+            b = opt(i, "qkv.bias")
+            bq, bk, bv = _unpack_qkv(cfg, b) if b is not None else (None,) * 3
+        qn = Norm(cfg.norm_type, cfg.norm_eps, slots[(i, "q_norm.weight")]) if cfg.qk_norm else None
+        kn = Norm(cfg.norm_type, cfg.norm_eps, slots[(i, "k_norm.weight")]) if cfg.qk_norm else None
+        attn = AttnWeights(wq, wk, wv, slots[(i, "o.weight")], bq, bk, bv, opt(i, "o.bias"),
+                           qn, kn, qk_norm_full=cfg.qk_norm_full, clip=cfg.clip_qkv)
+        m = cfg.intermediate_size
+        mw: MlpWeights | MoeWeights
+        if cfg.moe is not None and cfg.layer_moe and cfg.layer_moe[i]:
+            mw = load_moe("", cfg.moe, lambda name, i=i: slots[(i, "moe:" + name)])
         elif cfg.mlp_layout is MlpLayout.GATED_FUSED:
-            gate, up = get(mp + "gate_up_proj.weight").split([m, m], dim=0)
-            bgu = opt(mp + "gate_up_proj.bias")
+            gate, up = slots[(i, "gate_up.weight")].split([m, m], dim=0)
+            bgu = opt(i, "gate_up.bias")
             bg, bu = bgu.split([m, m]) if bgu is not None else (None, None)
-            mw = MlpWeights(cfg.mlp_layout, gate, get(mp + "down_proj.weight"), up, bg, bu,
-                            opt(mp + "down_proj.bias"))
+            mw = MlpWeights(cfg.mlp_layout, gate, slots[(i, "mlp_out.weight")], up, bg, bu,
+                            opt(i, "mlp_out.bias"))
         else:
-            mw = MlpWeights(cfg.mlp_layout, get(mp + "gate_proj.weight"),
-                            get(mp + "down_proj.weight"), get(mp + "up_proj.weight"),
-                            opt(mp + "gate_proj.bias"), opt(mp + "up_proj.bias"),
-                            opt(mp + "down_proj.bias"))
-        names = _norm_names(cfg)
+            mw = MlpWeights(cfg.mlp_layout, slots[(i, "mlp_in.weight")],
+                            slots[(i, "mlp_out.weight")], opt(i, "mlp_up.weight"),
+                            opt(i, "mlp_in.bias"), opt(i, "mlp_up.bias"), opt(i, "mlp_out.bias"))
+        pre = cfg.pre_norms
         layers.append(LayerWeights(
-            ln1=norm(p + names["ln1"]), ln2=norm(p + names["ln2"]), attn=attn, mlp=mw,
-            ln1_post=norm(p + names["ln1_post"]) if cfg.post_norms else None,
-            ln2_post=norm(p + names["ln2_post"]) if cfg.post_norms else None))
-    embed = get("model.embed_tokens.weight")
-    lm_head = embed if cfg.tie_word_embeddings else get("lm_head.weight")
-    return Weights(embed=embed, lm_head=lm_head, final_norm=norm("model.norm"), layers=layers)
+            ln1=norm(i, "ln1") if pre else None,
+            ln2=norm(i, "ln2") if pre and ((i, "ln2.weight") in slots or not cfg.norm_affine
+                                           and cfg.block is not BlockLayout.PARALLEL_SHARED_NORM)
+            else None,
+            attn=attn, mlp=mw,
+            ln1_post=norm(i, "ln1_post") if cfg.post_norms else None,
+            ln2_post=norm(i, "ln2_post") if cfg.post_norms else None))
+    embed = slots[(None, "embed")]
+    lm_head = embed if cfg.tie_word_embeddings else slots[(None, "lm_head.weight")]
+    head = alias.get(t.lm_head + ".weight", t.lm_head + ".weight")
+    if cfg.tie_word_embeddings and head in src.shapes:
+        stored = src.get(head, dtype=dtype, device=device)
+        if not torch.equal(stored, embed):
+            raise WeightLoadError(f"{_origin(src)}: tie_word_embeddings is true but tensor "
+                                  f"{head!r} differs from the embedding; set "
+                                  f"tie_word_embeddings to false to use it")
+    return Weights(embed=embed, lm_head=lm_head, final_norm=norm(None, "final_norm"),
+                   layers=layers, pos_embed=opt(None, "pos_embed"),
+                   lm_head_bias=opt(None, "lm_head.bias"))

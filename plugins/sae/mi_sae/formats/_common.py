@@ -1,16 +1,24 @@
-"""Helpers shared by the format readers: safe tensor reading and typed errors."""
+"""Helpers shared by the format readers: safe tensor reading, typed config fields, errors.
+
+Never unpickles: weights come from safetensors or pickle-free ``.npz`` only, and a folder
+that offers only pickle files (``.pt``, ``.pth``, ``.pkl``, ``.bin``, ``.ckpt``) is refused
+by name.
+"""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 
 from mi_core.errors import ConfigError, DictionaryError, MIError
+from mi_core.hooks import HookPoint
 from mi_core.loading import SafetensorsCheckpoint, read_json
 from mi_core.registry import Detection
+from mi_sae.hooknames import tl_to_hook_point
 
 
 def folder_of(path: Path) -> Path:
@@ -18,12 +26,110 @@ def folder_of(path: Path) -> Path:
     return path if path.is_dir() else path.parent
 
 
+#: Suffixes of files that are (or usually are) Python pickles: never opened.
+PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt")
+
+
+def pickle_files(folder: Path) -> list[str]:
+    """Names of pickle-format files directly in `folder` (sorted)."""
+    if not folder.is_dir():
+        return [folder.name] if folder.suffix in PICKLE_SUFFIXES else []
+    return sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+
+
 def detection(name: str, folder: Path, required: list[str], score: float) -> Detection:
-    """ok (`score`) when every file in `required` exists under `folder`, else why not."""
+    """ok (`score`) when every file in `required` exists under `folder`, else why not
+    (naming any pickle files found instead: they are refused, never unpickled)."""
     missing = [r for r in required if not (folder / r).exists()]
     if missing:
-        return Detection(backend=name, score=0.0, reason=f"no {', '.join(missing)} in {folder}")
+        pickles = pickle_files(folder)
+        refused = (f"; refusing pickle file(s) {', '.join(pickles)} (never unpickled: convert "
+                   "to safetensors)") if pickles else ""
+        return Detection(backend=name, score=0.0,
+                         reason=f"no {', '.join(missing)} in {folder}{refused}")
     return Detection(backend=name, score=score, reason=f"found {', '.join(required)}")
+
+
+_MISSING = object()
+
+
+class Fields:
+    """Typed, strict access to a dictionary's JSON config: no coercion ("false" is not
+    True, 2.7 is not 2); every DictionaryError names the file, the key and the value.
+
+    `fallback` is consulted for keys absent (or null) in `raw` (SAELens 6.x ``metadata``).
+    """
+
+    def __init__(self, raw: Mapping[str, Any], where: Path | str,
+                 fallback: Mapping[str, Any] | None = None) -> None:
+        self.raw, self.where, self.fallback = raw, where, fallback or {}
+
+    def get(self, key: str) -> Any:
+        v = self.raw.get(key)
+        return self.fallback.get(key) if v is None else v
+
+    def fail(self, key: str, why: str) -> DictionaryError:
+        return DictionaryError(f"{self.where}: key {key!r} = {self.get(key)!r}: {why}")
+
+    def integer(self, key: str, default: Any = _MISSING, minimum: int = 1) -> Any:
+        v = self.get(key)
+        if v is None:
+            if default is _MISSING:
+                raise DictionaryError(f"{self.where}: required field {key!r} is missing")
+            return default
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.fail(key, f"expected an integer, got {type(v).__name__}")
+        if v < minimum:
+            raise self.fail(key, f"must be >= {minimum}")
+        return v
+
+    def number(self, key: str, default: Any = _MISSING, positive: bool = True) -> Any:
+        v = self.get(key)
+        if v is None:
+            if default is _MISSING:
+                raise DictionaryError(f"{self.where}: required field {key!r} is missing")
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.fail(key, f"expected a number, got {type(v).__name__}")
+        if not math.isfinite(v) or (positive and v <= 0):
+            raise self.fail(key, "must be a finite number" + (" > 0" if positive else ""))
+        return float(v)
+
+    def flag(self, key: str, default: bool) -> bool:
+        v = self.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise self.fail(key, f"expected true or false, got {type(v).__name__}")
+        return v
+
+    def text(self, key: str, default: Any = None, choices: tuple[str, ...] | None = None) -> Any:
+        v = self.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, str):
+            raise self.fail(key, f"expected a string, got {type(v).__name__}")
+        if choices is not None and v not in choices:
+            raise self.fail(key, f"expected one of {', '.join(choices)}")
+        return v
+
+    def mapping(self, key: str) -> dict[str, Any]:
+        v = self.get(key)
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            raise self.fail(key, f"expected a JSON object, got {type(v).__name__}")
+        return v
+
+    def hook(self, key: str) -> HookPoint | None:
+        """A TransformerLens-spelled hook name (``blocks.3.hook_resid_post``) or None."""
+        name = self.text(key)
+        if name is None:
+            return None
+        try:
+            return tl_to_hook_point(name)
+        except MIError as exc:
+            raise self.fail(key, f"not a hook point name ({exc})") from None
 
 
 def json_config(path: Path, what: str) -> dict[str, Any]:
@@ -40,9 +146,20 @@ def read_safetensors(path: Path, device: torch.device, dtype: torch.dtype
         raise DictionaryError(f"weights file {path} not found")
     try:
         ck = SafetensorsCheckpoint([path])
-        return {n: ck.get(n, dtype=dtype, device=device) for n in ck.names()}
+        raw = {n: ck.get(n) for n in ck.names()}
     except MIError as exc:
-        raise DictionaryError(f"{path}: {exc}") from None
+        raise DictionaryError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
+    return _floats(raw, path, device, dtype)
+
+
+def _floats(raw: dict[str, torch.Tensor], path: Path, device: torch.device, dtype: torch.dtype
+            ) -> dict[str, torch.Tensor]:
+    """`raw` cast to `dtype`; DictionaryError naming any non-float (integer, bool) tensor."""
+    bad = [f"{n} ({t.dtype})" for n, t in raw.items() if not t.is_floating_point()]
+    if bad:
+        raise DictionaryError(f"{path}: non-float tensor(s) {', '.join(bad)}: dictionary "
+                              "weights must be floating point")
+    return {n: t.to(device=device, dtype=dtype) for n, t in raw.items()}
 
 
 def read_npz(path: Path, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -51,10 +168,10 @@ def read_npz(path: Path, device: torch.device, dtype: torch.dtype) -> dict[str, 
         raise DictionaryError(f"weights file {path} not found")
     try:
         with np.load(path, allow_pickle=False) as data:
-            return {k: torch.from_numpy(np.asarray(data[k])).to(device=device, dtype=dtype)
-                    for k in data.files}
-    except (ValueError, OSError) as exc:
+            raw = {k: torch.from_numpy(np.asarray(data[k])) for k in data.files}
+    except (ValueError, OSError, TypeError) as exc:  # TypeError: numpy dtypes torch lacks
         raise DictionaryError(f"{path}: cannot read as a (pickle-free) npz: {exc}") from None
+    return _floats(raw, path, device, dtype)
 
 
 def take(weights: dict[str, torch.Tensor], names: tuple[str, ...], source: Path,

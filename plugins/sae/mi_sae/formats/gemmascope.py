@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from mi_core.errors import DictionaryError
 from mi_core.hooks import HookPoint
 from mi_core.registry import Detection, DictionaryFormat
-from mi_sae.formats._common import detection, folder_of, json_config, read_npz, read_safetensors, take
+from mi_sae.formats._common import (Fields, detection, folder_of, json_config, read_npz,
+                                    read_safetensors, take)
 from mi_sae.hooknames import hf_to_hook_point
 from mi_sae.sae import SaeConfig, SparseAutoencoder
 
@@ -56,10 +56,11 @@ def _gs1_hook(folder: Path) -> tuple[HookPoint | None, bool]:
     return HookPoint.layer_point(layer, suffix), kind == "att"
 
 
-def _gs2_hooks(folder: Path, cfg: dict) -> tuple[HookPoint | None, HookPoint | None]:
-    hin, hout = cfg.get("hf_hook_point_in"), cfg.get("hf_hook_point_out")
-    pin = hf_to_hook_point(hin) if hin else None
-    pout = hf_to_hook_point(hout) if hout else None
+def _gs2_hooks(folder: Path, f: Fields) -> tuple[HookPoint | None, HookPoint | None]:
+    hin, hout = f.text("hf_hook_point_in"), f.text("hf_hook_point_out")
+    # Gemma 3 has post-norms: post_attention_layernorm.output is the attention's output.
+    pin = hf_to_hook_point(hin, post_norms=True) if hin else None
+    pout = hf_to_hook_point(hout, post_norms=True) if hout else None
     if pin is None:  # fall back to the folder name, as SAELens does
         layer, name = _layer(folder.as_posix()), folder.as_posix()
         if layer is not None:
@@ -67,8 +68,8 @@ def _gs2_hooks(folder: Path, cfg: dict) -> tuple[HookPoint | None, HookPoint | N
                                 ("mlp_out", "hook_mlp_out")):
                 if key in name:
                     pin = HookPoint.layer_point(layer, suffix)
-            if "transcoder" in name:
-                pin = HookPoint.layer_point(layer, "ln2.hook_normalized")
+            if "transcoder" in name:  # trained on pre_feedforward_layernorm.output
+                pin = HookPoint.layer_point(layer, "mlp.hook_in")
                 pout = HookPoint.layer_point(layer, "hook_mlp_out")
     return pin, pout
 
@@ -96,11 +97,8 @@ def load(path: Path, device: torch.device, dtype: torch.dtype) -> SparseAutoenco
 
 
 def _load_gs2(folder: Path, device: torch.device, dtype: torch.dtype) -> SparseAutoencoder:
-    raw = json_config(folder / CONFIG, "Gemma Scope 2 config.json")
-    arch = raw.get("architecture", "jump_relu")
-    if arch != "jump_relu":
-        raise DictionaryError(f"{folder / CONFIG}: unknown Gemma Scope 2 architecture {arch!r} "
-                              f"(expected 'jump_relu')")
+    f = Fields(json_config(folder / CONFIG, "Gemma Scope 2 config.json"), folder / CONFIG)
+    f.text("architecture", "jump_relu", ("jump_relu",))
     wpath = folder / SAFETENSORS
     w = read_safetensors(wpath, device, dtype)
     weights = {
@@ -113,7 +111,7 @@ def _load_gs2(folder: Path, device: torch.device, dtype: torch.dtype) -> SparseA
         weights["W_skip"] = skip.T.contiguous()
     d_in, d_sae = weights["W_enc"].shape  # type: ignore[union-attr]
     d_out = weights["W_dec"].shape[-1]  # type: ignore[union-attr]
-    pin, pout = _gs2_hooks(folder, raw)
+    pin, pout = _gs2_hooks(folder, f)
     transcoder = pout is not None and pout != pin
     cfg = SaeConfig(d_in=d_in, d_sae=d_sae, activation="jumprelu",
                     architecture="jumprelu_skip_transcoder" if transcoder and skip is not None

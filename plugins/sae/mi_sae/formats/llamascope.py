@@ -17,8 +17,7 @@ import torch
 
 from mi_core.errors import DictionaryError
 from mi_core.registry import Detection, DictionaryFormat
-from mi_sae.formats._common import detection, folder_of, json_config, read_safetensors, take
-from mi_sae.hooknames import tl_to_hook_point
+from mi_sae.formats._common import Fields, detection, folder_of, json_config, read_safetensors, take
 from mi_sae.sae import SaeConfig, SparseAutoencoder
 
 HYPER, WEIGHTS = "hyperparams.json", "checkpoints/final.safetensors"
@@ -35,24 +34,25 @@ def load(path: Path, device: torch.device, dtype: torch.dtype) -> SparseAutoenco
     folder = folder_of(path)
     if folder.name == "checkpoints":
         folder = folder.parent
-    hp = json_config(folder / HYPER, "Llama Scope hyperparams.json")
-    for key in ("d_model", "d_sae", "jump_relu_threshold", "hook_point_in"):
-        if hp.get(key) is None:
-            raise DictionaryError(f"{folder / HYPER}: required field {key!r} is missing")
-    act = hp.get("act_fn", "jumprelu")
-    if act != "jumprelu":
-        raise DictionaryError(f"{folder / HYPER}: unsupported act_fn {act!r} (expected 'jumprelu')")
+    f = Fields(json_config(folder / HYPER, "Llama Scope hyperparams.json"), folder / HYPER)
+    d_in, d_sae = f.integer("d_model"), f.integer("d_sae")
+    threshold = f.number("jump_relu_threshold", positive=False)
+    hin = f.text("hook_point_in")
+    if hin is None:
+        raise DictionaryError(f"{folder / HYPER}: required field 'hook_point_in' is missing")
+    hout = f.text("hook_point_out", hin)
+    f.text("act_fn", "jumprelu", ("jumprelu",))
     wpath = folder / WEIGHTS
     w = read_safetensors(wpath, device, dtype)
-    d_in, d_sae = int(hp["d_model"]), int(hp["d_sae"])
     s_in = s_out = 1.0
-    if hp.get("norm_activation", "dataset-wise") == "dataset-wise":
-        norms = hp.get("dataset_average_activation_norm") or {}
-        if "in" not in norms:
+    if f.text("norm_activation", "dataset-wise") == "dataset-wise":
+        norms = Fields(f.mapping("dataset_average_activation_norm"),
+                       f"{folder / HYPER} (dataset_average_activation_norm)")
+        if norms.get("in") is None:
             raise DictionaryError(f"{folder / HYPER}: dataset-wise normalisation needs "
                                   f"dataset_average_activation_norm.in")
-        s_in = math.sqrt(d_in) / float(norms["in"])
-        s_out = math.sqrt(d_in) / float(norms.get("out", norms["in"]))
+        s_in = math.sqrt(d_in) / norms.number("in")
+        s_out = math.sqrt(d_in) / norms.number("out", norms.number("in"))
     dec_w = take(w, ("decoder.weight",), wpath)
     weights = {
         "W_enc": take(w, ("encoder.weight",), wpath).T.contiguous(),  # type: ignore[union-attr]
@@ -60,14 +60,12 @@ def load(path: Path, device: torch.device, dtype: torch.dtype) -> SparseAutoenco
         "W_dec": dec_w.T.contiguous(),  # type: ignore[union-attr]
         "b_dec": take(w, ("decoder.bias",), wpath),
     }
-    weights["threshold"] = torch.full((d_sae,), float(hp["jump_relu_threshold"]) * s_in,
-                                      dtype=dtype, device=device)
-    hin, hout = hp["hook_point_in"], hp.get("hook_point_out", hp["hook_point_in"])
+    weights["threshold"] = torch.full((d_sae,), threshold * s_in, dtype=dtype, device=device)
     transcoder = hout != hin
     cfg = SaeConfig(d_in=d_in, d_sae=d_sae, activation="jumprelu",
                     architecture="jumprelu_transcoder" if transcoder else "jumprelu",
-                    hook_point=tl_to_hook_point(hin),
-                    hook_point_out=tl_to_hook_point(hout) if transcoder else None,
+                    hook_point=f.hook("hook_point_in"),
+                    hook_point_out=f.hook("hook_point_out") if transcoder else None,
                     transcoder=transcoder, d_out=d_in if transcoder else None,
                     apply_b_dec_to_input=False, input_scale=s_in,
                     output_scale=s_out if transcoder else None)

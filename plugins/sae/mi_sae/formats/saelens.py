@@ -14,8 +14,7 @@ import torch
 
 from mi_core.errors import DictionaryError
 from mi_core.registry import Detection, DictionaryFormat
-from mi_sae.formats._common import detection, folder_of, json_config, read_safetensors, take
-from mi_sae.hooknames import tl_to_hook_point
+from mi_sae.formats._common import Fields, detection, folder_of, json_config, read_safetensors, take
 from mi_sae.sae import FOLDED_NORMALIZATIONS, SaeConfig, SparseAutoencoder
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
@@ -38,60 +37,64 @@ def detect(path: Path) -> Detection:
     return detection("saelens", folder_of(path), [CFG, WEIGHTS], 0.9)
 
 
-def _normalization(value: Any, where: Path) -> str:
+def _normalization(f: Fields) -> str:
+    value = f.get("normalize_activations")
     if isinstance(value, bool):  # pre-6.0: True meant expected_average_only_in (folded)
         return "none"
-    value = value or "none"
+    value = f.text("normalize_activations", "none")
     if value in FOLDED_NORMALIZATIONS:
         return "none"
     if value in ("constant_norm_rescale", "layer_norm"):
         return str(value)
-    raise DictionaryError(f"{where}: unknown normalize_activations {value!r}")
+    raise f.fail("normalize_activations", "unknown normalisation (known: "
+                 f"{', '.join(FOLDED_NORMALIZATIONS + ('constant_norm_rescale', 'layer_norm'))})")
+
+
+#: Tensors a SAELens file may hold besides the ones SparseAutoencoder takes by name.
+_OTHER_TENSORS = ("log_threshold", "scaling_factor", "finetuning_scaling_factor")
+_WEIGHTS = ("W_enc", "W_dec", "b_enc", "b_dec", "threshold", "b_gate", "b_mag", "r_mag", "W_skip")
 
 
 def parse_config(raw: dict[str, Any], where: Path, shapes: dict[str, tuple[int, ...]]
                  ) -> SaeConfig:
-    meta = raw.get("metadata") or {}
-
-    def get(key: str, default: Any = None) -> Any:
-        v = raw.get(key)
-        return meta.get(key, default) if v is None else v
-
-    act_fn = get("activation_fn") or get("activation_fn_str") or "relu"
-    kwargs = get("activation_fn_kwargs") or {}
-    arch = raw.get("architecture") or "standard"
+    """A SAELens ``cfg.json`` (6.x or pre-6.0) as a SaeConfig; DictionaryError naming the
+    file, key and value for anything of the wrong type or unknown."""
+    if not isinstance(raw, dict):
+        raise DictionaryError(f"{where}: must hold a JSON object")
+    f = Fields(raw, where, Fields(raw, where).mapping("metadata"))
+    act_fn = f.text("activation_fn") or f.text("activation_fn_str") or "relu"
+    kwargs = f.mapping("activation_fn_kwargs")
+    arch = f.text("architecture") or "standard"
     if act_fn == "topk" and arch == "standard":  # pre-6.0 top-k SAEs
         arch = "topk"
     elif act_fn not in ("relu", "topk"):
-        raise DictionaryError(f"{where}: unsupported activation_fn {act_fn!r}")
+        raise f.fail("activation_fn" if f.get("activation_fn") else "activation_fn_str",
+                     "unsupported activation (relu, topk)")
     if arch not in ARCHITECTURES:
         raise DictionaryError(f"{where}: unknown or unsupported SAELens architecture {arch!r}; "
                               f"supported: {', '.join(ARCHITECTURES)}")
     activation, transcoder, _ = ARCHITECTURES[arch]
-    for key in ("d_in", "d_sae"):
-        if get(key) is None:
-            raise DictionaryError(f"{where}: required field {key!r} is missing")
-    hook = get("hook_name") or get("hook_point")
-    if get("hook_head_index") is not None or get("hook_point_head_index") is not None:
-        raise DictionaryError(f"{where}: single-head SAEs (hook_head_index) are not supported")
-    hook_out = get("hook_name_out")
-    reshape = get("reshape_activations")
+    d_in, d_sae = f.integer("d_in"), f.integer("d_sae")
+    for key in ("hook_head_index", "hook_point_head_index"):
+        if f.get(key) is not None:
+            raise f.fail(key, "single-head SAEs (hook_head_index) are not supported")
+    hook = f.hook("hook_name") if f.get("hook_name") is not None else f.hook("hook_point")
+    reshape = f.text("reshape_activations", None, ("none", "hook_z"))
     if reshape is None:
-        reshape = "hook_z" if hook and "hook_z" in hook else "none"
-    d_out = get("d_out")
+        reshape = "hook_z" if hook is not None and hook.suffix == "attn.hook_z" else "none"
+    d_out = f.integer("d_out", None)
     if transcoder and d_out is None and "W_dec" in shapes:
         d_out = shapes["W_dec"][-1]
+    k = f.integer("k", None)
+    if k is None:
+        k = Fields(kwargs, f"{where} (activation_fn_kwargs)").integer("k", None)
     return SaeConfig(
-        d_in=int(get("d_in")), d_sae=int(get("d_sae")), activation=activation,  # type: ignore[arg-type]
-        architecture=arch,
-        hook_point=tl_to_hook_point(hook) if hook else None,
-        hook_point_out=tl_to_hook_point(hook_out) if hook_out else None,
-        d_out=int(d_out) if transcoder and d_out is not None else None,
-        transcoder=transcoder,
-        k=int(get("k") or kwargs.get("k")) if (get("k") or kwargs.get("k")) else None,
-        rescale_acts_by_decoder_norm=bool(get("rescale_acts_by_decoder_norm", False)),
-        apply_b_dec_to_input=bool(get("apply_b_dec_to_input", not transcoder)),
-        normalize_activations=_normalization(get("normalize_activations"), where),  # type: ignore[arg-type]
+        d_in=d_in, d_sae=d_sae, activation=activation,  # type: ignore[arg-type]
+        architecture=arch, hook_point=hook, hook_point_out=f.hook("hook_name_out"),
+        d_out=d_out if transcoder else None, transcoder=transcoder, k=k,
+        rescale_acts_by_decoder_norm=f.flag("rescale_acts_by_decoder_norm", False),
+        apply_b_dec_to_input=f.flag("apply_b_dec_to_input", not transcoder),
+        normalize_activations=_normalization(f),  # type: ignore[arg-type]
         reshape_hook_z=reshape == "hook_z",
     )
 
@@ -102,8 +105,11 @@ def load(path: Path, device: torch.device, dtype: torch.dtype) -> SparseAutoenco
     wpath = folder / WEIGHTS
     w = read_safetensors(wpath, device, dtype)
     cfg = parse_config(raw, folder / CFG, {k: tuple(v.shape) for k, v in w.items()})
-    weights = {k: w[k] for k in ("W_enc", "W_dec", "b_enc", "b_dec", "threshold", "b_gate",
-                                 "b_mag", "r_mag", "W_skip") if k in w}
+    unknown = sorted(set(w) - set(_WEIGHTS) - set(_OTHER_TENSORS))
+    if unknown:
+        raise DictionaryError(f"{wpath}: unknown tensor(s) {', '.join(unknown)} (a SAELens file "
+                              f"holds {', '.join(_WEIGHTS + _OTHER_TENSORS)})")
+    weights = {k: w[k] for k in _WEIGHTS if k in w}
     if "threshold" not in w and "log_threshold" in w:  # older JumpReLU checkpoints
         weights["threshold"] = w["log_threshold"].exp()
     for name in ("W_enc", "W_dec", "b_dec"):

@@ -1,0 +1,185 @@
+"""Mixture-of-experts MLPs: a softmax router picks the top-k experts per token.
+
+One code path serves Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE; they differ only in the axes of
+:class:`MoeConfig` (whether the top-k weights are renormalised, whether a shared expert with a
+sigmoid gate runs beside the routed ones). Every expert is a gated MLP
+``down(act(gate(x)) * up(x))``.
+
+The fast path never computes an expert on tokens not routed to it: tokens are sorted by the
+expert they go to, each expert runs once on its slice, and the weighted results are added back
+with ``index_add_`` (the arithmetic transformers uses, token for token).
+
+Hook points of an MoE layer ``i`` (``p = blocks.{i}.mlp.``):
+
+* ``p + hook_router_logits`` [batch, seq, n_experts], before the softmax; an intervention here
+  changes which experts run and with what weights.
+* ``p + hook_expert_weights`` [batch, seq, top_k] (after the optional renormalisation) and
+  ``p + hook_expert_indices`` [batch, seq, top_k] (int64), the routing actually used.
+* ``p + experts.{e}.hook_out`` [batch, seq, d_model]: expert e's weighted contribution
+  (routing weight times its output), zero at tokens not routed to it.
+* ``p + shared_expert.hook_out`` [batch, seq, d_model]: the shared expert's contribution,
+  its sigmoid gate applied (Qwen2-MoE).
+
+The layer's output (``hook_mlp_out``) is the sum of the expert contributions and the shared one.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from mi_core.errors import InterventionError
+from mi_core.hooks import HookRun
+
+from mi_transformer.config import MoeConfig
+
+
+@attrs.define(eq=False)
+class ExpertWeights:
+    """One gated expert, torch.nn.Linear layout."""
+
+    w_gate: torch.Tensor  # [d_expert, d_model]
+    w_up: torch.Tensor  # [d_expert, d_model]
+    w_down: torch.Tensor  # [d_model, d_expert]
+
+    def __call__(self, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
+                 ) -> torch.Tensor:
+        """x [n, d_model] -> [n, d_model]."""
+        return F.linear(act(F.linear(x, self.w_gate)) * F.linear(x, self.w_up), self.w_down)
+
+
+@attrs.define(eq=False)
+class MoeNames:
+    """Hook names of one MoE layer, built once at load."""
+
+    router_logits: str
+    expert_weights: str
+    expert_indices: str
+    expert_out: list[str]
+    shared_out: str
+
+    @classmethod
+    def of(cls, layer: int, num_experts: int) -> "MoeNames":
+        p = f"blocks.{layer}.mlp."
+        return cls(router_logits=p + "hook_router_logits", expert_weights=p + "hook_expert_weights",
+                   expert_indices=p + "hook_expert_indices",
+                   expert_out=[p + f"experts.{e}.hook_out" for e in range(num_experts)],
+                   shared_out=p + "shared_expert.hook_out")
+
+    def in_order(self, shared: bool) -> list[str]:
+        out = [self.router_logits, self.expert_weights, self.expert_indices, *self.expert_out]
+        return out + [self.shared_out] if shared else out
+
+
+@attrs.define(eq=False)
+class MoeWeights:
+    """A mixture-of-experts MLP: router, experts, optional shared expert and its gate."""
+
+    config: MoeConfig
+    router: torch.Tensor  # [n_experts, d_model]
+    experts: list[ExpertWeights]
+    shared: ExpertWeights | None = None
+    shared_gate: torch.Tensor | None = None  # [1, d_model]
+
+
+def route(w: MoeWeights, x: torch.Tensor, run: HookRun, names: MoeNames
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [batch, seq, d_model] -> (weights, indices) [batch, seq, top_k], through the hooks.
+
+    Softmax in float32 over all experts, top-k, optional renormalisation, as transformers.
+    """
+    c = w.config
+    logits = run.apply(names.router_logits, F.linear(x, w.router))
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    top_w, top_i = torch.topk(probs, c.top_k, dim=-1)
+    if c.norm_topk_prob:
+        top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+    top_w = run.apply(names.expert_weights, top_w.to(x.dtype))
+    top_i = run.apply(names.expert_indices, top_i)
+    if run.spec.has_intervention_at(names.expert_indices):
+        _check_indices(top_i, c, names.expert_indices, tuple(x.shape[:-1]))
+    return top_w, top_i
+
+
+def _check_indices(idx: torch.Tensor, c: MoeConfig, name: str, lead: tuple[int, ...]) -> None:
+    if tuple(idx.shape) != (*lead, c.top_k) or idx.dtype not in (torch.int64, torch.int32):
+        raise InterventionError(f"{name}: an intervention returned {idx.dtype} {list(idx.shape)}; "
+                                f"expected integer indices {[*lead, c.top_k]}")
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= c.num_experts):
+        raise InterventionError(f"{name}: an intervention returned expert indices outside "
+                                f"0..{c.num_experts - 1}")
+
+
+def moe(w: MoeWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor],
+        run: HookRun, names: MoeNames) -> torch.Tensor:
+    """x [batch, seq, d_model] (normalised) -> the MLP output [batch, seq, d_model]."""
+    c = w.config
+    b, s, d = x.shape
+    top_w, top_i = route(w, x, run, names)
+    flat = x.reshape(-1, d)
+    flat_w = top_w.reshape(-1)  # [tokens * top_k]
+    flat_i = top_i.reshape(-1).long()
+    # Sort the (token, slot) pairs by expert: each expert's tokens form one contiguous slice.
+    order = torch.argsort(flat_i, stable=True)
+    counts = torch.bincount(flat_i, minlength=c.num_experts).tolist()  # one sync per layer
+    out = torch.zeros_like(flat)
+    start = 0
+    for e, n in enumerate(counts):
+        hooked = run.wants(names.expert_out[e])
+        if n == 0 and not hooked:
+            continue
+        sel = order[start:start + n]
+        start += n
+        tok = sel // c.top_k
+        y = w.experts[e](flat[tok], act) * flat_w[sel, None]
+        if hooked:  # the dense [batch, seq, d_model] view, zero where not routed
+            dense = torch.zeros_like(flat).index_copy_(0, tok, y)
+            out = out + run.apply(names.expert_out[e], dense.view(b, s, d)).reshape(-1, d)
+        else:
+            out.index_add_(0, tok, y)
+    out = out.view(b, s, d)
+    if w.shared is not None:
+        sh = w.shared(x, act)
+        if w.shared_gate is not None:
+            sh = torch.sigmoid(F.linear(x, w.shared_gate)) * sh
+        out = out + run.apply(names.shared_out, sh)
+    return out
+
+
+def expected_moe_shapes(prefix: str, c: MoeConfig, d_model: int) -> dict[str, tuple[int, ...]]:
+    """Checkpoint tensor name -> shape for one MoE layer under `prefix` (``model.layers.{i}.``)."""
+    m = prefix + c.block + "."
+    out: dict[str, tuple[int, ...]] = {m + "gate.weight": (c.num_experts, d_model)}
+    g, u, dn = c.expert_names
+    for e in range(c.num_experts):
+        ep = f"{m}experts.{e}."
+        out[ep + g + ".weight"] = (c.expert_size, d_model)
+        out[ep + u + ".weight"] = (c.expert_size, d_model)
+        out[ep + dn + ".weight"] = (d_model, c.expert_size)
+    if c.shared_expert_size:
+        for name, shape in (("gate_proj", (c.shared_expert_size, d_model)),
+                            ("up_proj", (c.shared_expert_size, d_model)),
+                            ("down_proj", (d_model, c.shared_expert_size))):
+            out[f"{m}shared_expert.{name}.weight"] = shape
+        if c.shared_expert_gate:
+            out[m + "shared_expert_gate.weight"] = (1, d_model)
+    return out
+
+
+def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor]) -> MoeWeights:
+    """One layer's MoeWeights; `get(name)` returns a loaded tensor (shapes already checked
+    against :func:`expected_moe_shapes`)."""
+    m = prefix + c.block + "."
+    g, u, dn = c.expert_names
+    experts = [ExpertWeights(get(f"{m}experts.{e}.{g}.weight"), get(f"{m}experts.{e}.{u}.weight"),
+                             get(f"{m}experts.{e}.{dn}.weight")) for e in range(c.num_experts)]
+    shared = None
+    if c.shared_expert_size:
+        shared = ExpertWeights(*(get(f"{m}shared_expert.{n}.weight")
+                                 for n in ("gate_proj", "up_proj", "down_proj")))
+    return MoeWeights(config=c, router=get(m + "gate.weight"), experts=experts, shared=shared,
+                      shared_gate=get(m + "shared_expert_gate.weight")
+                      if c.shared_expert_gate else None)

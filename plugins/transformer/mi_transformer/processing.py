@@ -1,0 +1,126 @@
+"""Weight processing as TransformerLens' ``process_weights`` (``weight_processing.py``).
+
+- ``fold_ln``: each pre-norm's gain (Gemma: 1 + w) multiplies the input columns of the weights
+  that read it (ln1 -> W_Q, W_K, W_V; ln2 -> the MLP's input projections; ln_final -> the
+  unembedding), a LayerNorm's bias becomes part of their biases, and for LayerNorm those
+  weights are centred over d_model (the normalised input has zero mean). The norm keeps
+  only its normalisation (gain 1, no bias). Post-norms (Gemma 2/3) are not folded, as in
+  TransformerLens.
+- ``center_writing_weights`` (LayerNorm models only, as TransformerLens): W_E, W_pos, W_O,
+  b_O, W_out, b_out have zero mean over d_model (the next LayerNorm removes the mean anyway).
+- ``center_unembed``: W_U (and b_U) have zero mean over the vocabulary: every logit of a
+  position shifts by the same amount, so probabilities are unchanged (before a final
+  soft-cap, where TransformerLens does the same).
+- ``fold_value_biases``: b_O += sum_h b_V[h] @ W_O[h] and b_V = 0 (attention rows sum to 1).
+
+Every step builds new tensors (never writes into a loaded one), so a tied embedding /
+unembedding or a fused checkpoint's row views stay consistent.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from mi_core.errors import MIError
+
+from mi_transformer.attention import AttnWeights
+from mi_transformer.config import NormType
+from mi_transformer.mlp import MlpWeights
+from mi_transformer.norm import Norm
+
+if TYPE_CHECKING:
+    from mi_transformer.model import TransformerBackend
+
+
+def process_weights(be: "TransformerBackend", fold_ln: bool = True,
+                    center_writing_weights: bool = True, center_unembed: bool = True,
+                    fold_value_biases: bool = True) -> None:
+    """Rewrite `be`'s weights in place (see the module docstring for each flag)."""
+    c, w = be.config, be.w
+    layer_norm = c.norm_type is NormType.LAYER_NORM
+    if (fold_ln or center_writing_weights) and any(
+            not isinstance(lw.mlp, MlpWeights) for lw in w.layers):
+        raise MIError(f"process_weights: fold_ln / center_writing_weights are not implemented "
+                      f"for mixture-of-experts models ({c.model_type}); use fold_ln=False, "
+                      f"center_writing_weights=False")
+    if fold_ln:
+        for lw in w.layers:
+            if lw.ln1 is not None:
+                _fold_attn(lw.attn, lw.ln1, layer_norm)
+                shared = lw.ln2 is None  # parallel block with one norm: the MLP reads ln1 too
+                if shared:
+                    _fold_mlp(lw.mlp, lw.ln1, layer_norm)  # type: ignore[arg-type]
+                _reset(lw.ln1)
+            if lw.ln2 is not None:
+                _fold_mlp(lw.mlp, lw.ln2, layer_norm)  # type: ignore[arg-type]
+                _reset(lw.ln2)
+        fn = w.final_norm
+        head, bias = _fold_rows(w.lm_head, w.lm_head_bias, fn, layer_norm)
+        w.lm_head, w.lm_head_bias = head, bias
+        _reset(fn)
+    if center_writing_weights and layer_norm:
+        w.embed = _centre(w.embed, -1)
+        if w.pos_embed is not None:
+            w.pos_embed = _centre(w.pos_embed, -1)
+        for lw in w.layers:
+            a, m = lw.attn, lw.mlp
+            a.w_o = _centre(a.w_o, 0)
+            a.b_o = None if a.b_o is None else _centre(a.b_o, 0)
+            m.w_out = _centre(m.w_out, 0)  # type: ignore[union-attr]
+            m.b_out = None if m.b_out is None else _centre(m.b_out, 0)  # type: ignore[union-attr]
+    if center_unembed:
+        w.lm_head = _centre(w.lm_head, 0)
+        if w.lm_head_bias is not None:
+            w.lm_head_bias = _centre(w.lm_head_bias, 0)
+    if fold_value_biases:
+        for lw in w.layers:
+            _fold_value_bias(lw.attn, c.num_heads, c.num_kv_heads, c.head_dim)
+            if center_writing_weights and layer_norm and lw.attn.b_o is not None:
+                lw.attn.b_o = _centre(lw.attn.b_o, 0)
+
+
+def _centre(t: torch.Tensor, dim: int) -> torch.Tensor:
+    return t - t.mean(dim=dim, keepdim=True)
+
+
+def _fold_rows(weight: torch.Tensor, bias: torch.Tensor | None, norm: Norm, layer_norm: bool
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A projection [out, d_model] reading `norm`'s output -> (weight * gain, bias + W beta),
+    centred over d_model for LayerNorm."""
+    if norm.bias is not None:
+        extra = weight @ norm.bias.to(weight.dtype)
+        bias = extra if bias is None else bias + extra
+    folded = weight * norm.gain.to(weight.dtype)[None, :]
+    if layer_norm:
+        folded = _centre(folded, 1)
+    return folded, bias
+
+
+def _fold_attn(a: AttnWeights, norm: Norm, layer_norm: bool) -> None:
+    a.w_q, a.b_q = _fold_rows(a.w_q, a.b_q, norm, layer_norm)
+    a.w_k, a.b_k = _fold_rows(a.w_k, a.b_k, norm, layer_norm)
+    a.w_v, a.b_v = _fold_rows(a.w_v, a.b_v, norm, layer_norm)
+
+
+def _fold_mlp(m: MlpWeights, norm: Norm, layer_norm: bool) -> None:
+    m.w_in, m.b_in = _fold_rows(m.w_in, m.b_in, norm, layer_norm)
+    if m.w_up is not None:
+        m.w_up, m.b_up = _fold_rows(m.w_up, m.b_up, norm, layer_norm)
+
+
+def _reset(norm: Norm) -> None:
+    """The norm keeps only its normalisation: gain 1 (Gemma: stored weight 0), no bias."""
+    one = torch.ones_like(norm.gain)
+    norm.weight = torch.zeros_like(norm.weight) if norm.kind is NormType.GEMMA_RMS else one
+    norm.gain, norm.bias = one, None
+
+
+def _fold_value_bias(a: AttnWeights, heads: int, kv_heads: int, d_head: int) -> None:
+    if a.b_v is None:
+        return
+    b_v = a.b_v.view(kv_heads, d_head).repeat_interleave(heads // kv_heads, 0).reshape(-1)
+    shift = a.w_o @ b_v.to(a.w_o.dtype)  # sum_h b_V[h] @ W_O[h]: [d_model]
+    a.b_o = shift if a.b_o is None else a.b_o + shift
+    a.b_v = torch.zeros_like(a.b_v)

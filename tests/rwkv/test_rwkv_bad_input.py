@@ -1,0 +1,229 @@
+"""Bad RWKV checkpoints: each is a typed error whose message names the key / tensor and file.
+
+Configs are strict (no coercion, ranges and relations checked, unknown keys refused) and
+every tensor is accounted for (leftovers, missing, integer and non-finite tensors named).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.support import rwkv_ckpt
+from tests.support.rwkv_ckpt import HEAD, HIDDEN, LAYERS, VOCAB
+
+import mi_core as mi
+
+DELETE = object()
+
+
+def _edit_config(src: Path, dst: Path, **changes: Any) -> Path:
+    """A copy of checkpoint `src` whose config.json has `changes` (DELETE removes a key)."""
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    for k, v in changes.items():
+        if v is DELETE:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def _edit_tensors(src: Path, dst: Path, edit: Any) -> Path:
+    """A copy of checkpoint `src` whose tensors dict went through `edit(tensors)`."""
+    shutil.copytree(src, dst)
+    w = load_file(str(dst / "model.safetensors"))
+    edit(w)
+    save_file(w, str(dst / "model.safetensors"))
+    return dst
+
+
+# -- config: types, no coercion -----------------------------------------------------------
+
+@pytest.mark.parametrize("version, key, value", [
+    ("v6", "tie_word_embeddings", "false"),   # a string is not a boolean (would tie the head)
+    ("v6", "num_hidden_layers", 2.7),         # not silently 2
+    ("v6", "hidden_size", "128"),
+    ("v6", "layer_norm_epsilon", "1e-5"),
+    ("v6", "head_size", True),                # bool is not an integer
+    ("v7", "num_hidden_layers", 2.0),
+    ("v7", "norm_eps", [1e-5]),
+    ("v7", "tie_word_embeddings", 0),
+    ("v7", "intermediate_size", 512.5),
+])
+def test_wrongly_typed_config_value_is_a_config_error_naming_key_value_and_file(
+        version: str, key: str, value: Any, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    d = _edit_config(request.getfixturevalue(f"{version}_dir"), tmp_path / "m", **{key: value})
+    with pytest.raises(mi.ConfigError) as err:
+        mi.MIModel.from_pretrained(d)
+    msg = str(err.value)
+    assert f"'{key}'" in msg and repr(value) in msg and str(d / "config.json") in msg, msg
+
+
+# -- config: ranges and relations ---------------------------------------------------------
+
+@pytest.mark.parametrize("version, key, value, why", [
+    ("v6", "hidden_size", 0, ">= 1"),
+    ("v6", "vocab_size", -5, ">= 1"),
+    ("v6", "layer_norm_epsilon", -1e-5, "> 0"),
+    ("v6", "layer_norm_epsilon", 0, "> 0"),
+    ("v6", "head_size_divisor", 0, "> 0"),
+    ("v6", "attention_hidden_size", 64, "not supported"),
+    ("v6", "eos_token_id", -1, ">= 0"),
+    ("v7", "norm_eps", float("inf"), "finite"),
+    ("v7", "hidden_ratio", -4.0, "> 0"),
+    ("v7", "num_heads", 3, "!= hidden_size / head_dim"),
+    ("v7", "head_dim", 48, "does not divide"),
+    ("v7", "num_attention_heads", 4, "!= num_heads"),
+])
+def test_out_of_range_config_value_is_a_config_error(version: str, key: str, value: Any, why: str,
+                                                     tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    changes = {key: value} | ({"intermediate_size": None} if key == "hidden_ratio" else {})
+    d = _edit_config(request.getfixturevalue(f"{version}_dir"), tmp_path / "m", **changes)
+    with pytest.raises(mi.ConfigError) as err:
+        mi.MIModel.from_pretrained(d)
+    msg = str(err.value)
+    assert f"'{key}'" in msg and why in msg and "config.json" in msg, msg
+
+
+def test_missing_required_key_is_named(v6_dir: Path, tmp_path: Path) -> None:
+    d = _edit_config(v6_dir, tmp_path / "m", vocab_size=DELETE)
+    with pytest.raises(mi.ConfigError, match=r"config\.json: required key 'vocab_size' is missing"):
+        mi.MIModel.from_pretrained(d)
+
+
+# -- config: keys that change the numbers are implemented or refused ----------------------
+
+@pytest.mark.parametrize("key, value", [
+    ("norm_bias", False), ("norm_first", False), ("hidden_act", "gelu"),
+    ("attn", {"layers": [1], "num_heads": 2}), ("value_dim", [64, 64]),
+])
+def test_rwkv7_key_we_do_not_implement_is_refused(key: str, value: Any, v7_dir: Path,
+                                                  tmp_path: Path) -> None:
+    d = _edit_config(v7_dir, tmp_path / "m", **{key: value})
+    with pytest.raises(mi.ConfigError, match=rf"config\.json: key '{key}'"):
+        mi.MIModel.from_pretrained(d)
+
+
+def test_rwkv7_accepts_the_values_it_implements_for_those_keys(v7_dir: Path, tmp_path: Path) -> None:
+    d = _edit_config(v7_dir, tmp_path / "m", norm_first=True, hidden_act="sqrelu", attn=None,
+                     value_dim=[HIDDEN] * LAYERS, fuse_norm=True, attn_mode="chunk")
+    assert mi.MIModel.from_pretrained(d).num_layers == LAYERS
+
+
+@pytest.mark.parametrize("version", ["v6", "v7"])
+def test_unknown_config_key_is_refused_by_name(version: str, tmp_path: Path,
+                                               request: pytest.FixtureRequest) -> None:
+    d = _edit_config(request.getfixturevalue(f"{version}_dir"), tmp_path / "m",
+                     logits_multiplier=0.5)
+    with pytest.raises(mi.ConfigError, match=r"config\.json: unknown RWKV-\d key\(s\) \['logits_multiplier'\]"):
+        mi.MIModel.from_pretrained(d)
+    assert "logits_multiplier" in mi.check_compatibility(d).summary()
+
+
+def test_lora_rank_disagreeing_with_the_tensors_is_refused(v7_dir: Path, tmp_path: Path) -> None:
+    d = _edit_config(v7_dir, tmp_path / "m", decay_low_rank_dim=48)  # tensors have rank 32
+    with pytest.raises(mi.ConfigError, match=r"'decay_low_rank_dim' = 48.*w_lora\.lora\.0\.weight has rank 32"):
+        mi.MIModel.from_pretrained(d)
+
+
+def test_rwkv_config_built_directly_is_validated_too() -> None:
+    with pytest.raises(mi.ConfigError, match=r"RwkvConfig\.norm_eps = -1"):
+        from mi_rwkv.config import RwkvConfig
+        RwkvConfig(version=6, vocab_size=10, hidden_size=8, num_layers=1, head_dim=8, num_heads=1,
+                   intermediate_size=16, norm_eps=-1, group_norm_eps=1e-5)
+
+
+# -- weights: every tensor accounted for --------------------------------------------------
+
+def test_config_with_fewer_layers_than_the_checkpoint_names_the_leftover_tensors(
+        v6_dir: Path, tmp_path: Path) -> None:
+    d = _edit_config(v6_dir, tmp_path / "m", num_hidden_layers=1)
+    with pytest.raises(mi.WeightLoadError,
+                       match=r"num_hidden_layers=1 .*does not use: rwkv\.blocks\.1\.attention"):
+        mi.MIModel.from_pretrained(d)
+
+
+def test_config_with_more_layers_than_the_checkpoint_names_the_missing_tensors(
+        v7_dir: Path, tmp_path: Path) -> None:
+    d = _edit_config(v7_dir, tmp_path / "m", num_hidden_layers=3)
+    with pytest.raises(mi.WeightLoadError, match=r"missing tensors: model\.layers\.2\."):
+        mi.MIModel.from_pretrained(d)
+
+
+def test_unexpected_tensor_is_named(v7_dir: Path, tmp_path: Path) -> None:
+    d = _edit_tensors(v7_dir, tmp_path / "m",
+                      lambda w: w.update({"model.layers.0.attn.o_proj.bias": torch.zeros(HIDDEN)}))
+    with pytest.raises(mi.WeightLoadError, match=r"does not use: model\.layers\.0\.attn\.o_proj\.bias"):
+        mi.MIModel.from_pretrained(d)
+
+
+def test_integer_weights_are_refused_by_name(v6_dir: Path, tmp_path: Path) -> None:
+    def to_int(w: dict[str, torch.Tensor]) -> None:
+        w["rwkv.blocks.1.attention.key.weight"] = w["rwkv.blocks.1.attention.key.weight"].to(torch.int8)
+
+    d = _edit_tensors(v6_dir, tmp_path / "m", to_int)
+    with pytest.raises(mi.WeightLoadError, match=r"non-float tensors rwkv\.blocks\.1\.attention\.key\.weight \(I8\)"):
+        mi.MIModel.from_pretrained(d)
+
+
+@pytest.mark.parametrize("version, name, value", [
+    ("v6", "rwkv.blocks.0.attention.time_faaaa", float("nan")),
+    ("v7", "model.layers.1.ffn.key.weight", float("inf")),
+])
+def test_non_finite_weights_are_named(version: str, name: str, value: float, tmp_path: Path,
+                                      request: pytest.FixtureRequest) -> None:
+    def poison(w: dict[str, torch.Tensor]) -> None:
+        w[name].view(-1)[3] = value
+
+    d = _edit_tensors(request.getfixturevalue(f"{version}_dir"), tmp_path / "m", poison)
+    with pytest.raises(mi.WeightLoadError, match=rf"NaN or inf.*{name.replace('.', chr(92) + '.')}"):
+        mi.MIModel.from_pretrained(d)
+
+
+def test_weight_overflowing_the_requested_dtype_is_named(v7_dir: Path, tmp_path: Path) -> None:
+    def big(w: dict[str, torch.Tensor]) -> None:
+        w["model.norm.weight"][0] = 1e6  # finite in F32, inf in F16 (max 65504)
+
+    d = _edit_tensors(v7_dir, tmp_path / "m", big)
+    assert mi.MIModel.from_pretrained(d).num_layers == LAYERS
+    with pytest.raises(mi.WeightLoadError, match=r"NaN or inf values \(in torch\.float16\): model\.norm\.weight"):
+        mi.MIModel.from_pretrained(d, dtype=torch.float16)
+
+
+def test_tied_config_with_a_different_stored_head_is_refused(v6_dir: Path, tmp_path: Path) -> None:
+    d = _edit_config(v6_dir, tmp_path / "m", tie_word_embeddings=True)
+    with pytest.raises(mi.WeightLoadError, match=r"tie_word_embeddings: true.*'head\.weight' differs"):
+        mi.MIModel.from_pretrained(d)
+
+
+class _Marker:
+    """Unpickling this object creates the file `path` (a stand-in for arbitrary code)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.path,))
+
+
+def test_pickled_checkpoint_is_refused_without_unpickling(tmp_path: Path) -> None:
+    d = tmp_path / "m"
+    d.mkdir()
+    marker = tmp_path / "unpickled"
+    (d / "config.json").write_text(json.dumps(rwkv_ckpt.v6_config(LAYERS, HIDDEN, HEAD, VOCAB)))
+    for name in ("pytorch_model.bin", "model.pth"):
+        (d / name).write_bytes(pickle.dumps(_Marker(marker)))
+    with pytest.raises(mi.UnsupportedModelError, match=r"rwkv6.*no safetensors"):
+        mi.MIModel.from_pretrained(d)
+    with pytest.raises(mi.WeightLoadError, match=r"no \*\.safetensors"):
+        mi.MIModel.from_pretrained(d, backend="rwkv6")
+    assert not marker.exists()

@@ -1,0 +1,73 @@
+"""Checks every family test runs: F32 parity with transformers and left padding.
+
+`assert_matches_transformers(t, ids)`: logits, the embedding, every layer's residual stream
+and every attention pattern against ``t.hf`` (eager attention, output_hidden_states /
+output_attentions), max abs diff < 1e-4. `assert_left_padding_rows_alone(model, rows)`: a
+left-padded batch gives each row the numbers it has alone (< 1e-4).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import mi_core as mi
+
+TOL = 1e-4
+
+
+def assert_matches_transformers(t: Any, ids: torch.Tensor, tol: float = TOL,
+                                patterns: bool = True, hf_kwargs: dict[str, Any] | None = None
+                                ) -> mi.HookCache:
+    """Our forward of tiny checkpoint `t` (tests.transformer.conftest.Tiny) vs its HF model."""
+    model = t.load()
+    with torch.no_grad():
+        ref = t.hf(ids, output_hidden_states=True, output_attentions=patterns, **(hf_kwargs or {}))
+    L = model.num_layers
+    hooks = mi.HookSpec().capture("hook_embed")
+    for i in range(L):
+        hooks.capture(mi.HookPoint.resid_post(i))
+        if patterns:
+            hooks.capture(mi.HookPoint.attn_pattern(i))
+    cache = model.forward(ids, hooks)
+    assert (cache.output - ref.logits).abs().max().item() < tol
+    assert (cache["hook_embed"] - ref.hidden_states[0]).abs().max().item() < tol
+    # hidden_states: [embed, after layer 0, ..., L-2, final-normed]; the last is covered by
+    # the logits
+    for i in range(L - 1):
+        diff = (cache[mi.HookPoint.resid_post(i)] - ref.hidden_states[i + 1]).abs().max().item()
+        assert diff < tol, (i, diff)
+    if patterns:
+        for i in range(L):
+            diff = (cache[mi.HookPoint.attn_pattern(i)] - ref.attentions[i]).abs().max().item()
+            assert diff < tol, (i, diff)
+    # the logits must vary, or the comparison proves little
+    assert cache.output.std().item() > 0.1
+    return cache
+
+
+def left_pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    n = max(len(r) for r in rows)
+    ids = torch.zeros((len(rows), n), dtype=torch.long)
+    mask = torch.zeros((len(rows), n), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, n - len(r):], mask[i, n - len(r):] = r, 1
+    return ids, mask
+
+
+def assert_left_padding_rows_alone(model: mi.MIModel, rows: list[torch.Tensor],
+                                   tol: float = TOL) -> None:
+    """Each row of a left-padded batch equals the row run alone: logits, the last layer's
+    residual stream and layer 0's attention pattern over real tokens."""
+    ids, mask = left_pad(rows)
+    last = model.num_layers - 1
+    pts = [f"blocks.{last}.hook_resid_post", "blocks.0.attn.hook_pattern"]
+    batch = model.forward(ids, mi.HookSpec().capture_all(pts), attention_mask=mask)
+    for i, r in enumerate(rows):
+        alone = model.forward(r[None], mi.HookSpec().capture_all(pts))
+        real = mask[i].bool()
+        assert (batch.output[i, real] - alone.output[0]).abs().max().item() < tol, i
+        assert (batch[pts[0]][i, real] - alone[pts[0]][0]).abs().max().item() < tol, i
+        pat = batch[pts[1]][i][:, real][:, :, real]
+        assert (pat - alone[pts[1]][0]).abs().max().item() < tol, i

@@ -1,0 +1,50 @@
+"""A TransformerLens ``HookedTransformer`` built offline from a LLaMA-architecture HF checkpoint
+directory (the tiny test LLaMA, or SmolLM2 converted by :mod:`tests.support.smollm2_hf`): the
+reference for the TransformerLens-compatibility tests.
+
+The config is the one ``transformer_lens.loading_from_pretrained`` derives for
+``LlamaForCausalLM`` (copied here because that path insists on an official hub name); the
+weights go through TransformerLens' own ``convert_llama_weights`` and
+``load_and_process_state_dict``, so processing (fold_ln, centring, value-bias folding) is
+TransformerLens' code, not ours.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def hooked_llama(directory: str | Path, *, fold_ln: bool = False,
+                 center_writing_weights: bool = False, center_unembed: bool = False,
+                 fold_value_biases: bool = False, tokenizer=None, **cfg_overrides):
+    """HookedTransformer (float32, cpu) with the weights in `directory`."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens.pretrained.weight_conversions.llama import convert_llama_weights
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(directory), torch_dtype=torch.float32)
+    c = hf.config
+    theta = getattr(c, "rope_theta", None) or (getattr(c, "rope_parameters", None) or {}).get(
+        "rope_theta", 10000.0)
+    cfg = HookedTransformerConfig(
+        d_model=c.hidden_size, d_head=c.hidden_size // c.num_attention_heads,
+        n_heads=c.num_attention_heads, d_mlp=c.intermediate_size, n_layers=c.num_hidden_layers,
+        n_ctx=min(c.max_position_embeddings, 2048), eps=c.rms_norm_eps, d_vocab=c.vocab_size,
+        act_fn=c.hidden_act,
+        n_key_value_heads=(c.num_key_value_heads
+                           if c.num_key_value_heads != c.num_attention_heads else None),
+        normalization_type="RMS", positional_embedding_type="rotary",
+        rotary_adjacent_pairs=False, rotary_dim=c.hidden_size // c.num_attention_heads,
+        rotary_base=theta, final_rms=True, gated_mlp=True,
+        original_architecture="LlamaForCausalLM", dtype=torch.float32, device="cpu",
+        tokenizer_prepends_bos=False, default_prepend_bos=False, **cfg_overrides)
+    model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
+    state = convert_llama_weights(hf, cfg)
+    model.load_and_process_state_dict(state, fold_ln=fold_ln,
+                                      center_writing_weights=center_writing_weights,
+                                      center_unembed=center_unembed,
+                                      fold_value_biases=fold_value_biases)
+    model.eval()
+    return model

@@ -1,0 +1,41 @@
+"""docs/BACKENDS.md's per-family config key tables are generated from the parsers' registry;
+this fails when a family's keys change without the documentation
+(fix: python -m mi_transformer.keytable docs/BACKENDS.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mi_transformer.config import FAMILIES
+from mi_transformer.keytable import BEGIN, END, key_table_markdown
+
+DOC = Path(__file__).parents[2] / "docs" / "BACKENDS.md"
+
+
+def test_backends_md_key_tables_match_the_family_registry():
+    text = DOC.read_text()
+    block = text[text.index(BEGIN):text.index(END) + len(END)]
+    assert block == key_table_markdown()
+
+
+def test_every_family_is_in_the_key_table():
+    table = key_table_markdown()
+    for model_type in FAMILIES:
+        assert f"| `{model_type}` |" in table
+
+
+def test_parsers_read_only_the_keys_their_family_declares(tiny):
+    """A parser that reads a key missing from its Family.reads would let that key through
+    undocumented; run each tiny config through its parser and compare."""
+    from mi_transformer.config import ConfigReader
+
+    from tests.support.tiny_families import FAMILIES as TINY
+
+    for name, (model_type, _) in TINY.items():
+        family = FAMILIES.get(tiny(name).config["model_type"])
+        if family is None:
+            continue
+        r = ConfigReader(tiny(name).config, "config.json")
+        family.parse(r)
+        undeclared = r.read - family.reads - {"model_type"}
+        assert not undeclared, (name, sorted(undeclared))
