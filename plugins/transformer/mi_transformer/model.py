@@ -198,31 +198,27 @@ class TransformerBackend:
         return [HookPoint.parse(n) for n in names]
 
     def hook_shape(self, point: HookPoint | str, batch: int, seq: int) -> tuple[int, ...] | None:
-        """Shape of the activation at `point` for ids [batch, seq] (key length -1: any)."""
+        """Shape of the activation at `point` for ids [batch, seq] (key length -1: any): the
+        core's standard table, plus this backend's q/k-norm, post-norm and MoE points."""
         hp = HookPoint.parse(point)
         c = self.config
         suffix = hp.suffix
-        d, h, kv, hd = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
-        if suffix.endswith("hook_scale"):
-            heads = {"attn.q_ln.hook_scale": h, "attn.k_ln.hook_scale": kv}.get(suffix)
-            return (batch, seq, heads, 1) if heads and not c.qk_norm_full else (batch, seq, 1)
+        if suffix in ("attn.q_ln.hook_scale", "attn.k_ln.hook_scale"):
+            heads = c.num_heads if suffix.startswith("attn.q") else c.num_kv_heads
+            return (batch, seq, 1) if c.qk_norm_full else (batch, seq, heads, 1)
         if c.moe is not None and suffix in ("mlp.hook_router_logits", "mlp.hook_expert_weights",
                                             "mlp.hook_expert_indices"):
             return (batch, seq, c.moe.num_experts if suffix.endswith("logits") else c.moe.top_k)
-        table: dict[str, tuple[int, ...]] = {
-            "attn.hook_q": (batch, seq, h, hd), "attn.hook_rot_q": (batch, seq, h, hd),
-            "attn.hook_z": (batch, seq, h, hd),
-            "attn.hook_k": (batch, seq, kv, hd), "attn.hook_rot_k": (batch, seq, kv, hd),
-            "attn.hook_v": (batch, seq, kv, hd),
-            "attn.hook_attn_scores": (batch, h, seq, -1), "attn.hook_pattern": (batch, h, seq, -1),
-            "attn.hook_result": (batch, seq, h, d), "hook_attn_in": (batch, seq, h, d),
-            "hook_q_input": (batch, seq, h, d), "hook_k_input": (batch, seq, kv, d),
-            "hook_v_input": (batch, seq, kv, d),
-            "mlp.hook_pre_linear": (batch, seq, c.intermediate_size),
-            "mlp.hook_pre": (batch, seq, c.intermediate_size),
-            "mlp.hook_post": (batch, seq, c.intermediate_size),
-        }
-        return table.get(suffix, (batch, seq, d))
+        shape = standard_shape(hp, batch, seq, d_model=c.hidden_size, n_heads=c.num_heads,
+                               n_kv_heads=c.num_kv_heads, d_head=c.head_dim,
+                               d_mlp=c.intermediate_size)
+        if shape is not None:
+            return shape
+        return (batch, seq, 1) if suffix.endswith("hook_scale") else (batch, seq, c.hidden_size)
+
+    def check_layer_schedule(self, schedule: Sequence[int]) -> None:
+        """LayerSchedule capability: any layer order (repeats allowed) runs."""
+        self._check_schedule(tuple(schedule), None)
 
     # -- generation --------------------------------------------------------------------
     def new_past(self, batch_size: int) -> KVCache:
