@@ -179,7 +179,7 @@ class MIModel(TransformerLensMixin):
                         fold_value_biases: bool = False) -> "MIModel":
         """Load a hub id, a local directory or a single file a plugin claims (e.g. ``.gguf``).
 
-        `revision`: a hub branch, tag or commit (Pythia's ``"step1000"``); hub ids only.
+        `revision`: a hub branch, tag or commit (e.g. a training checkpoint's ``"step1000"``); hub ids only.
         `fold_ln`, `center_writing_weights`, `center_unembed`, `fold_value_biases`: weight
         processing as TransformerLens' (see :meth:`process_weights`); all False by default
         (the checkpoint's own weights), where TransformerLens' ``from_pretrained`` defaults

@@ -44,7 +44,7 @@ def resolve_source(source: str | os.PathLike[str], patterns: Iterable[str] | Non
 
     Only files matching `patterns` are fetched; the HF cache is reused; progress bars are
     huggingface_hub's own; ``HF_HUB_OFFLINE=1`` serves from the cache only. `revision` (a
-    branch, tag or commit of a hub repository, e.g. Pythia's ``"step1000"``) selects that
+    branch, tag or commit of a hub repository, e.g. a training checkpoint's ``"step1000"``) selects that
     snapshot; a revision that does not exist is a ConfigError naming it.
     """
     s = os.fspath(source)
