@@ -314,7 +314,7 @@ class MIModel:
                 if op is not None and target is not None:
                     check_broadcast(hp, type(iv).__name__, op, tuple(target))
 
-    def _check_ids(self, ids: Any, what: str = "ids") -> torch.Tensor:
+    def check_ids(self, ids: Any, what: str = "ids") -> torch.Tensor:
         """Token ids as LongTensor [batch, seq] on the model's device; InputError (shape,
         dtype, ragged, empty) or TokenizerError (out of the vocabulary) naming `what`."""
         if not isinstance(ids, torch.Tensor):
@@ -387,7 +387,7 @@ class MIModel:
         hooks = hooks if hooks is not None else HookSpec()
         if not isinstance(hooks, HookSpec):
             raise HookError(f"hooks must be a HookSpec, got {type(hooks).__name__}")
-        ids = self._check_ids(ids)
+        ids = self.check_ids(ids)
         cached = kwargs.get("past") is not None
         if kwargs:
             self._check_options(kwargs)
@@ -456,7 +456,7 @@ class MIModel:
         uncached forward of the prompt; the cached loop then starts from prompt + that token.
         After EOS a finished row is filled with EOS; the loop ends when every row is done.
         """
-        ids = self._check_ids(self._ids(ids))
+        ids = self.check_ids(self._ids(ids))
         hooks = hooks if hooks is not None else HookSpec()
         if not isinstance(hooks, HookSpec):
             raise HookError(f"hooks must be a HookSpec, got {type(hooks).__name__}")

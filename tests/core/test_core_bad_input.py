@@ -586,3 +586,10 @@ def test_a_feedback_position_outside_the_prompt_is_refused(fake, ids) -> None:
 def test_bad_padding_arguments_are_refused(fake, kwargs, fragment) -> None:
     with _raises(mi.InputError, fragment):
         fake.to_tokens_padded(**{"texts": ["a", "bc"], **kwargs})
+
+
+def test_analyses_refuse_float_prompts_instead_of_truncating_them(fake) -> None:
+    from mi_core.interp import LogitLensAnalysis
+
+    err = _no_compute(fake, lambda: LogitLensAnalysis().run(fake, [[1.7, 2.2, 3.9]]))
+    assert isinstance(err, mi.InputError) and "prompt must hold integer token ids" in str(err)
