@@ -280,7 +280,9 @@ def _fn_name(fn: Any) -> str:
 def _takes_hook(fn: Callable[..., Any], point: "HookPoint | str") -> bool:
     """True for ``fn(tensor, hook)``, False for ``fn(tensor)``; decided once, from the signature.
 
-    A callable whose signature cannot be read (some builtins) is called as ``fn(tensor)``.
+    A second positional parameter that has a default is the hook only when it is named
+    ``hook``; a callable whose signature cannot be read (some builtins) is called as
+    ``fn(tensor)``.
     """
     try:
         sig = inspect.signature(fn)
@@ -296,7 +298,10 @@ def _takes_hook(fn: Callable[..., Any], point: "HookPoint | str") -> bool:
         raise InterventionError(
             f"callable intervention {_fn_name(fn)} at {point} has signature {sig}; it must take "
             f"(tensor) or (tensor, hook)")
-    return len(positional) >= 2
+    if len(positional) < 2:
+        return False
+    second = positional[1]  # (t, hook) / (t, hook=None); (t, scale=2.0) is a one-argument call
+    return second.default is second.empty or second.name == "hook"
 
 
 def neg_inf_operand(iv: Any) -> bool:

@@ -593,3 +593,13 @@ def test_analyses_refuse_float_prompts_instead_of_truncating_them(fake) -> None:
 
     err = _no_compute(fake, lambda: LogitLensAnalysis().run(fake, [[1.7, 2.2, 3.9]]))
     assert isinstance(err, mi.InputError) and "prompt must hold integer token ids" in str(err)
+
+
+@pytest.mark.parametrize("fn, takes_hook", [
+    (lambda t: t, False), (lambda t, hook: t, True), (lambda t, hook=None: t, True),
+    (lambda t, scale=2.0: t * scale, False), (lambda *args: args[0], True), (torch.relu, False),
+], ids=["t", "t_hook", "t_hook_default", "t_scale_default", "varargs", "builtin"])
+def test_callable_arity_follows_the_signature(fn, takes_hook) -> None:
+    from mi_core.interventions import CallableIntervention
+
+    assert CallableIntervention(fn, "hook_embed").takes_hook is takes_hook
