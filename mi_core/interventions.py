@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import attrs
 import torch
 
-from mi_core.errors import InterventionError
+from mi_core.errors import InterventionError, MIError
 
 if TYPE_CHECKING:
     from mi_core.hooks import HookPoint
@@ -243,7 +243,7 @@ class CallableIntervention(Intervention):
     """A user callable, prepared once at registration: ``fn(tensor, hook)`` or ``fn(tensor)``
     (decided from its signature), returning a tensor of the activation's shape, or None
     (modified in place). An exception inside it becomes an InterventionError naming the
-    hook point, with the user's exception chained."""
+    hook point, with the user's exception chained (an MIError, already typed, passes as is)."""
 
     __slots__ = ("fn", "takes_hook")
 
@@ -254,6 +254,8 @@ class CallableIntervention(Intervention):
     def __call__(self, x: torch.Tensor, hook: "HookPoint") -> torch.Tensor:
         try:
             out = self.fn(x, hook) if self.takes_hook else self.fn(x)
+        except MIError:  # already typed and naming its culprit (e.g. a dictionary's splice)
+            raise
         except Exception as exc:
             raise InterventionError(f"callable intervention {_fn_name(self.fn)} at {hook} raised "
                                     f"{type(exc).__name__}: {exc}") from exc

@@ -603,3 +603,11 @@ def test_callable_arity_follows_the_signature(fn, takes_hook) -> None:
     from mi_core.interventions import CallableIntervention
 
     assert CallableIntervention(fn, "hook_embed").takes_hook is takes_hook
+
+
+def test_a_typed_mi_error_inside_a_callable_keeps_its_class(fake, ids) -> None:
+    def refuse(t):
+        raise mi.DictionaryError("sae.safetensors: width 16 != d_in 24")
+
+    with _raises(mi.DictionaryError, "sae.safetensors"):
+        fake.forward(ids, mi.HookSpec().intervene("blocks.0.hook_resid_post", refuse))
