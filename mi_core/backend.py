@@ -18,7 +18,7 @@ import torch
 from mi_core import capabilities as caps
 from mi_core import plugins
 from mi_core.errors import (
-    HookError, InputError, PluginError, TokenizerError, UnsupportedModelError,
+    HookError, InputError, MIError, PluginError, TokenizerError, UnsupportedModelError,
 )
 from mi_core.hooks import HookCache, HookLike, HookPoint, HookSpec
 from mi_core.interventions import Intervention, check_broadcast
@@ -86,7 +86,12 @@ def _source_of(source: str | os.PathLike[str]) -> ModelSource:
 
 def _detections(src: ModelSource) -> list[Detection]:
     out: list[Detection] = []
-    for plugin_name, result in plugins.call_per_plugin("mi_detect_backend", source=src):
+    for plugin_name, result in plugins.call_per_plugin("mi_detect_backend", catch=True,
+                                                       source=src):
+        if isinstance(result, Exception):  # a plugin bug: reported, not a raw traceback
+            out.append(Detection("?", 0.0, f"detection failed on {src.path}: "
+                                 f"{type(result).__name__}: {result}", plugin=plugin_name))
+            continue
         items = result if isinstance(result, (list, tuple)) else [result]
         for d in items:
             if d is not None:
@@ -145,8 +150,14 @@ _BACKEND_MEMBERS = ("name", "num_layers", "num_heads", "num_kv_heads", "hidden_s
 def _load_tokenizer(path: Path) -> MITokenizer | None:
     directory = path if path.is_dir() else path.parent
     for spec in plugins.tokenizer_specs():
-        if spec.detect(directory):
-            return spec.load(directory)
+        try:
+            if spec.detect(directory):
+                return spec.load(directory)
+        except MIError:
+            raise
+        except Exception as exc:  # a plugin's loader failing on this directory's files
+            raise TokenizerError(f"{directory}: tokenizer {spec.name!r} failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
     return HFTokenizer.from_directory(directory) if path.is_dir() else None
 
 
@@ -180,7 +191,13 @@ class MIModel:
         if backend not in available:
             raise UnsupportedModelError(f"backend {backend!r} is not installed; installed: "
                                         f"{', '.join(sorted(available)) or 'none'}")
-        be = available[backend].load(src, dev, dtype)
+        try:
+            be = available[backend].load(src, dev, dtype)
+        except MIError:
+            raise
+        except Exception as exc:  # never a raw ValueError / KeyError / TypeError from a load
+            raise PluginError(f"backend {backend!r} failed to load {src.path}: "
+                              f"{type(exc).__name__}: {exc}") from exc
         missing = [m for m in _BACKEND_MEMBERS if not hasattr(be, m)]
         if missing:
             raise PluginError(f"backend {backend!r} returned a {type(be).__name__} without the "
