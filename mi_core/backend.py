@@ -19,7 +19,7 @@ import torch
 from mi_core import capabilities as caps
 from mi_core import plugins
 from mi_core.errors import (
-    HookError, InputError, PluginError, TokenizerError, UnsupportedModelError,
+    HookError, InputError, MIError, PluginError, TokenizerError, UnsupportedModelError,
 )
 from mi_core.hooks import OPT_IN_SUFFIXES, HookCache, HookLike, HookPoint, HookSpec
 
@@ -91,7 +91,12 @@ def _source_of(source: str | os.PathLike[str], revision: str | None = None) -> M
 
 def _detections(src: ModelSource) -> list[Detection]:
     out: list[Detection] = []
-    for plugin_name, result in plugins.call_per_plugin("mi_detect_backend", source=src):
+    for plugin_name, result in plugins.call_per_plugin("mi_detect_backend", catch=True,
+                                                       source=src):
+        if isinstance(result, Exception):  # a plugin bug: reported, not a raw traceback
+            out.append(Detection("?", 0.0, f"detection failed on {src.path}: "
+                                 f"{type(result).__name__}: {result}", plugin=plugin_name))
+            continue
         items = result if isinstance(result, (list, tuple)) else [result]
         for d in items:
             if d is not None:
@@ -150,8 +155,14 @@ _BACKEND_MEMBERS = ("name", "num_layers", "num_heads", "num_kv_heads", "hidden_s
 def _load_tokenizer(path: Path) -> MITokenizer | None:
     directory = path if path.is_dir() else path.parent
     for spec in plugins.tokenizer_specs():
-        if spec.detect(directory):
-            return spec.load(directory)
+        try:
+            if spec.detect(directory):
+                return spec.load(directory)
+        except MIError:
+            raise
+        except Exception as exc:  # a plugin's loader failing on this directory's files
+            raise TokenizerError(f"{directory}: tokenizer {spec.name!r} failed: "
+                                 f"{type(exc).__name__}: {exc}") from exc
     return HFTokenizer.from_directory(directory) if path.is_dir() else None
 
 
@@ -201,7 +212,13 @@ class MIModel(TransformerLensMixin):
         if backend not in available:
             raise UnsupportedModelError(f"backend {backend!r} is not installed; installed: "
                                         f"{', '.join(sorted(available)) or 'none'}")
-        be = available[backend].load(src, dev, dtype)
+        try:
+            be = available[backend].load(src, dev, dtype)
+        except MIError:
+            raise
+        except Exception as exc:  # never a raw ValueError / KeyError / TypeError from a load
+            raise PluginError(f"backend {backend!r} failed to load {src.path}: "
+                              f"{type(exc).__name__}: {exc}") from exc
         missing = [m for m in _BACKEND_MEMBERS if not hasattr(be, m)]
         if missing:
             raise PluginError(f"backend {backend!r} returned a {type(be).__name__} without the "
@@ -348,7 +365,7 @@ class MIModel(TransformerLensMixin):
                 if op is not None and target is not None:
                     check_broadcast(hp, type(iv).__name__, op, tuple(target))
 
-    def _check_ids(self, ids: Any, what: str = "ids") -> torch.Tensor:
+    def check_ids(self, ids: Any, what: str = "ids") -> torch.Tensor:
         """Token ids as LongTensor [batch, seq] on the model's device; InputError (shape,
         dtype, ragged, empty) or TokenizerError (out of the vocabulary) naming `what`."""
         if not isinstance(ids, torch.Tensor):
@@ -421,7 +438,7 @@ class MIModel(TransformerLensMixin):
         hooks = hooks if hooks is not None else HookSpec()
         if not isinstance(hooks, HookSpec):
             raise HookError(f"hooks must be a HookSpec, got {type(hooks).__name__}")
-        ids = self._check_ids(ids)
+        ids = self.check_ids(ids)
         cached = kwargs.get("past") is not None
         if kwargs:
             self._check_options(kwargs)
@@ -542,7 +559,7 @@ class MIModel(TransformerLensMixin):
         uncached forward of the prompt; the cached loop then starts from prompt + that token.
         After EOS a finished row is filled with EOS; the loop ends when every row is done.
         """
-        ids = self._check_ids(self._ids(ids))
+        ids = self.check_ids(self._ids(ids))
         hooks = hooks if hooks is not None else HookSpec()
         if not isinstance(hooks, HookSpec):
             raise HookError(f"hooks must be a HookSpec, got {type(hooks).__name__}")

@@ -44,13 +44,15 @@ class HookPoint:
     """A named location in a forward pass, in TransformerLens spelling.
 
     ``HookPoint.parse("blocks.5.attn.hook_pattern") == HookPoint.attn_pattern(5)``.
-    Unknown names are kept verbatim as custom points (``is_custom``).
+    Unknown names are kept verbatim as custom points (``is_custom``). Two points are equal
+    when their names are: `layer`, `suffix` and `is_custom` derive from the name (and
+    `is_custom` may change when a plugin declares the point).
     """
 
     name: str
-    layer: int | None = None
-    suffix: str = ""
-    is_custom: bool = False
+    layer: int | None = attrs.field(default=None, eq=False)
+    suffix: str = attrs.field(default="", eq=False)
+    is_custom: bool = attrs.field(default=False, eq=False)
 
     @classmethod
     def parse(cls, name: "str | HookPoint") -> "HookPoint":

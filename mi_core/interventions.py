@@ -243,8 +243,7 @@ class CallableIntervention(Intervention):
     """A user callable, prepared once at registration: ``fn(tensor, hook)`` or ``fn(tensor)``
     (decided from its signature), returning a tensor of the activation's shape, or None
     (modified in place). An exception inside it becomes an InterventionError naming the
-    hook point, with the user's exception chained; an MIError (a library callable's typed
-    error) keeps its class, its message prefixed with the hook point."""
+    hook point, with the user's exception chained (an MIError, already typed, passes as is)."""
 
     __slots__ = ("fn", "takes_hook")
 
@@ -255,12 +254,8 @@ class CallableIntervention(Intervention):
     def __call__(self, x: torch.Tensor, hook: "HookPoint") -> torch.Tensor:
         try:
             out = self.fn(x, hook) if self.takes_hook else self.fn(x)
-        except MIError as exc:  # a library callable's typed error keeps its class, + the point
-            try:
-                named = type(exc)(f"callable intervention at {hook}: {exc}")
-            except Exception:  # a subclass with another constructor: as raised
-                raise exc from None
-            raise named from exc
+        except MIError:  # already typed and naming its culprit (e.g. a dictionary's splice)
+            raise
         except Exception as exc:
             raise InterventionError(f"callable intervention {_fn_name(self.fn)} at {hook} raised "
                                     f"{type(exc).__name__}: {exc}") from exc
@@ -287,7 +282,9 @@ def _fn_name(fn: Any) -> str:
 def _takes_hook(fn: Callable[..., Any], point: "HookPoint | str") -> bool:
     """True for ``fn(tensor, hook)``, False for ``fn(tensor)``; decided once, from the signature.
 
-    A callable whose signature cannot be read (some builtins) is called as ``fn(tensor)``.
+    A second positional parameter that has a default is the hook only when it is named
+    ``hook``; a callable whose signature cannot be read (some builtins) is called as
+    ``fn(tensor)``.
     """
     try:
         sig = inspect.signature(fn)
@@ -303,7 +300,10 @@ def _takes_hook(fn: Callable[..., Any], point: "HookPoint | str") -> bool:
         raise InterventionError(
             f"callable intervention {_fn_name(fn)} at {point} has signature {sig}; it must take "
             f"(tensor) or (tensor, hook)")
-    return len(positional) >= 2
+    if len(positional) < 2:
+        return False
+    second = positional[1]  # (t, hook) / (t, hook=None); (t, scale=2.0) is a one-argument call
+    return second.default is second.empty or second.name == "hook"
 
 
 def neg_inf_operand(iv: Any) -> bool:

@@ -16,7 +16,7 @@ import attrs
 import pluggy
 
 from mi_core import hookspecs
-from mi_core.errors import PluginError
+from mi_core.errors import MIError, PluginError
 from mi_core.hooks import declare_layer_points
 from mi_core.registry import BackendSpec, DictionaryFormat, TokenizerSpec
 
@@ -76,7 +76,10 @@ def get_plugin_manager() -> pluggy.PluginManager:
             infos.append(info)
         _infos[:] = infos
         _pm = pm
-        for plugin_name, result in call_per_plugin("mi_declare_hook_points"):
+        for plugin_name, result in call_per_plugin("mi_declare_hook_points", catch=True):
+            if isinstance(result, Exception):
+                raise PluginError(f"plugin {plugin_name!r}: mi_declare_hook_points failed: "
+                                  f"{type(result).__name__}: {result}") from result
             _declare(plugin_name, result)
     return _pm
 
@@ -151,11 +154,25 @@ def hub_file_patterns() -> list[str]:
     return _collect(get_plugin_manager().hook.mi_hub_file_patterns())
 
 
-def call_per_plugin(hookname: str, **kwargs: Any) -> list[tuple[str, Any]]:
-    """Call hook `hookname` on each plugin separately: [(plugin name, result)]."""
+def call_per_plugin(hookname: str, catch: bool = False, **kwargs: Any) -> list[tuple[str, Any]]:
+    """Call hook `hookname` on each plugin separately: [(plugin name, result)].
+
+    With `catch`, a plugin whose implementation raises something other than an MIError
+    yields the exception as its result, so one broken plugin cannot hide the others.
+    """
     pm = get_plugin_manager()
     hook = getattr(pm.hook, hookname)
-    return [(name, fn(**kwargs)) for name, fn in _hook_plugin_names(hook)]
+    out: list[tuple[str, Any]] = []
+    for name, fn in _hook_plugin_names(hook):
+        try:
+            out.append((name, fn(**kwargs)))
+        except MIError:
+            raise
+        except Exception as exc:
+            if not catch:
+                raise
+            out.append((name, exc))
+    return out
 
 
 def plugin_infos() -> list[PluginInfo]:

@@ -20,10 +20,7 @@ def as_ids(model: Any, prompt: "str | torch.Tensor | Sequence[int]") -> torch.Te
     """A prompt (text or ids) as LongTensor [batch, seq] on the model's device."""
     if isinstance(prompt, str):
         return model.to_tokens(prompt)
-    ids = torch.as_tensor(prompt, dtype=torch.long)
-    if ids.dim() == 1:
-        ids = ids.unsqueeze(0)
-    return ids.to(model.device)
+    return model.check_ids(prompt, "prompt")  # never a silent cast of float ids
 
 
 def norm_position(pos: int, seq: int, what: str = "position") -> int:

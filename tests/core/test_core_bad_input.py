@@ -586,3 +586,69 @@ def test_a_feedback_position_outside_the_prompt_is_refused(fake, ids) -> None:
 def test_bad_padding_arguments_are_refused(fake, kwargs, fragment) -> None:
     with _raises(mi.InputError, fragment):
         fake.to_tokens_padded(**{"texts": ["a", "bc"], **kwargs})
+
+
+def test_analyses_refuse_float_prompts_instead_of_truncating_them(fake) -> None:
+    from mi_core.interp import LogitLensAnalysis
+
+    err = _no_compute(fake, lambda: LogitLensAnalysis().run(fake, [[1.7, 2.2, 3.9]]))
+    assert isinstance(err, mi.InputError) and "prompt must hold integer token ids" in str(err)
+
+
+@pytest.mark.parametrize("fn, takes_hook", [
+    (lambda t: t, False), (lambda t, hook: t, True), (lambda t, hook=None: t, True),
+    (lambda t, scale=2.0: t * scale, False), (lambda *args: args[0], True), (torch.relu, False),
+], ids=["t", "t_hook", "t_hook_default", "t_scale_default", "varargs", "builtin"])
+def test_callable_arity_follows_the_signature(fn, takes_hook) -> None:
+    from mi_core.interventions import CallableIntervention
+
+    assert CallableIntervention(fn, "hook_embed").takes_hook is takes_hook
+
+
+def test_a_typed_mi_error_inside_a_callable_keeps_its_class(fake, ids) -> None:
+    def refuse(t):
+        raise mi.DictionaryError("sae.safetensors: width 16 != d_in 24")
+
+    with _raises(mi.DictionaryError, "sae.safetensors"):
+        fake.forward(ids, mi.HookSpec().intervene("blocks.0.hook_resid_post", refuse))
+
+
+# -- plugins that fail: typed errors naming the plugin and the source ---------------------------
+class _CrashingPlugin:
+    """Detection raises a raw ValueError; its backend's load raises a raw KeyError."""
+
+    @mi.plugin_impl
+    def mi_detect_backend(self, source):
+        raise ValueError("boom in detection")
+
+    @mi.plugin_impl
+    def mi_register_backends(self):
+        def load(source, device, dtype):
+            raise KeyError("hidden_size")
+        return [mi.BackendSpec("crashy", load)]
+
+
+@pytest.fixture()
+def crashing_plugin():
+    from mi_core import plugins
+
+    plugins.register_plugin(_CrashingPlugin(), name="crashy")
+    yield
+    plugins.unregister_plugin("crashy")
+
+
+def test_a_plugin_crashing_in_detection_is_reported_not_raised(crashing_plugin, toy_path,
+                                                               tmp_path) -> None:
+    assert mi.check_compatibility(toy_path).backend == "toy"  # the other plugins still answer
+    d = tmp_path / "m"
+    write_toy_checkpoint(d)
+    (d / "config.json").write_text(json.dumps({"model_type": "unknown-thing"}))
+    with _raises(mi.UnsupportedModelError, "crashy", "detection failed", "ValueError",
+                 "boom in detection"):
+        mi.MIModel.from_pretrained(d)
+
+
+def test_a_backend_load_raising_a_raw_error_becomes_a_plugin_error(crashing_plugin, toy_path) -> None:
+    with _raises(mi.PluginError, "backend 'crashy'", str(toy_path), "KeyError") as info:
+        mi.MIModel.from_pretrained(toy_path, backend="crashy")
+    assert isinstance(info.value.__cause__, KeyError)
