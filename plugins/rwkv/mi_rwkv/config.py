@@ -22,8 +22,8 @@ UNSUPPORTED_TYPES = {"rwkv": "RWKV-4 (Dove)", "rwkv4": "RWKV-4 (Dove)", "rwkv5":
 
 
 def _positive(inst: Any, attr: "attrs.Attribute[Any]", value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"RwkvConfig.{attr.name} = {value!r}: must be a positive number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ConfigError(f"RwkvConfig.{attr.name} = {value!r}: must be a finite positive number")
 
 
 def _rank(inst: Any, attr: "attrs.Attribute[Any]", value: Any) -> None:
@@ -194,6 +194,12 @@ def parse_v6(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
     if hidden % head:
         raise k.fail("head_size", f"head size {head} does not divide hidden size {hidden}")
     divisor = k.number("head_size_divisor", 8.0)
+    try:
+        group_norm_eps = 1e-5 * divisor ** 2
+    except OverflowError:
+        group_norm_eps = math.inf
+    if group_norm_eps == math.inf:
+        raise k.fail("head_size_divisor", "too large (its GroupNorm eps 1e-5 * divisor^2 overflows)")
     # The HF code hard-codes the LoRA widths: 32 / 64, or 64 / 128 at hidden size 4096.
     tm_default, td_default = (64, 128) if hidden == 4096 else (32, 64)
     a = "rwkv.blocks.0.attention."
@@ -202,7 +208,7 @@ def parse_v6(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
         num_layers=k.integer("num_hidden_layers"), head_dim=head, num_heads=hidden // head,
         intermediate_size=k.integer("intermediate_size", int((hidden * 3.5) // 32 * 32)),
         norm_eps=k.number("layer_norm_epsilon", 1e-5),
-        group_norm_eps=1e-5 * divisor ** 2, head_size_divisor=divisor,
+        group_norm_eps=group_norm_eps, head_size_divisor=divisor,
         time_mix_rank=_shape_rank(shapes, a + "time_maa_w2", 1) or tm_default,
         time_decay_rank=_shape_rank(shapes, a + "time_decay_w1", 1) or td_default,
         tie_word_embeddings=k.flag("tie_word_embeddings", False),
@@ -249,8 +255,13 @@ def parse_v7(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
         raise k.fail("value_dim", f"value_dim must equal hidden_size {hidden} in every layer")
     inter = k.integer("intermediate_size", None)
     if inter is None:
-        inter = int(round(hidden * k.number("hidden_ratio", 4.0)))
+        width = hidden * k.number("hidden_ratio", 4.0)
+        if not 1 <= width < 2 ** 31:
+            raise k.fail("hidden_ratio", f"gives an MLP width of {width} for hidden size {hidden}")
+        inter = int(round(width))
     eps = k.number("norm_eps", 1e-5)
+    if head * eps == math.inf:
+        raise k.fail("norm_eps", "too large (the GroupNorm eps head_dim * norm_eps overflows)")
     p = "model.layers.0.attn."
     return RwkvConfig(
         version=7, vocab_size=k.integer("vocab_size"), hidden_size=hidden, num_layers=layers,
