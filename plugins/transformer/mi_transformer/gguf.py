@@ -12,8 +12,9 @@ What this does, in order:
 3. Undo what llama.cpp's converter changed: the q/k row permutation of LLaMA (each head's
    rows from HF's rotate-half layout to GPT-J's interleaved one), Gemma's norm gains stored
    as 1 + w; fold rope factor tensors (llama3, Phi-3 longrope) back into ``rope_scaling``.
-4. Map llama.cpp tensor names to the family's HF names (:data:`GGUF_ARCHES`, one entry per
-   architecture) and check every shape against the family's weight table.
+4. Map llama.cpp tensor names to slots of the family's weight table (:data:`GGUF_ARCHES`,
+   one entry per architecture; ``weights.slot_names`` gives the HF names) and check every
+   shape against that table.
 5. Build a ``tokenizers.Tokenizer`` from ``tokenizer.ggml.*`` the way transformers does for
    the same file (byte-level BPE for ``tokenizer.ggml.model == "gpt2"``, sentencepiece BPE
    with byte fallback for ``"llama"``), so ids agree.
