@@ -269,3 +269,12 @@ def test_fuzzed_rwkv_config_parses_or_raises_an_mi_error(case: tuple[int, Any]) 
     except mi.MIError:
         return
     assert cfg.num_heads * cfg.head_dim == cfg.hidden_size and cfg.norm_eps > 0
+
+
+def test_generic_transformers_keys_are_harmless_only_at_their_default(v6_dir: Path, tmp_path: Path) -> None:
+    d = _edit_config(v6_dir, tmp_path / "ok", attention_dropout=0.1, max_length=20,
+                     is_encoder_decoder=False)
+    assert mi.MIModel.from_pretrained(d).num_layers == LAYERS
+    d = _edit_config(v6_dir, tmp_path / "bad", is_encoder_decoder=True)
+    with pytest.raises(mi.ConfigError, match=r"unknown RWKV-6 key\(s\) \['is_encoder_decoder'\]"):
+        mi.MIModel.from_pretrained(d)

@@ -11,6 +11,7 @@ read nor known to be harmless is refused (the lists are below and in docs/RWKV.m
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Mapping
 
 import attrs
@@ -71,13 +72,36 @@ class RwkvConfig:
                               f"{self.head_dim} != hidden_size {self.hidden_size}")
 
 
-#: Bookkeeping keys of any HF ``config.json`` that never change the forward.
+#: Keys any transformers ``config.json`` may carry that never change an eval forward
+#: (bookkeeping, token ids, generation defaults, training flags); dropouts match a pattern.
 GENERIC_HARMLESS = frozenset({
-    "model_type", "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype",
-    "_name_or_path", "use_cache", "pad_token_id", "return_dict", "output_hidden_states",
-    "output_attentions", "torchscript", "is_decoder", "is_encoder_decoder", "chunk_size_feed_forward",
-    "initializer_range", "_attn_implementation_autoset",
+    "_name_or_path", "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype",
+    "model_type", "pad_token_id", "sep_token_id", "decoder_start_token_id", "use_cache",
+    "initializer_range", "init_std", "initializer_factor", "return_dict", "output_hidden_states",
+    "output_attentions", "torchscript", "use_bfloat16", "tf_legacy_loss", "id2label", "label2id",
+    "num_labels", "problem_type", "finetuning_task", "tokenizer_class", "prefix",
+    "task_specific_params", "is_decoder", "max_length", "min_length", "do_sample",
+    "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty", "temperature", "top_k",
+    "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
+    "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
+    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
+    "begin_suppress_tokens", "chunk_size_feed_forward", "gradient_checkpointing",
+    "_attn_implementation", "attn_implementation", "_attn_implementation_autoset",
+    "keys_to_ignore_at_inference",
 })
+#: Generic keys harmless only at their default (other values need weights we do not have).
+GENERIC_AT_DEFAULT: dict[str, Any] = {"is_encoder_decoder": False, "add_cross_attention": False,
+                                      "pruned_heads": {}, "tie_encoder_decoder": False}
+_DROPOUT = re.compile(r"dropout|_pdrop$|^layerdrop$")
+
+
+def is_generic_harmless(key: str, value: Any) -> bool:
+    """Whether `key` = `value` is a generic config entry that cannot change the numbers."""
+    if key in GENERIC_HARMLESS or _DROPOUT.search(key):
+        return True
+    return key in GENERIC_AT_DEFAULT and value == GENERIC_AT_DEFAULT[key]
+
 
 #: RWKV-6 (HF ``Rwkv6Config``) keys mi-rwkv reads (each typed and range-checked).
 V6_READ = ("vocab_size", "hidden_size", "num_hidden_layers", "head_size", "attention_hidden_size",
@@ -145,7 +169,7 @@ class _Keys:
         return v
 
     def token_id(self, key: str, default: int | None) -> int | None:
-        return self.integer(key, default, minimum=0) if key in self.cfg else default
+        return self.integer(key, default, minimum=0)
 
     def only(self, key: str, allowed: Any, why: str) -> None:
         """Refuse `key` unless absent, null or equal to `allowed` (a value we implement)."""
@@ -154,7 +178,8 @@ class _Keys:
             raise self.fail(key, why)
 
     def check_known(self, version: int, read: tuple[str, ...], harmless: tuple[str, ...]) -> None:
-        unknown = sorted(set(self.cfg) - set(read) - set(harmless) - GENERIC_HARMLESS)
+        unknown = sorted(k for k, v in self.cfg.items() if k not in read and k not in harmless
+                         and not is_generic_harmless(k, v))
         if unknown:
             raise ConfigError(f"{self.where}: unknown RWKV-{version} key(s) {unknown}: mi-rwkv "
                               "cannot tell whether they change the numbers (docs/RWKV.md lists "
