@@ -234,7 +234,8 @@ def test_llama_scope_hyperparams_of_wrong_type_are_named(tmp_path: Path) -> None
     for key, value, pattern in [("d_model", "4", r"key 'd_model' = '4'"),
                                 ("jump_relu_threshold", "0.5", r"key 'jump_relu_threshold' = '0\.5'"),
                                 ("dataset_average_activation_norm", {"in": 0}, r"key 'in' = 0"),
-                                ("hook_point_in", None, r"required field 'hook_point_in'")]:
+                                ("hook_point_in", None, r"required field 'hook_point_in'"),
+                                ("norm_activation", "token-wise", r"key 'norm_activation' = 'token-wise'")]:
         (d / "hyperparams.json").write_text(json.dumps(good | {key: value}))
         with pytest.raises(mi.DictionaryError, match=rf"hyperparams\.json.*{pattern}"):
             mi.load_dictionary(d)
