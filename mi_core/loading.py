@@ -122,11 +122,40 @@ def safetensors_header(path: Path) -> dict[str, Any]:
             header = json.loads(f.read(n))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise WeightLoadError(f"{path}: unreadable safetensors header: {exc}") from exc
+    _check_header(header, path)
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     if 8 + n + end > size:
         raise WeightLoadError(f"{path}: truncated safetensors file: header declares "
                               f"{8 + n + end} bytes, file has {size}")
     return header
+
+
+def _is_uint(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _check_header(header: Any, path: Path) -> None:
+    """The header's JSON shape: {name: {"dtype": str, "shape": [uint...], "data_offsets":
+    [begin, end]}} plus an optional "__metadata__" {str: str}; anything else is a
+    WeightLoadError naming the file and the entry (never a KeyError / TypeError later)."""
+    if not isinstance(header, dict):
+        raise WeightLoadError(f"{path}: safetensors header must be a JSON object, got "
+                              f"{type(header).__name__}")
+    for name, v in header.items():
+        if name == "__metadata__":
+            if not (isinstance(v, dict) and all(isinstance(x, str) for x in v.values())):
+                raise WeightLoadError(f"{path}: safetensors __metadata__ must map strings to "
+                                      f"strings, got {v!r:.80}")
+            continue
+        ok = (isinstance(v, dict) and isinstance(v.get("dtype"), str)
+              and isinstance(v.get("shape"), list) and all(map(_is_uint, v["shape"]))
+              and isinstance(v.get("data_offsets"), list) and len(v["data_offsets"]) == 2
+              and all(map(_is_uint, v["data_offsets"]))
+              and v["data_offsets"][0] <= v["data_offsets"][1])
+        if not ok:
+            raise WeightLoadError(f"{path}: safetensors header entry for tensor {name!r} is "
+                                  f"malformed (needs dtype, shape [ints >= 0] and data_offsets "
+                                  f"[begin <= end]): {v!r:.120}")
 
 
 def checked_tensor(t: torch.Tensor, name: str, origin: str, dtype: torch.dtype | None = None,
