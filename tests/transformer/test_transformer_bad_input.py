@@ -126,6 +126,7 @@ def test_bad_config_value_is_a_config_error_naming_key_value_and_file(tiny, name
     ("gpt2", "rotary_dim", 8),  # a GPT-J key on GPT-2
     ("gpt_neox", "is_encoder_decoder", True),
     ("opt", "scale_embedding", True),
+    ("opt", "layer_norm_eps", 1e-3),  # OPT's LayerNorms use 1e-5 whatever the config says
     ("falcon_7b", "logits_scaling", 2.0),
 ])
 def test_unknown_key_of_a_known_family_is_refused_by_name(tiny, name, key, value):

@@ -766,16 +766,18 @@ def _learned(base: dict[str, Any], max_positions: int, offset: int = 0) -> Trans
 
 
 def _dense(r: ConfigReader, model_type: str, *, hidden: str, heads: str, layers: str,
-           inner: str, inner_default: int | None, eps: str, act: str, act_default: str,
+           inner: str, inner_default: int | None, eps: str | None, act: str, act_default: str,
            tie_default: bool, kv: str | None = None) -> dict[str, Any]:
-    """Sizes under a family's own key names (GPT-2's n_embd ...), LayerNorm with bias."""
+    """Sizes under a family's own key names (GPT-2's n_embd ...), LayerNorm with bias.
+    `eps` None: the family's LayerNorms use torch's default 1e-5 whatever the config says."""
     d = r.int(hidden)
     h, k, hd = _heads(r, d, heads, kv, None)
     return dict(model_type=model_type, vocab_size=r.int("vocab_size"), hidden_size=d,
                 num_layers=r.int(layers), num_heads=h, num_kv_heads=k, head_dim=hd,
                 intermediate_size=r.int(inner, 4 * d if inner_default is None else inner_default),
                 norm_type=NormType.LAYER_NORM, norm_bias=True,
-                norm_eps=r.float(eps, 1e-5, gt=0), activation=_activation(r, act, act_default),
+                norm_eps=r.float(eps, 1e-5, gt=0) if eps else 1e-5,
+                activation=_activation(r, act, act_default),
                 tie_word_embeddings=r.bool("tie_word_embeddings", tie_default))
 
 
@@ -849,7 +851,7 @@ def parse_stablelm(r: ConfigReader) -> TransformerConfig:
 def parse_opt(r: ConfigReader) -> TransformerConfig:
     base = _dense(r, "opt", hidden="hidden_size", heads="num_attention_heads",
                   layers="num_hidden_layers", inner="ffn_dim", inner_default=None,
-                  eps="layer_norm_eps", act="activation_function", act_default="relu",
+                  eps=None, act="activation_function", act_default="relu",
                   tie_default=True)
     r.refuse_unless("do_layer_norm_before", True, "post-norm OPT (350m) is not implemented")
     r.refuse_unless("_remove_final_layer_norm", False, "the final norm is always applied")
@@ -1193,7 +1195,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
         "layer_norm_eps", "qk_layernorm", "use_parallel_residual", "use_qkv_bias"}),
     _family("opt", parse_opt, {
         "vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "ffn_dim",
-        "max_position_embeddings", "layer_norm_eps", "activation_function",
+        "max_position_embeddings", "activation_function",
         "tie_word_embeddings", "do_layer_norm_before", "_remove_final_layer_norm",
         "layer_norm_elementwise_affine", "word_embed_proj_dim", "enable_bias"}),
     _family("falcon", parse_falcon, _ROPE | {
