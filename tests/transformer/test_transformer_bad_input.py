@@ -136,6 +136,30 @@ def test_unknown_key_of_a_known_family_is_refused_by_name(tiny, name, key, value
     assert e.value.keys == [key] and SRC in str(e.value)
 
 
+def test_hub_configs_with_their_historical_keys_parse(tiny):
+    """Keys found in the hub's own config.json files that do not change the numbers:
+    GPT-2 medium's GPT-1 leftovers, GPT-J 6B's `rotary` / `scale_attn_weights`, Falcon-7B's
+    `auto_map` and `apply_residual_connection_post_layernorm: false`."""
+    extra = {"gpt2": {"n_special": 0, "predict_special_tokens": True, "n_ctx": 64,
+                      "summary_type": "cls_index", "task_specific_params": {"x": {}}},
+             "gptj": {"rotary": True, "scale_attn_weights": True, "summary_use_proj": True},
+             "falcon_7b": {"auto_map": {"AutoConfig": "configuration_falcon.FalconConfig"},
+                           "apply_residual_connection_post_layernorm": False}}
+    for name, keys in extra.items():
+        cfg = tiny(name).config
+        assert parse_config(_edit(cfg, **keys), SRC) == parse_config(cfg, SRC)
+    with pytest.raises(ConfigError, match="apply_residual_connection_post_layernorm"):
+        parse_config(_edit(tiny("falcon_7b").config,
+                           apply_residual_connection_post_layernorm=True), SRC)
+
+
+def test_custom_code_of_an_unknown_model_type_is_refused(tiny):
+    cfg = _edit(tiny("llama").config, model_type="my_llama",
+                auto_map={"AutoModelForCausalLM": "modeling_mine.MyLlama"})
+    with pytest.raises(UnknownKeysError, match="auto_map"):
+        parse_config(cfg, SRC)
+
+
 def test_null_valued_and_generic_keys_are_harmless(tiny):
     cfg = _edit(tiny("llama").config, sliding_window=None, architectures=["LlamaForCausalLM"],
                 torch_dtype="bfloat16", attention_dropout=0.1, id2label={"0": "a"})

@@ -352,6 +352,7 @@ GENERIC_HARMLESS: frozenset[str] = frozenset({
     "_name_or_path", "architectures", "transformers_version", "torch_dtype", "dtype",
     "model_type", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
     "decoder_start_token_id", "use_cache", "initializer_range", "init_std", "initializer_factor",
+    "_num_labels",
     "return_dict", "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16",
     "tf_legacy_loss", "id2label", "label2id", "num_labels", "problem_type", "finetuning_task",
     "tokenizer_class", "prefix", "task_specific_params", "is_decoder", "max_length",
@@ -814,6 +815,10 @@ def parse_gptj(r: ConfigReader) -> TransformerConfig:
                   inner_default=None, eps="layer_norm_epsilon", act="activation_function",
                   act_default="gelu_new", tie_default=False)
     rot = r.int("rotary_dim")  # transformers' GPT-J cannot run without it
+    # keys of the original GPT-J configs that transformers' GPT-J does not read: only their
+    # values matching what it does are accepted
+    r.refuse_unless("rotary", True, "GPT-J always uses rotary positions")
+    r.refuse_unless("scale_attn_weights", True, "GPT-J always scales the scores")
     if rot > base["head_dim"] or rot % 2:
         raise r.bad("rotary_dim", rot, f"an even number <= head dim {base['head_dim']}")
     base.update(weight_names="gptj", mlp_layout=MlpLayout.PLAIN, mlp_bias=True,
@@ -870,6 +875,8 @@ def parse_falcon(r: ConfigReader) -> TransformerConfig:
     d = r.int("hidden_size")
     h, _, hd = _heads(r, d, "num_attention_heads", None, None)
     r.refuse_unless("alibi", False, "ALiBi position biases are not implemented")
+    r.refuse_unless("apply_residual_connection_post_layernorm", False,
+                    "transformers' Falcon ignores it; the original code adds the normed input")
     new = r.bool("new_decoder_architecture", False)
     mq = r.bool("multi_query", True)
     parallel = r.bool("parallel_attn", True)
@@ -908,7 +915,8 @@ def parse_falcon(r: ConfigReader) -> TransformerConfig:
     return _gpt_rope(r, base, (), 1.0)
 
 
-_GPT2_HARMLESS = {"summary_type", "summary_use_proj", "summary_activation",
+_GPT2_HARMLESS = {"n_special", "predict_special_tokens",  # GPT-1 leftovers, never read
+                  "summary_type", "summary_use_proj", "summary_activation",
                   "summary_proj_to_labels", "summary_first_dropout"}
 
 
@@ -1187,9 +1195,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     _family("gpt_neox", parse_gpt_neox, _SHAPE_KEYS | _ROPE | {
         "layer_norm_eps", "attention_bias", "use_parallel_residual", "rotary_pct",
         "rotary_emb_base"}),
-    _family("gptj", parse_gptj, {
+    _family("gptj", parse_gptj, {"rotary", "scale_attn_weights",
         "vocab_size", "n_embd", "n_head", "n_layer", "n_inner", "n_positions", "rotary_dim",
-        "layer_norm_epsilon", "activation_function", "tie_word_embeddings"}),
+        "layer_norm_epsilon", "activation_function", "tie_word_embeddings"},
+        harmless=_GPT2_HARMLESS),
     _family("phi", parse_phi, _SHAPE_KEYS | _ROPE | {"layer_norm_eps", "qk_layernorm"}),
     _family("stablelm", parse_stablelm, _SHAPE_KEYS | _ROPE | {
         "layer_norm_eps", "qk_layernorm", "use_parallel_residual", "use_qkv_bias"}),
@@ -1198,7 +1207,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
         "max_position_embeddings", "activation_function",
         "tie_word_embeddings", "do_layer_norm_before", "_remove_final_layer_norm",
         "layer_norm_elementwise_affine", "word_embed_proj_dim", "enable_bias"}),
-    _family("falcon", parse_falcon, _ROPE | {
+    _family("falcon", parse_falcon, _ROPE | {"apply_residual_connection_post_layernorm",
         "vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "num_kv_heads",
         "ffn_hidden_size", "layer_norm_epsilon", "activation", "tie_word_embeddings", "alibi",
         "new_decoder_architecture", "multi_query", "parallel_attn", "num_ln_in_parallel_attn",
@@ -1228,7 +1237,9 @@ def _run(family: Family, cfg: Any, src: str, parse: Callable[[ConfigReader], Tra
          | None = None) -> TransformerConfig:
     r = ConfigReader(cfg, src)
     out = (parse or family.parse)(r)
-    unknown = r.unread(family.harmless)
+    # auto_map names custom modeling code: for a family implemented here transformers (without
+    # trust_remote_code) ignores it as well; an unknown model_type with one is refused
+    unknown = r.unread(family.harmless | ({"auto_map"} if family is not AUTO_FAMILY else set()))
     if unknown:
         raise UnknownKeysError(
             f"{src}: {family.model_type} config has keys that change the numbers and are not "
