@@ -102,6 +102,8 @@ CONFIG_CASES: list[tuple[str, dict[str, Any], list[str]]] = [
     ("opt", {"_remove_final_layer_norm": True}, ["_remove_final_layer_norm"]),
     ("opt", {"layer_norm_elementwise_affine": False}, ["layer_norm_elementwise_affine"]),
     ("falcon_7b", {"alibi": True}, ["alibi", "True"]),
+    ("phi3", {"attention_bias": True}, ["attention_bias", "True"]),
+    ("gemma2", {"sliding_window_size": 7}, ["sliding_window_size", "7"]),
     ("falcon_new_decoder", {"num_kv_heads": 3}, ["num_kv_heads", "3"]),
     ("falcon_new_decoder", {"parallel_attn": False}, ["parallel_attn"]),
     ("falcon_7b", {"num_ln_in_parallel_attn": 2}, ["num_ln_in_parallel_attn", "2"]),
@@ -139,12 +141,15 @@ def test_unknown_key_of_a_known_family_is_refused_by_name(tiny, name, key, value
 def test_hub_configs_with_their_historical_keys_parse(tiny):
     """Keys found in the hub's own config.json files that do not change the numbers:
     GPT-2 medium's GPT-1 leftovers, GPT-J 6B's `rotary` / `scale_attn_weights`, Falcon-7B's
-    `auto_map` and `apply_residual_connection_post_layernorm: false`."""
+    `auto_map` and `apply_residual_connection_post_layernorm: false`, Phi-3's
+    `attention_bias: false`, Gemma 2's `sliding_window_size` repeating `sliding_window`."""
     extra = {"gpt2": {"n_special": 0, "predict_special_tokens": True, "n_ctx": 64,
                       "summary_type": "cls_index", "task_specific_params": {"x": {}}},
              "gptj": {"rotary": True, "scale_attn_weights": True, "summary_use_proj": True},
              "falcon_7b": {"auto_map": {"AutoConfig": "configuration_falcon.FalconConfig"},
-                           "apply_residual_connection_post_layernorm": False}}
+                           "apply_residual_connection_post_layernorm": False},
+             "phi3": {"attention_bias": False},
+             "gemma2": {"sliding_window_size": 5, "cache_implementation": "hybrid"}}
     for name, keys in extra.items():
         cfg = tiny(name).config
         assert parse_config(_edit(cfg, **keys), SRC) == parse_config(cfg, SRC)

@@ -682,7 +682,10 @@ def parse_gemma2(r: ConfigReader) -> TransformerConfig:
     base = _gemma_base(r, "gemma2")
     base.update(post_norms=True, weight_names="gemma2", **_softcaps(r))
     types = _layer_types(r, base["num_layers"], lambda i: i % 2 == 0)
-    return _finish(r, base, types, _ropes_by_type(r), r.int("sliding_window", None))
+    window = r.int("sliding_window", None)
+    # Gemma 2's hub configs repeat the window as sliding_window_size (transformers ignores it)
+    r.refuse_unless("sliding_window_size", window, "it must repeat sliding_window")
+    return _finish(r, base, types, _ropes_by_type(r), window)
 
 
 def parse_gemma3_text(r: ConfigReader) -> TransformerConfig:
@@ -705,6 +708,8 @@ def parse_phi3(r: ConfigReader) -> TransformerConfig:
                 weight_names="phi3")
     # only longrope scaling reads it (refused by the rope parser until implemented)
     r.int("original_max_position_embeddings", None)
+    # Phi-3's config.json says attention_bias: false; transformers' Phi-3 has no biases
+    r.refuse_unless("attention_bias", False, "Phi-3's projections have no biases")
     return _all_sliding(r, base)
 
 
@@ -1154,7 +1159,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     _family("gemma", parse_gemma, _LLAMA | {"hidden_activation"}),
     _family("gemma2", parse_gemma2, _LLAMA | {
         "hidden_activation", "attn_logit_softcapping", "final_logit_softcapping",
-        "query_pre_attn_scalar", "sliding_window", "layer_types"},
+        "query_pre_attn_scalar", "sliding_window", "sliding_window_size", "layer_types"},
         harmless={"cache_implementation"}),
     _family("gemma3_text", parse_gemma3_text, _LLAMA | {
         "hidden_activation", "attn_logit_softcapping", "final_logit_softcapping",
@@ -1242,8 +1247,8 @@ def _run(family: Family, cfg: Any, src: str, parse: Callable[[ConfigReader], Tra
     unknown = r.unread(family.harmless | ({"auto_map"} if family is not AUTO_FAMILY else set()))
     if unknown:
         raise UnknownKeysError(
-            f"{src}: {family.model_type} config has keys that change the numbers and are not "
-            f"implemented (or are unknown): {', '.join(unknown)}", unknown)
+            f"{src}: {family.model_type} config has keys this backend does not read and does not "
+            f"know to be harmless (they may change the numbers): {', '.join(unknown)}", unknown)
     return out
 
 
