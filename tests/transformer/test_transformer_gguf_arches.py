@@ -1,5 +1,6 @@
-"""GGUF files of every supported architecture (llama, qwen2, qwen3, gemma2, phi3, gpt2), written
-here with the `gguf` package's GGUFWriter the way llama.cpp's convert_hf_to_gguf.py writes them.
+"""GGUF files of every supported architecture (llama, qwen2, qwen3, gemma, gemma2, phi3, gpt2,
+qwen2moe, qwen3moe), written here with the `gguf` package's GGUFWriter the way llama.cpp's
+convert_hf_to_gguf.py writes them.
 
 Tensor names come from ``gguf.get_tensor_name_map`` (the package's own HF -> GGUF table, an
 independent reference for our reverse map); the converter's changes are redone here: LLaMA's
@@ -34,6 +35,7 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen2": ("qwen2", "qwen2", {"tie_word_embeddings": False}),
     "qwen2_tied": ("qwen2", "qwen2", {"tie_word_embeddings": True}),
     "qwen3": ("qwen3", "qwen3", {"head_dim": 16}),
+    "gemma": ("gemma", "gemma", {"head_dim": 16}),
     "gemma2": ("gemma2", "gemma2", {"head_dim": 16, "sliding_window": WINDOW,
                                     "query_pre_attn_scalar": 16, "attn_logit_softcapping": 2.0,
                                     "final_logit_softcapping": 5.0}),
@@ -136,8 +138,8 @@ def write_gguf(t: Any, arch: str, out: Path, meta: dict[str, Any] | None = None,
             a = _llama_cpp_permute(a, cfg.num_attention_heads)
         elif arch == "llama" and name.endswith("attn_k.weight"):
             a = _llama_cpp_permute(a, cfg.num_key_value_heads)
-        if arch == "gemma2" and "norm" in name:
-            a = a + 1  # convert_hf_to_gguf's Gemma2Model.modify_tensors
+        if arch in ("gemma", "gemma2") and "norm" in name:
+            a = a + 1  # convert_hf_to_gguf's GemmaModel / Gemma2Model.modify_tensors
         if name.endswith("ffn_gate_inp_shexp.weight"):
             a = a.reshape(-1)  # stored as [d_model]
         w.add_tensor(name, np.ascontiguousarray(a))

@@ -19,7 +19,7 @@ What this does, in order:
    the same file (byte-level BPE for ``tokenizer.ggml.model == "gpt2"``, sentencepiece BPE
    with byte fallback for ``"llama"``), so ids agree.
 
-Architectures: llama, qwen2, qwen3, gemma2, phi3, gpt2, qwen2moe, qwen3moe
+Architectures: llama, qwen2, qwen3, gemma, gemma2, phi3, gpt2, qwen2moe, qwen3moe
 (:data:`GGUF_ARCHES`); others are refused by name. Metadata values of the wrong type are a ConfigError naming the key.
 """
 
@@ -399,9 +399,13 @@ def _qwen3_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
     cfg["attention_bias"] = "blk.0.attn_q.bias" in names
 
 
-def _gemma2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+def _gemma_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
     cfg.pop("hidden_act")
     cfg["hidden_activation"] = "gelu_pytorch_tanh"
+
+
+def _gemma2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    _gemma_extra(m, cfg, names)
     cfg["attn_logit_softcapping"] = m.float("attn_logit_softcapping", None)
     cfg["final_logit_softcapping"] = m.float("final_logit_softcapping", None)
     cfg["sliding_window"] = m.int("attention.sliding_window", None)
@@ -467,6 +471,8 @@ GGUF_ARCHES: dict[str, GgufArch] = {
     "qwen3": GgufArch("qwen3", "Qwen3ForCausalLM", {
         **_LLAMA_LAYER, "attn_q_norm": "q_norm", "attn_k_norm": "k_norm"},
         configure=_qwen3_extra),
+    "gemma": GgufArch("gemma", "GemmaForCausalLM", _LLAMA_LAYER, norm_offset=1.0,
+                      configure=_gemma_extra),
     "gemma2": GgufArch("gemma2", "Gemma2ForCausalLM", {
         **_LLAMA_LAYER, "post_attention_norm": "ln1_post", "ffn_norm": "ln2",
         "post_ffw_norm": "ln2_post"}, norm_offset=1.0, configure=_gemma2_extra),
