@@ -340,3 +340,13 @@ def test_fuzzed_configs_parse_or_raise_an_mierror_and_parsed_ones_run(fuzz_bases
     except MIError:
         return
     assert out.shape == (2, 5, parsed.vocab_size)
+
+
+def test_relations_checked_on_the_axes_also_name_the_file(tiny):
+    """A relation only TransformerConfig checks (longrope needs one factor per rotated
+    frequency) is reported with the file too."""
+    cfg = tiny("phi3_longrope").config
+    cfg["rope_parameters"] = dict(cfg["rope_parameters"], short_factor=[1.0, 2.0, 3.0])
+    with pytest.raises(ConfigError, match="short_factor has 3 entries") as e:
+        parse_config(cfg, SRC)
+    assert str(e.value).startswith(SRC)

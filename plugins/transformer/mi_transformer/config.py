@@ -1241,7 +1241,13 @@ class UnknownKeysError(ConfigError):
 def _run(family: Family, cfg: Any, src: str, parse: Callable[[ConfigReader], TransformerConfig]
          | None = None) -> TransformerConfig:
     r = ConfigReader(cfg, src)
-    out = (parse or family.parse)(r)
+    try:
+        out = (parse or family.parse)(r)
+    except ConfigError as exc:
+        if src in str(exc):
+            raise
+        # a relation TransformerConfig checks on its axes: say which file it came from
+        raise ConfigError(f"{src}: {exc}") from None
     # auto_map names custom modeling code: for a family implemented here transformers (without
     # trust_remote_code) ignores it as well; an unknown model_type with one is refused
     unknown = r.unread(family.harmless | ({"auto_map"} if family is not AUTO_FAMILY else set()))
