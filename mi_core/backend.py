@@ -506,13 +506,16 @@ class MIModel(TransformerLensMixin):
                        fwd_hooks: Sequence[tuple[Any, Callable[..., Any]]] = (),
                        bwd_hooks: Sequence[tuple[Any, Callable[..., Any]]] = (),
                        attention_mask: torch.Tensor | None = None,
-                       reset_hooks_end: bool = True) -> torch.Tensor:
+                       reset_hooks_end: bool = True, return_type: str | None = "logits",
+                       loss_per_token: bool = False) -> Any:
         """Logits with TransformerLens-style hooks. Each entry is ``(name_or_filter, fn)``: a
         hook name (or shorthand), or a callable filter on names. Forward ``fn(tensor, hook)``
         returns the new activation or None (in-place edits kept); backward ``fn(grad, hook)``
         runs when the returned logits (or a metric of them) are back-propagated, and a tensor
         it returns replaces the gradient upstream. Hooks live on this call's autograd graph, so
-        nothing needs resetting (`reset_hooks_end` is accepted for TransformerLens code)."""
+        nothing needs resetting (`reset_hooks_end` is accepted for TransformerLens code).
+        `return_type` as TransformerLens: "logits", "loss" (mean next-token cross-entropy, per
+        token with `loss_per_token`), "both" ((logits, loss)) or None."""
         spec = HookSpec()
         for name, fn in fwd_hooks:
             for hp in self._points_for(name, skip_opt_in=True):
@@ -520,7 +523,9 @@ class MIModel(TransformerLensMixin):
         for name, fn in bwd_hooks:
             for hp in self._points_for(name, skip_opt_in=True):
                 spec.add_backward_hook(hp, fn)
-        return self.forward(self._ids(ids), spec, attention_mask=attention_mask).output
+        ids = self._ids(ids)
+        logits = self.forward(ids, spec, attention_mask=attention_mask).output
+        return _tl_return(logits, ids, return_type, loss_per_token)
 
     # -- weight processing (TransformerLens' from_pretrained defaults, opt-in here) -------------
     def process_weights(self, fold_ln: bool = True, center_writing_weights: bool = True,
@@ -624,6 +629,21 @@ class MIModel(TransformerLensMixin):
     def __repr__(self) -> str:
         return (f"MIModel(backend={self.backend_name!r}, layers={self.num_layers}, "
                 f"d_model={self.hidden_size}, source={self.source!r})")
+
+
+def _tl_return(logits: torch.Tensor, ids: torch.Tensor, return_type: str | None,
+               per_token: bool) -> Any:
+    """TransformerLens' return_type: "logits", "loss", "both" or None."""
+    if return_type not in ("logits", "loss", "both", None):
+        raise MIError(f"return_type must be 'logits', 'loss', 'both' or None, got {return_type!r}")
+    if return_type is None:
+        return None
+    if return_type == "logits":
+        return logits
+    logp = logits[:, :-1].float().log_softmax(-1)
+    loss = -logp.gather(-1, ids[:, 1:, None].to(logp.device))[..., 0]
+    loss = loss if per_token else loss.mean()
+    return loss if return_type == "loss" else (logits, loss)
 
 
 def sample_token(logits: torch.Tensor, temperature: float = 0.0,

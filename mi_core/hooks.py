@@ -39,6 +39,14 @@ OPT_IN_SUFFIXES = ("attn.hook_result", "hook_attn_in", "hook_q_input", "hook_k_i
                    "hook_v_input")
 
 
+class LayerIndex(int):
+    """A hook point's layer: an int that is also callable, so TransformerLens hook code that
+    calls ``hook.layer()`` runs unchanged (``hook.layer == 3`` and ``hook.layer() == 3``)."""
+
+    def __call__(self) -> int:
+        return int(self)
+
+
 @attrs.frozen(repr=False)
 class HookPoint:
     """A named location in a forward pass, in TransformerLens spelling.
@@ -156,7 +164,7 @@ def _parse_cached(name: str) -> HookPoint:
     m = _LAYER_RE.match(canon)
     if m:
         layer, suffix = int(m.group(1)), _ALIASES_LAYER.get(m.group(2), m.group(2))
-        hp = HookPoint(name=f"blocks.{layer}.{suffix}", layer=layer, suffix=suffix,
+        hp = HookPoint(name=f"blocks.{layer}.{suffix}", layer=LayerIndex(layer), suffix=suffix,
                        is_custom=suffix not in KNOWN_LAYER_SUFFIXES)
     else:
         hp = HookPoint(name=canon, suffix=canon, is_custom=canon not in KNOWN_GLOBAL_NAMES)

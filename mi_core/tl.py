@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
+import attrs
 import torch
 
 from mi_core.errors import MIError, TokenizerError, WeightLoadError
@@ -25,6 +26,24 @@ if TYPE_CHECKING:
 
 #: TransformerLens per-layer weight -> shape of the zeros returned when the model lacks it.
 _ZERO_BIASES = {"b_Q": "hd", "b_K": "hd", "b_V": "hd", "b_O": "d", "b_in": "m", "b_out": "d"}
+
+
+@attrs.frozen
+class TLConfig:
+    """The ``model.cfg`` fields TransformerLens code reads most (its names)."""
+
+    n_layers: int
+    n_heads: int
+    n_key_value_heads: int | None
+    d_model: int
+    d_head: int
+    d_mlp: int
+    d_vocab: int
+    n_ctx: int | None
+    device: torch.device
+    dtype: torch.dtype
+    normalization_type: str  # "LN" or "RMS" ("LNPre" / "RMSPre" once folded)
+    gated_mlp: bool
 
 
 class TransformerLensMixin:
@@ -136,6 +155,25 @@ class TransformerLensMixin:
         from mi_core.interp.circuits import FactoredMatrix
 
         return FactoredMatrix(self.W_V, self.W_O)
+
+    @property
+    def cfg(self) -> TLConfig:
+        """TransformerLens-style config view (n_layers, n_heads, d_model, ...)."""
+        from mi_core.activation_cache import norm_centres
+
+        be = self.backend
+        kv = be.num_kv_heads
+        norm = "LN" if norm_centres(self) else "RMS"  # type: ignore[arg-type]
+        if not self._has_weight("ln_final.w") or bool(
+                (self._get_weight("ln_final.w") == 1).all()):
+            norm += "Pre"
+        return TLConfig(n_layers=self.num_layers, n_heads=self.num_heads,
+                        n_key_value_heads=None if kv == self.num_heads else kv,
+                        d_model=self.hidden_size, d_head=int(getattr(be, "d_head", 0) or
+                                                             self.hidden_size // self.num_heads),
+                        d_mlp=self._d_mlp(), d_vocab=self.vocab_size,
+                        n_ctx=getattr(be, "max_positions", None), device=be.device,
+                        dtype=be.dtype, normalization_type=norm, gated_mlp=self.gated_mlp)
 
     # -- tokens -------------------------------------------------------------------------------
     def to_single_token(self, string: str) -> int:

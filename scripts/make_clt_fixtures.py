@@ -219,8 +219,8 @@ def make_attribution(out: Path) -> None:
         "model_kind": "cross_layer_transcoder", "feature_input_hook": "hook_resid_mid",
         "feature_output_hook": "hook_mlp_out"}))
     _attr_reference(out, hf, tok, "attr", cd, "hook_resid_mid")
-    # The same weights read at the MLP input (circuit-tracer's mlp.hook_in; ours
-    # ln2.hook_normalized): the feature targets then sit behind the frozen ln2 scale.
+    # The same weights read at the MLP input (circuit-tracer's mlp.hook_in, ours too: after
+    # the ln2 gain): the feature targets then sit behind the frozen ln2 scale.
     cd2 = out / "attr_clt_mlpin"
     if cd2.exists():
         shutil.rmtree(cd2)

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 import mi_core as mi
@@ -201,3 +203,43 @@ def test_pickle_files_are_refused_by_name_and_never_unpickled(tmp_path: Path) ->
     with pytest.raises(mi.DictionaryError, match=r"config\.yaml: transcoder for layer 0 is a pickle file 'transcoder\.pkl'"):
         mi.load_dictionary(d)
     assert not marker.exists()
+
+
+# -- fuzzing: every failure of config.yaml reading is an MIError --------------------------
+
+_YAML_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2, 40) | st.floats(allow_nan=False) | st.text(max_size=10)
+    | st.sampled_from(["cross_layer_transcoder", "transcoder_set", "relu", "jump_relu", "topk",
+                       "mlp.hook_in", "hook_resid_mid", "W_enc_0.safetensors", "x.pt"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["layer", "filepath", "id", "k"]), inner, max_size=3),
+    max_leaves=6)
+
+
+@st.composite
+def _yaml_configs(draw: Any) -> Any:
+    keys = ["model_kind", "feature_input_hook", "feature_output_hook", "transcoders",
+            "activation", "k", "model_name"]
+    if draw(st.integers(0, 3)) == 0:
+        return draw(_YAML_VALUES)
+    return {k: draw(_YAML_VALUES) for k in draw(st.lists(st.sampled_from(keys), max_size=4, unique=True))}
+
+
+@pytest.fixture(scope="module")
+def clt_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _copy(tmp_path_factory.mktemp("fuzz"))
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(_yaml_configs())
+def test_fuzzed_config_yaml_loads_or_raises_an_mi_error(clt_copy: Path, cfg: Any) -> None:
+    import yaml
+
+    (clt_copy / "config.yaml").write_text(yaml.safe_dump(cfg))
+    try:
+        clt = mi.load_dictionary(clt_copy, format="circuit-tracer-clt")
+    except mi.MIError:
+        return
+    x = torch.randn(clt.n_layers, 2, clt.d_model, generator=torch.Generator().manual_seed(0))
+    assert clt.decode(clt.encode(x)).shape == x.shape

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from tests.support import rwkv_ckpt
@@ -83,6 +85,8 @@ def test_wrongly_typed_config_value_is_a_config_error_naming_key_value_and_file(
     ("v7", "num_heads", 3, "!= hidden_size / head_dim"),
     ("v7", "head_dim", 48, "does not divide"),
     ("v7", "num_attention_heads", 4, "!= num_heads"),
+    ("v7", "hidden_ratio", 1e308, "MLP width of inf"),
+    ("v6", "head_size_divisor", 1e200, "overflows"),
 ])
 def test_out_of_range_config_value_is_a_config_error(version: str, key: str, value: Any, why: str,
                                                      tmp_path: Path, request: pytest.FixtureRequest) -> None:
@@ -227,3 +231,50 @@ def test_pickled_checkpoint_is_refused_without_unpickling(tmp_path: Path) -> Non
         with pytest.raises(mi.WeightLoadError, match=r"pickle.*refused"):
             mi.MIModel.from_pretrained(d, backend=backend)
     assert not marker.exists()
+
+
+# -- fuzzing: every failure of config parsing is an MIError -----------------------------
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 300) | st.floats(allow_nan=True)
+                     | st.sampled_from([1e308, -0.0, 5e-324, 2 ** 40])
+                     | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+                     max_leaves=5)
+
+
+@st.composite
+def _configs(draw: Any) -> tuple[int, Any]:
+    """(version, config): a valid tiny config with 0-3 keys (read, harmless or unknown) set
+    to random JSON, or (a fifth) any JSON value."""
+    from mi_rwkv.config import V6_HARMLESS, V6_READ, V7_HARMLESS, V7_READ
+
+    version = draw(st.sampled_from([6, 7]))
+    if draw(st.integers(0, 4)) == 0:
+        return version, draw(_JSON)
+    cfg = (rwkv_ckpt.v6_config if version == 6 else rwkv_ckpt.v7_config)(1, 128, 64, 50)
+    keys = list(V6_READ + V6_HARMLESS if version == 6 else V7_READ + V7_HARMLESS) + ["unknown_key"]
+    for k in draw(st.lists(st.sampled_from(keys), max_size=3, unique=True)):
+        cfg[k] = draw(_JSON)
+    return version, cfg
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_configs())
+def test_fuzzed_rwkv_config_parses_or_raises_an_mi_error(case: tuple[int, Any]) -> None:
+    from mi_rwkv.config import parse_v6, parse_v7
+
+    version, raw = case
+    try:
+        cfg = (parse_v6 if version == 6 else parse_v7)(raw if isinstance(raw, dict) else {}, {}, "fuzz/config.json")
+    except mi.MIError:
+        return
+    assert cfg.num_heads * cfg.head_dim == cfg.hidden_size and cfg.norm_eps > 0
+
+
+def test_generic_transformers_keys_are_harmless_only_at_their_default(v6_dir: Path, tmp_path: Path) -> None:
+    d = _edit_config(v6_dir, tmp_path / "ok", attention_dropout=0.1, max_length=20,
+                     is_encoder_decoder=False)
+    assert mi.MIModel.from_pretrained(d).num_layers == LAYERS
+    d = _edit_config(v6_dir, tmp_path / "bad", is_encoder_decoder=True)
+    with pytest.raises(mi.ConfigError, match=r"unknown RWKV-6 key\(s\) \['is_encoder_decoder'\]"):
+        mi.MIModel.from_pretrained(d)

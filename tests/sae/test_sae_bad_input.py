@@ -192,6 +192,16 @@ def test_transcoder_decoder_of_wrong_shape_names_both_shapes(tmp_path: Path) -> 
         mi.load_dictionary(d)
 
 
+def test_decoder_norm_rescaling_with_a_zero_decoder_row_is_refused(tmp_path: Path) -> None:
+    d = write_saelens_sae(tmp_path / "sae", "blocks.0.hook_resid_post", 16, 32, arch="topk",
+                          extra={"k": 4, "rescale_acts_by_decoder_norm": True})
+    w = load_file(str(d / "sae_weights.safetensors"))
+    w["W_dec"][5] = 0.0  # a dead feature: would be 0 / 0 = NaN in every decode
+    save_file(w, str(d / "sae_weights.safetensors"))
+    with pytest.raises(mi.DictionaryError, match=r"sae_weights\.safetensors: rescale_acts_by_decoder_norm.*rows \[5\] are zero"):
+        mi.load_dictionary(d)
+
+
 # -- pickles: refused without unpickling -------------------------------------------------
 
 class _Marker:
@@ -234,7 +244,8 @@ def test_llama_scope_hyperparams_of_wrong_type_are_named(tmp_path: Path) -> None
     for key, value, pattern in [("d_model", "4", r"key 'd_model' = '4'"),
                                 ("jump_relu_threshold", "0.5", r"key 'jump_relu_threshold' = '0\.5'"),
                                 ("dataset_average_activation_norm", {"in": 0}, r"key 'in' = 0"),
-                                ("hook_point_in", None, r"required field 'hook_point_in'")]:
+                                ("hook_point_in", None, r"required field 'hook_point_in'"),
+                                ("norm_activation", "token-wise", r"key 'norm_activation' = 'token-wise'")]:
         (d / "hyperparams.json").write_text(json.dumps(good | {key: value}))
         with pytest.raises(mi.DictionaryError, match=rf"hyperparams\.json.*{pattern}"):
             mi.load_dictionary(d)
@@ -309,7 +320,9 @@ def test_fuzzed_saelens_cfg_json_parses_or_raises_an_mi_error(raw: Any) -> None:
     try:
         cfg = parse_config(raw, Path("fuzz/cfg.json"), {})
         # A config that parses must build an SAE (or refuse it typed) and encode.
-        w = {"W_enc": torch.zeros(cfg.d_in, cfg.d_sae), "W_dec": torch.zeros(cfg.d_sae, cfg.out_dim),
+        g = torch.Generator().manual_seed(0)
+        w = {"W_enc": torch.randn(cfg.d_in, cfg.d_sae, generator=g),
+             "W_dec": torch.randn(cfg.d_sae, cfg.out_dim, generator=g),
              "b_enc": torch.zeros(cfg.d_sae), "b_dec": torch.zeros(cfg.out_dim),
              "threshold": torch.zeros(cfg.d_sae), "b_gate": torch.zeros(cfg.d_sae),
              "b_mag": torch.zeros(cfg.d_sae), "r_mag": torch.zeros(cfg.d_sae)}

@@ -40,8 +40,8 @@ def test_hf_module_paths_map_to_the_trained_values(name: str, post_norms: bool, 
 @pytest.mark.parametrize("name, expected", [
     ("blocks.2.hook_resid_pre", "blocks.2.hook_resid_pre"),
     ("blocks.2.ln2.hook_normalized", "blocks.2.ln2.hook_normalized"),  # TL's value, ours too
-    ("blocks.2.hook_mlp_in", "blocks.2.hook_resid_mid"),
-    ("blocks.2.hook_attn_in", "blocks.2.hook_resid_pre"),
+    ("blocks.2.hook_mlp_in", "blocks.2.hook_mlp_in"),  # TL's: only the MLP reads it
+    ("blocks.2.hook_attn_in", "blocks.2.hook_attn_in"),
 ])
 def test_transformerlens_names_are_ours(name: str, expected: str) -> None:
     assert str(tl_to_hook_point(name)) == expected

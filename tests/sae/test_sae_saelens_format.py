@@ -92,7 +92,7 @@ def test_every_saelens_architecture_matches_sae_lens(case: str, tmp_path: Path) 
     # sparse decode (top-k via SparseActivations) equals dense decode of the same features
     sa = ours.encode_sparse(x)
     torch.testing.assert_close(ours.decode(sa, x=x), dec_ref, atol=TOL, rtol=0)
-    assert str(ours.hook_point) == ref.cfg.metadata.hook_name.replace("hook_mlp_in", "hook_resid_mid")
+    assert str(ours.hook_point) == ref.cfg.metadata.hook_name  # TransformerLens names verbatim
 
 
 def test_hook_z_sae_reshapes_heads_like_sae_lens(tmp_path: Path) -> None:

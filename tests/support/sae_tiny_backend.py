@@ -1,7 +1,8 @@
 """A tiny hand-made MIBackend for SAE splice tests (no transformers needed).
 
 Embedding -> per layer: causal mean-mixing "attention" with hook_z [b, s, heads, d_head],
-a GELU MLP, residual stream hooks in TransformerLens spelling -> final LayerNorm + unembed.
+a GELU MLP, residual stream hooks in TransformerLens spelling (hook_mlp_in: the copy of
+resid_mid the MLP reads) -> final LayerNorm + unembed.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class TinyBackend:
                             W2=r(4 * d_model, d_model)) for _ in range(n_layers)]
         self.unembed = r(d_model, vocab)
         self._names = [[f"blocks.{i}.{s}" for s in (
-            "hook_resid_pre", "attn.hook_z", "hook_attn_out", "hook_resid_mid",
+            "hook_resid_pre", "attn.hook_z", "hook_attn_out", "hook_resid_mid", "hook_mlp_in",
             "ln2.hook_normalized", "hook_mlp_out", "hook_resid_post")] for i in range(n_layers)]
 
     def hook_points(self) -> list[HookPoint]:
@@ -50,12 +51,13 @@ class TinyBackend:
         b, s = ids.shape
         x = run.apply("hook_embed", self.emb[ids])
         steps = torch.arange(1, s + 1, dtype=x.dtype)[None, :, None, None]
-        for L, (resid_pre, hz, attn_out, mid, ln2, mlp_out, post) in zip(self.layers, self._names):
+        for L, (resid_pre, hz, attn_out, mid, mlp_in, ln2, mlp_out, post) in zip(self.layers, self._names):
             x = run.apply(resid_pre, x)
             v = (x @ L["Wv"]).view(b, s, self.num_heads, self.d_head)
             z = run.apply(hz, v.cumsum(1) / steps)
             x = run.apply(mid, x + run.apply(attn_out, z.reshape(b, s, -1) @ L["Wo"]))
-            n = run.apply(ln2, F.layer_norm(x, (self.hidden_size,)))
+            # hook_mlp_in (TransformerLens): a copy of resid_mid that only the MLP reads
+            n = run.apply(ln2, F.layer_norm(run.apply(mlp_in, x), (self.hidden_size,)))
             x = run.apply(post, x + run.apply(mlp_out, F.gelu(n @ L["W1"]) @ L["W2"]))
         x = run.apply("ln_final.hook_normalized", F.layer_norm(x, (self.hidden_size,)))
         return run.finish(x @ self.unembed)

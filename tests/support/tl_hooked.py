@@ -48,3 +48,31 @@ def hooked_llama(directory: str | Path, *, fold_ln: bool = False,
                                       fold_value_biases=fold_value_biases)
     model.eval()
     return model
+
+
+def hooked_gpt2(directory: str | Path, *, fold_ln: bool = False,
+                center_writing_weights: bool = False, center_unembed: bool = False,
+                fold_value_biases: bool = False):
+    """HookedTransformer of a GPT-2 checkpoint directory (LayerNorm with biases, learned
+    positions, value biases): the config TransformerLens derives for GPT2LMHeadModel."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens.pretrained.weight_conversions.gpt2 import convert_gpt2_weights
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(directory), torch_dtype=torch.float32)
+    c = hf.config
+    cfg = HookedTransformerConfig(
+        d_model=c.n_embd, d_head=c.n_embd // c.n_head, n_heads=c.n_head,
+        d_mlp=c.n_inner or 4 * c.n_embd, n_layers=c.n_layer, n_ctx=c.n_positions,
+        eps=c.layer_norm_epsilon, d_vocab=c.vocab_size, act_fn=c.activation_function,
+        use_attn_scale=True, use_local_attn=False,
+        scale_attn_by_inverse_layer_idx=c.scale_attn_by_inverse_layer_idx,
+        normalization_type="LN", original_architecture="GPT2LMHeadModel",
+        dtype=torch.float32, device="cpu", default_prepend_bos=False)
+    model = HookedTransformer(cfg, move_to_device=False)
+    model.load_and_process_state_dict(convert_gpt2_weights(hf, cfg), fold_ln=fold_ln,
+                                      center_writing_weights=center_writing_weights,
+                                      center_unembed=center_unembed,
+                                      fold_value_biases=fold_value_biases)
+    model.eval()
+    return model

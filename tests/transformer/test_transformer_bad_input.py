@@ -102,6 +102,8 @@ CONFIG_CASES: list[tuple[str, dict[str, Any], list[str]]] = [
     ("opt", {"_remove_final_layer_norm": True}, ["_remove_final_layer_norm"]),
     ("opt", {"layer_norm_elementwise_affine": False}, ["layer_norm_elementwise_affine"]),
     ("falcon_7b", {"alibi": True}, ["alibi", "True"]),
+    ("phi3", {"attention_bias": True}, ["attention_bias", "True"]),
+    ("gemma2", {"sliding_window_size": 7}, ["sliding_window_size", "7"]),
     ("falcon_new_decoder", {"num_kv_heads": 3}, ["num_kv_heads", "3"]),
     ("falcon_new_decoder", {"parallel_attn": False}, ["parallel_attn"]),
     ("falcon_7b", {"num_ln_in_parallel_attn": 2}, ["num_ln_in_parallel_attn", "2"]),
@@ -126,6 +128,7 @@ def test_bad_config_value_is_a_config_error_naming_key_value_and_file(tiny, name
     ("gpt2", "rotary_dim", 8),  # a GPT-J key on GPT-2
     ("gpt_neox", "is_encoder_decoder", True),
     ("opt", "scale_embedding", True),
+    ("opt", "layer_norm_eps", 1e-3),  # OPT's LayerNorms use 1e-5 whatever the config says
     ("falcon_7b", "logits_scaling", 2.0),
 ])
 def test_unknown_key_of_a_known_family_is_refused_by_name(tiny, name, key, value):
@@ -133,6 +136,33 @@ def test_unknown_key_of_a_known_family_is_refused_by_name(tiny, name, key, value
     with pytest.raises(UnknownKeysError, match=key) as e:
         parse_config(cfg, SRC)
     assert e.value.keys == [key] and SRC in str(e.value)
+
+
+def test_hub_configs_with_their_historical_keys_parse(tiny):
+    """Keys found in the hub's own config.json files that do not change the numbers:
+    GPT-2 medium's GPT-1 leftovers, GPT-J 6B's `rotary` / `scale_attn_weights`, Falcon-7B's
+    `auto_map` and `apply_residual_connection_post_layernorm: false`, Phi-3's
+    `attention_bias: false`, Gemma 2's `sliding_window_size` repeating `sliding_window`."""
+    extra = {"gpt2": {"n_special": 0, "predict_special_tokens": True, "n_ctx": 64,
+                      "summary_type": "cls_index", "task_specific_params": {"x": {}}},
+             "gptj": {"rotary": True, "scale_attn_weights": True, "summary_use_proj": True},
+             "falcon_7b": {"auto_map": {"AutoConfig": "configuration_falcon.FalconConfig"},
+                           "apply_residual_connection_post_layernorm": False},
+             "phi3": {"attention_bias": False},
+             "gemma2": {"sliding_window_size": 5, "cache_implementation": "hybrid"}}
+    for name, keys in extra.items():
+        cfg = tiny(name).config
+        assert parse_config(_edit(cfg, **keys), SRC) == parse_config(cfg, SRC)
+    with pytest.raises(ConfigError, match="apply_residual_connection_post_layernorm"):
+        parse_config(_edit(tiny("falcon_7b").config,
+                           apply_residual_connection_post_layernorm=True), SRC)
+
+
+def test_custom_code_of_an_unknown_model_type_is_refused(tiny):
+    cfg = _edit(tiny("llama").config, model_type="my_llama",
+                auto_map={"AutoModelForCausalLM": "modeling_mine.MyLlama"})
+    with pytest.raises(UnknownKeysError, match="auto_map"):
+        parse_config(cfg, SRC)
 
 
 def test_null_valued_and_generic_keys_are_harmless(tiny):
@@ -310,3 +340,13 @@ def test_fuzzed_configs_parse_or_raise_an_mierror_and_parsed_ones_run(fuzz_bases
     except MIError:
         return
     assert out.shape == (2, 5, parsed.vocab_size)
+
+
+def test_relations_checked_on_the_axes_also_name_the_file(tiny):
+    """A relation only TransformerConfig checks (longrope needs one factor per rotated
+    frequency) is reported with the file too."""
+    cfg = tiny("phi3_longrope").config
+    cfg["rope_parameters"] = dict(cfg["rope_parameters"], short_factor=[1.0, 2.0, 3.0])
+    with pytest.raises(ConfigError, match="short_factor has 3 entries") as e:
+        parse_config(cfg, SRC)
+    assert str(e.value).startswith(SRC)

@@ -1,5 +1,6 @@
-"""GGUF files of every supported architecture (llama, qwen2, qwen3, gemma2, phi3, gpt2), written
-here with the `gguf` package's GGUFWriter the way llama.cpp's convert_hf_to_gguf.py writes them.
+"""GGUF files of every supported architecture (llama, qwen2, qwen3, gemma, gemma2, phi3, gpt2,
+qwen2moe, qwen3moe), written here with the `gguf` package's GGUFWriter the way llama.cpp's
+convert_hf_to_gguf.py writes them.
 
 Tensor names come from ``gguf.get_tensor_name_map`` (the package's own HF -> GGUF table, an
 independent reference for our reverse map); the converter's changes are redone here: LLaMA's
@@ -10,6 +11,7 @@ diff < 1e-4. Malformed metadata (and hypothesis-fuzzed values) must raise an MIE
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen2": ("qwen2", "qwen2", {"tie_word_embeddings": False}),
     "qwen2_tied": ("qwen2", "qwen2", {"tie_word_embeddings": True}),
     "qwen3": ("qwen3", "qwen3", {"head_dim": 16}),
+    "gemma": ("gemma", "gemma", {"head_dim": 16}),
     "gemma2": ("gemma2", "gemma2", {"head_dim": 16, "sliding_window": WINDOW,
                                     "query_pre_attn_scalar": 16, "attn_logit_softcapping": 2.0,
                                     "final_logit_softcapping": 5.0}),
@@ -40,6 +43,9 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "phi3_longrope": ("phi3", "phi3", FAMILIES["phi3_longrope"][1]),
     "qwen2_yarn": ("qwen2", "qwen2", FAMILIES["qwen2_yarn"][1]),
     "gpt2": ("gpt2", "gpt2", GPT_FAMILIES["gpt2"][1]),
+    # llama.cpp's qwen2moe has no dense layers (mlp_only_layers), qwen3moe renormalises
+    "qwen2moe": ("qwen2moe", "qwen2_moe", {**FAMILIES["qwen2_moe"][1], "mlp_only_layers": []}),
+    "qwen3moe": ("qwen3moe", "qwen3_moe", FAMILIES["qwen3_moe"][1]),
 }
 
 
@@ -98,6 +104,13 @@ def write_gguf(t: Any, arch: str, out: Path, meta: dict[str, Any] | None = None,
     if rp.get("rope_type") == "longrope":
         kv[f"{arch}.rope.scaling.original_context_length"] = (
             rp["original_max_position_embeddings"], "UINT32")
+    if arch.endswith("moe"):
+        kv[f"{arch}.expert_count"] = (cfg.num_experts, "UINT32")
+        kv[f"{arch}.expert_used_count"] = (cfg.num_experts_per_tok, "UINT32")
+        kv[f"{arch}.expert_feed_forward_length"] = (cfg.moe_intermediate_size, "UINT32")
+        if getattr(cfg, "shared_expert_intermediate_size", 0):
+            kv[f"{arch}.expert_shared_feed_forward_length"] = (
+                cfg.shared_expert_intermediate_size, "UINT32")
     kv.update(meta or {})
     w = gguf.GGUFWriter(str(out), arch)
     for key, (value, vtype) in kv.items():
@@ -110,8 +123,13 @@ def write_gguf(t: Any, arch: str, out: Path, meta: dict[str, Any] | None = None,
     if rp.get("rope_type") == "longrope":
         w.add_tensor("rope_factors_long.weight", np.asarray(rp["long_factor"], np.float32))
         w.add_tensor("rope_factors_short.weight", np.asarray(rp["short_factor"], np.float32))
+    experts: dict[str, dict[int, np.ndarray]] = {}
     for hf, tensor in sd.items():
         if hf == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        m = re.fullmatch(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)\.weight", hf)
+        if m:  # llama.cpp stacks the experts: [E, rows, cols] per projection
+            experts.setdefault(f"{m[1]}.{m[3]}", {})[int(m[2])] = tensor.float().numpy()
             continue
         name = names.get_name(hf, try_suffixes=(".weight", ".bias"))
         assert name is not None, hf
@@ -120,9 +138,15 @@ def write_gguf(t: Any, arch: str, out: Path, meta: dict[str, Any] | None = None,
             a = _llama_cpp_permute(a, cfg.num_attention_heads)
         elif arch == "llama" and name.endswith("attn_k.weight"):
             a = _llama_cpp_permute(a, cfg.num_key_value_heads)
-        if arch == "gemma2" and "norm" in name:
-            a = a + 1  # convert_hf_to_gguf's Gemma2Model.modify_tensors
+        if arch in ("gemma", "gemma2") and "norm" in name:
+            a = a + 1  # convert_hf_to_gguf's GemmaModel / Gemma2Model.modify_tensors
+        if name.endswith("ffn_gate_inp_shexp.weight"):
+            a = a.reshape(-1)  # stored as [d_model]
         w.add_tensor(name, np.ascontiguousarray(a))
+    for hf, per in experts.items():
+        name = names.get_name(hf, try_suffixes=(".weight",))
+        assert name is not None, hf
+        w.add_tensor(name + ".weight", np.ascontiguousarray(np.stack([per[e] for e in sorted(per)])))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -272,3 +296,4 @@ def test_fuzzed_metadata_values_fail_only_with_mi_errors(case, tmp_path_factory)
             pass
 
     check()
+

@@ -336,3 +336,31 @@ def test_backward_hook_return_replaces_the_gradient(ours, ids):
     _metric(cache.output).backward()
     # everything flows through resid_pre 1: zeroing its gradient zeroes the earlier one
     assert cache.grad("blocks.0.hook_resid_pre").abs().max().item() == 0.0
+
+
+def test_layernorm_processing_equals_transformerlens_on_gpt2(tiny, ids):
+    """LayerNorm with biases, learned positions and value biases: every step of the processing
+    (bias folding, centring of reading and writing weights, value-bias folding) as TL's."""
+    from tests.support.tl_hooked import hooked_gpt2
+
+    t = tiny("gpt2")
+    base = t.load().forward(ids).output
+    model = t.load().process_weights(**FLAGS)
+    ht_p = hooked_gpt2(t.path, **FLAGS)
+    logits = model.forward(ids).output
+    with torch.no_grad():
+        _close(logits, ht_p(ids))
+    _close(torch.log_softmax(logits, -1), torch.log_softmax(base, -1))
+    for name in ("W_E", "W_pos", "W_U", "b_U", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_out",
+                 "b_Q", "b_K", "b_V", "b_O", "b_in", "b_out"):
+        _close(getattr(model, name), getattr(ht_p, name), 1e-5)
+    _, cache = model.run_with_cache(ids)
+    with torch.no_grad():
+        _, tc = ht_p.run_with_cache(ids)
+    for k in tc.keys():
+        if not k.startswith("unembed."):  # TransformerLens 3's unembed module hooks
+            _close(cache[k], tc[k])
+    a = cache.get_full_resid_decomposition(apply_ln=True, pos_slice=-1, expand_neurons=False)
+    with torch.no_grad():
+        b = tc.get_full_resid_decomposition(apply_ln=True, pos_slice=-1, expand_neurons=False)
+    _close(a, b)

@@ -11,6 +11,7 @@ read nor known to be harmless is refused (the lists are below and in docs/RWKV.m
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Mapping
 
 import attrs
@@ -22,8 +23,8 @@ UNSUPPORTED_TYPES = {"rwkv": "RWKV-4 (Dove)", "rwkv4": "RWKV-4 (Dove)", "rwkv5":
 
 
 def _positive(inst: Any, attr: "attrs.Attribute[Any]", value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"RwkvConfig.{attr.name} = {value!r}: must be a positive number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ConfigError(f"RwkvConfig.{attr.name} = {value!r}: must be a finite positive number")
 
 
 def _rank(inst: Any, attr: "attrs.Attribute[Any]", value: Any) -> None:
@@ -71,13 +72,36 @@ class RwkvConfig:
                               f"{self.head_dim} != hidden_size {self.hidden_size}")
 
 
-#: Bookkeeping keys of any HF ``config.json`` that never change the forward.
+#: Keys any transformers ``config.json`` may carry that never change an eval forward
+#: (bookkeeping, token ids, generation defaults, training flags); dropouts match a pattern.
 GENERIC_HARMLESS = frozenset({
-    "model_type", "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype",
-    "_name_or_path", "use_cache", "pad_token_id", "return_dict", "output_hidden_states",
-    "output_attentions", "torchscript", "is_decoder", "is_encoder_decoder", "chunk_size_feed_forward",
-    "initializer_range", "_attn_implementation_autoset",
+    "_name_or_path", "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype",
+    "model_type", "pad_token_id", "sep_token_id", "decoder_start_token_id", "use_cache",
+    "initializer_range", "init_std", "initializer_factor", "return_dict", "output_hidden_states",
+    "output_attentions", "torchscript", "use_bfloat16", "tf_legacy_loss", "id2label", "label2id",
+    "num_labels", "problem_type", "finetuning_task", "tokenizer_class", "prefix",
+    "task_specific_params", "is_decoder", "max_length", "min_length", "do_sample",
+    "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty", "temperature", "top_k",
+    "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
+    "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
+    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
+    "begin_suppress_tokens", "chunk_size_feed_forward", "gradient_checkpointing",
+    "_attn_implementation", "attn_implementation", "_attn_implementation_autoset",
+    "keys_to_ignore_at_inference",
 })
+#: Generic keys harmless only at their default (other values need weights we do not have).
+GENERIC_AT_DEFAULT: dict[str, Any] = {"is_encoder_decoder": False, "add_cross_attention": False,
+                                      "pruned_heads": {}, "tie_encoder_decoder": False}
+_DROPOUT = re.compile(r"dropout|_pdrop$|^layerdrop$")
+
+
+def is_generic_harmless(key: str, value: Any) -> bool:
+    """Whether `key` = `value` is a generic config entry that cannot change the numbers."""
+    if key in GENERIC_HARMLESS or _DROPOUT.search(key):
+        return True
+    return key in GENERIC_AT_DEFAULT and value == GENERIC_AT_DEFAULT[key]
+
 
 #: RWKV-6 (HF ``Rwkv6Config``) keys mi-rwkv reads (each typed and range-checked).
 V6_READ = ("vocab_size", "hidden_size", "num_hidden_layers", "head_size", "attention_hidden_size",
@@ -145,7 +169,7 @@ class _Keys:
         return v
 
     def token_id(self, key: str, default: int | None) -> int | None:
-        return self.integer(key, default, minimum=0) if key in self.cfg else default
+        return self.integer(key, default, minimum=0)
 
     def only(self, key: str, allowed: Any, why: str) -> None:
         """Refuse `key` unless absent, null or equal to `allowed` (a value we implement)."""
@@ -154,7 +178,8 @@ class _Keys:
             raise self.fail(key, why)
 
     def check_known(self, version: int, read: tuple[str, ...], harmless: tuple[str, ...]) -> None:
-        unknown = sorted(set(self.cfg) - set(read) - set(harmless) - GENERIC_HARMLESS)
+        unknown = sorted(k for k, v in self.cfg.items() if k not in read and k not in harmless
+                         and not is_generic_harmless(k, v))
         if unknown:
             raise ConfigError(f"{self.where}: unknown RWKV-{version} key(s) {unknown}: mi-rwkv "
                               "cannot tell whether they change the numbers (docs/RWKV.md lists "
@@ -194,6 +219,12 @@ def parse_v6(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
     if hidden % head:
         raise k.fail("head_size", f"head size {head} does not divide hidden size {hidden}")
     divisor = k.number("head_size_divisor", 8.0)
+    try:
+        group_norm_eps = 1e-5 * divisor ** 2
+    except OverflowError:
+        group_norm_eps = math.inf
+    if group_norm_eps == math.inf:
+        raise k.fail("head_size_divisor", "too large (its GroupNorm eps 1e-5 * divisor^2 overflows)")
     # The HF code hard-codes the LoRA widths: 32 / 64, or 64 / 128 at hidden size 4096.
     tm_default, td_default = (64, 128) if hidden == 4096 else (32, 64)
     a = "rwkv.blocks.0.attention."
@@ -202,7 +233,7 @@ def parse_v6(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
         num_layers=k.integer("num_hidden_layers"), head_dim=head, num_heads=hidden // head,
         intermediate_size=k.integer("intermediate_size", int((hidden * 3.5) // 32 * 32)),
         norm_eps=k.number("layer_norm_epsilon", 1e-5),
-        group_norm_eps=1e-5 * divisor ** 2, head_size_divisor=divisor,
+        group_norm_eps=group_norm_eps, head_size_divisor=divisor,
         time_mix_rank=_shape_rank(shapes, a + "time_maa_w2", 1) or tm_default,
         time_decay_rank=_shape_rank(shapes, a + "time_decay_w1", 1) or td_default,
         tie_word_embeddings=k.flag("tie_word_embeddings", False),
@@ -249,8 +280,13 @@ def parse_v7(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
         raise k.fail("value_dim", f"value_dim must equal hidden_size {hidden} in every layer")
     inter = k.integer("intermediate_size", None)
     if inter is None:
-        inter = int(round(hidden * k.number("hidden_ratio", 4.0)))
+        width = hidden * k.number("hidden_ratio", 4.0)
+        if not 1 <= width < 2 ** 31:
+            raise k.fail("hidden_ratio", f"gives an MLP width of {width} for hidden size {hidden}")
+        inter = int(round(width))
     eps = k.number("norm_eps", 1e-5)
+    if head * eps == math.inf:
+        raise k.fail("norm_eps", "too large (the GroupNorm eps head_dim * norm_eps overflows)")
     p = "model.layers.0.attn."
     return RwkvConfig(
         version=7, vocab_size=k.integer("vocab_size"), hidden_size=hidden, num_layers=layers,

@@ -3,8 +3,8 @@ was trained on.
 
 SAELens and Llama Scope store TransformerLens names; mi-core's names mean what they mean
 in TransformerLens, so those are ours verbatim (``blocks.3.hook_resid_post``,
-``blocks.3.attn.hook_z``, ``blocks.3.ln2.hook_normalized`` = x / scale before the gain),
-except the two TL points below that a backend may lack. Gemma Scope 2 and sparsify store
+``blocks.3.attn.hook_z``, ``blocks.3.ln2.hook_normalized`` = x / scale before the gain,
+``blocks.3.hook_mlp_in``). Gemma Scope 2 and sparsify store
 HuggingFace module paths: the output of the norm in front of the MLP (after its gain) is
 the MLP's input, ``blocks.N.mlp.hook_in``. Anything else is parsed as-is and checked
 against the model when the SAE is spliced.
@@ -15,14 +15,6 @@ from __future__ import annotations
 import re
 
 from mi_core.hooks import HookPoint
-
-#: TransformerLens suffixes mapped to the point with the same tensor that every backend has.
-_TL_SUFFIX = {
-    # TL's hook_mlp_in is the (un-normalised) residual entering ln2, i.e. resid_mid.
-    "hook_mlp_in": "hook_resid_mid",
-    # TL's hook_attn_in is the residual entering ln1, i.e. resid_pre.
-    "hook_attn_in": "hook_resid_pre",
-}
 
 #: HuggingFace module paths (Gemma Scope 2 ``hf_hook_point_in``, sparsify hookpoints).
 _HF_PATTERNS: list[tuple[re.Pattern[str], str]] = [
@@ -42,10 +34,10 @@ _POST_ATTENTION_NORM = re.compile(r"^(?:model\.)?layers\.(\d+)\.post_attention_l
 
 
 def tl_to_hook_point(name: str) -> HookPoint:
-    """A TransformerLens hook name (as in SAELens ``hook_name``) as our HookPoint."""
-    m = re.match(r"^blocks\.(\d+)\.(.+)$", name)
-    if m and m.group(2) in _TL_SUFFIX:
-        return HookPoint.layer_point(int(m.group(1)), _TL_SUFFIX[m.group(2)])
+    """A TransformerLens hook name (as in SAELens ``hook_name``) as our HookPoint: the same
+    name, with the same value (``hook_mlp_in`` / ``hook_attn_in`` included: an intervention
+    there changes only the sublayer's input, as in TransformerLens; a backend without them
+    refuses the SAE's splice by name)."""
     return HookPoint.parse(name)
 
 

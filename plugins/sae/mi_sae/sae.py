@@ -157,6 +157,11 @@ class SparseAutoencoder:
                                       f"got k={c.k}")
             if c.activation == "groupmax" and c.d_sae % c.k:
                 raise DictionaryError(f"{where}: groupmax needs d_sae={c.d_sae} divisible by k={c.k}")
+        if c.rescale_acts_by_decoder_norm:
+            dead = (w["W_dec"].norm(dim=-1) == 0).nonzero().flatten().tolist()
+            if dead:
+                raise DictionaryError(f"{where}: rescale_acts_by_decoder_norm divides by the norms "
+                                      f"of W_dec's rows, and rows {dead[:8]} are zero")
         if c.normalize_activations == "layer_norm" and c.d_in < 2:
             raise DictionaryError(f"{where}: normalize_activations 'layer_norm' needs d_in >= 2 "
                                   f"(the unbiased std of one value is NaN), got d_in={c.d_in}")

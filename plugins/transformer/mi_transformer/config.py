@@ -352,6 +352,7 @@ GENERIC_HARMLESS: frozenset[str] = frozenset({
     "_name_or_path", "architectures", "transformers_version", "torch_dtype", "dtype",
     "model_type", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
     "decoder_start_token_id", "use_cache", "initializer_range", "init_std", "initializer_factor",
+    "_num_labels",
     "return_dict", "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16",
     "tf_legacy_loss", "id2label", "label2id", "num_labels", "problem_type", "finetuning_task",
     "tokenizer_class", "prefix", "task_specific_params", "is_decoder", "max_length",
@@ -681,7 +682,10 @@ def parse_gemma2(r: ConfigReader) -> TransformerConfig:
     base = _gemma_base(r, "gemma2")
     base.update(post_norms=True, weight_names="gemma2", **_softcaps(r))
     types = _layer_types(r, base["num_layers"], lambda i: i % 2 == 0)
-    return _finish(r, base, types, _ropes_by_type(r), r.int("sliding_window", None))
+    window = r.int("sliding_window", None)
+    # Gemma 2's hub configs repeat the window as sliding_window_size (transformers ignores it)
+    r.refuse_unless("sliding_window_size", window, "it must repeat sliding_window")
+    return _finish(r, base, types, _ropes_by_type(r), window)
 
 
 def parse_gemma3_text(r: ConfigReader) -> TransformerConfig:
@@ -704,6 +708,8 @@ def parse_phi3(r: ConfigReader) -> TransformerConfig:
                 weight_names="phi3")
     # only longrope scaling reads it (refused by the rope parser until implemented)
     r.int("original_max_position_embeddings", None)
+    # Phi-3's config.json says attention_bias: false; transformers' Phi-3 has no biases
+    r.refuse_unless("attention_bias", False, "Phi-3's projections have no biases")
     return _all_sliding(r, base)
 
 
@@ -766,16 +772,18 @@ def _learned(base: dict[str, Any], max_positions: int, offset: int = 0) -> Trans
 
 
 def _dense(r: ConfigReader, model_type: str, *, hidden: str, heads: str, layers: str,
-           inner: str, inner_default: int | None, eps: str, act: str, act_default: str,
+           inner: str, inner_default: int | None, eps: str | None, act: str, act_default: str,
            tie_default: bool, kv: str | None = None) -> dict[str, Any]:
-    """Sizes under a family's own key names (GPT-2's n_embd ...), LayerNorm with bias."""
+    """Sizes under a family's own key names (GPT-2's n_embd ...), LayerNorm with bias.
+    `eps` None: the family's LayerNorms use torch's default 1e-5 whatever the config says."""
     d = r.int(hidden)
     h, k, hd = _heads(r, d, heads, kv, None)
     return dict(model_type=model_type, vocab_size=r.int("vocab_size"), hidden_size=d,
                 num_layers=r.int(layers), num_heads=h, num_kv_heads=k, head_dim=hd,
                 intermediate_size=r.int(inner, 4 * d if inner_default is None else inner_default),
                 norm_type=NormType.LAYER_NORM, norm_bias=True,
-                norm_eps=r.float(eps, 1e-5, gt=0), activation=_activation(r, act, act_default),
+                norm_eps=r.float(eps, 1e-5, gt=0) if eps else 1e-5,
+                activation=_activation(r, act, act_default),
                 tie_word_embeddings=r.bool("tie_word_embeddings", tie_default))
 
 
@@ -812,6 +820,10 @@ def parse_gptj(r: ConfigReader) -> TransformerConfig:
                   inner_default=None, eps="layer_norm_epsilon", act="activation_function",
                   act_default="gelu_new", tie_default=False)
     rot = r.int("rotary_dim")  # transformers' GPT-J cannot run without it
+    # keys of the original GPT-J configs that transformers' GPT-J does not read: only their
+    # values matching what it does are accepted
+    r.refuse_unless("rotary", True, "GPT-J always uses rotary positions")
+    r.refuse_unless("scale_attn_weights", True, "GPT-J always scales the scores")
     if rot > base["head_dim"] or rot % 2:
         raise r.bad("rotary_dim", rot, f"an even number <= head dim {base['head_dim']}")
     base.update(weight_names="gptj", mlp_layout=MlpLayout.PLAIN, mlp_bias=True,
@@ -849,7 +861,7 @@ def parse_stablelm(r: ConfigReader) -> TransformerConfig:
 def parse_opt(r: ConfigReader) -> TransformerConfig:
     base = _dense(r, "opt", hidden="hidden_size", heads="num_attention_heads",
                   layers="num_hidden_layers", inner="ffn_dim", inner_default=None,
-                  eps="layer_norm_eps", act="activation_function", act_default="relu",
+                  eps=None, act="activation_function", act_default="relu",
                   tie_default=True)
     r.refuse_unless("do_layer_norm_before", True, "post-norm OPT (350m) is not implemented")
     r.refuse_unless("_remove_final_layer_norm", False, "the final norm is always applied")
@@ -868,6 +880,8 @@ def parse_falcon(r: ConfigReader) -> TransformerConfig:
     d = r.int("hidden_size")
     h, _, hd = _heads(r, d, "num_attention_heads", None, None)
     r.refuse_unless("alibi", False, "ALiBi position biases are not implemented")
+    r.refuse_unless("apply_residual_connection_post_layernorm", False,
+                    "transformers' Falcon ignores it; the original code adds the normed input")
     new = r.bool("new_decoder_architecture", False)
     mq = r.bool("multi_query", True)
     parallel = r.bool("parallel_attn", True)
@@ -906,7 +920,8 @@ def parse_falcon(r: ConfigReader) -> TransformerConfig:
     return _gpt_rope(r, base, (), 1.0)
 
 
-_GPT2_HARMLESS = {"summary_type", "summary_use_proj", "summary_activation",
+_GPT2_HARMLESS = {"n_special", "predict_special_tokens",  # GPT-1 leftovers, never read
+                  "summary_type", "summary_use_proj", "summary_activation",
                   "summary_proj_to_labels", "summary_first_dropout"}
 
 
@@ -1144,7 +1159,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     _family("gemma", parse_gemma, _LLAMA | {"hidden_activation"}),
     _family("gemma2", parse_gemma2, _LLAMA | {
         "hidden_activation", "attn_logit_softcapping", "final_logit_softcapping",
-        "query_pre_attn_scalar", "sliding_window", "layer_types"},
+        "query_pre_attn_scalar", "sliding_window", "sliding_window_size", "layer_types"},
         harmless={"cache_implementation"}),
     _family("gemma3_text", parse_gemma3_text, _LLAMA | {
         "hidden_activation", "attn_logit_softcapping", "final_logit_softcapping",
@@ -1185,18 +1200,19 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     _family("gpt_neox", parse_gpt_neox, _SHAPE_KEYS | _ROPE | {
         "layer_norm_eps", "attention_bias", "use_parallel_residual", "rotary_pct",
         "rotary_emb_base"}),
-    _family("gptj", parse_gptj, {
+    _family("gptj", parse_gptj, {"rotary", "scale_attn_weights",
         "vocab_size", "n_embd", "n_head", "n_layer", "n_inner", "n_positions", "rotary_dim",
-        "layer_norm_epsilon", "activation_function", "tie_word_embeddings"}),
+        "layer_norm_epsilon", "activation_function", "tie_word_embeddings"},
+        harmless=_GPT2_HARMLESS),
     _family("phi", parse_phi, _SHAPE_KEYS | _ROPE | {"layer_norm_eps", "qk_layernorm"}),
     _family("stablelm", parse_stablelm, _SHAPE_KEYS | _ROPE | {
         "layer_norm_eps", "qk_layernorm", "use_parallel_residual", "use_qkv_bias"}),
     _family("opt", parse_opt, {
         "vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "ffn_dim",
-        "max_position_embeddings", "layer_norm_eps", "activation_function",
+        "max_position_embeddings", "activation_function",
         "tie_word_embeddings", "do_layer_norm_before", "_remove_final_layer_norm",
         "layer_norm_elementwise_affine", "word_embed_proj_dim", "enable_bias"}),
-    _family("falcon", parse_falcon, _ROPE | {
+    _family("falcon", parse_falcon, _ROPE | {"apply_residual_connection_post_layernorm",
         "vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "num_kv_heads",
         "ffn_hidden_size", "layer_norm_epsilon", "activation", "tie_word_embeddings", "alibi",
         "new_decoder_architecture", "multi_query", "parallel_attn", "num_ln_in_parallel_attn",
@@ -1225,12 +1241,20 @@ class UnknownKeysError(ConfigError):
 def _run(family: Family, cfg: Any, src: str, parse: Callable[[ConfigReader], TransformerConfig]
          | None = None) -> TransformerConfig:
     r = ConfigReader(cfg, src)
-    out = (parse or family.parse)(r)
-    unknown = r.unread(family.harmless)
+    try:
+        out = (parse or family.parse)(r)
+    except ConfigError as exc:
+        if src in str(exc):
+            raise
+        # a relation TransformerConfig checks on its axes: say which file it came from
+        raise ConfigError(f"{src}: {exc}") from None
+    # auto_map names custom modeling code: for a family implemented here transformers (without
+    # trust_remote_code) ignores it as well; an unknown model_type with one is refused
+    unknown = r.unread(family.harmless | ({"auto_map"} if family is not AUTO_FAMILY else set()))
     if unknown:
         raise UnknownKeysError(
-            f"{src}: {family.model_type} config has keys that change the numbers and are not "
-            f"implemented (or are unknown): {', '.join(unknown)}", unknown)
+            f"{src}: {family.model_type} config has keys this backend does not read and does not "
+            f"know to be harmless (they may change the numbers): {', '.join(unknown)}", unknown)
     return out
 
 

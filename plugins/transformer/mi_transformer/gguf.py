@@ -12,14 +12,15 @@ What this does, in order:
 3. Undo what llama.cpp's converter changed: the q/k row permutation of LLaMA (each head's
    rows from HF's rotate-half layout to GPT-J's interleaved one), Gemma's norm gains stored
    as 1 + w; fold rope factor tensors (llama3, Phi-3 longrope) back into ``rope_scaling``.
-4. Map llama.cpp tensor names to the family's HF names (:data:`GGUF_ARCHES`, one entry per
-   architecture) and check every shape against the family's weight table.
+4. Map llama.cpp tensor names to slots of the family's weight table (:data:`GGUF_ARCHES`,
+   one entry per architecture; ``weights.slot_names`` gives the HF names) and check every
+   shape against that table.
 5. Build a ``tokenizers.Tokenizer`` from ``tokenizer.ggml.*`` the way transformers does for
    the same file (byte-level BPE for ``tokenizer.ggml.model == "gpt2"``, sentencepiece BPE
    with byte fallback for ``"llama"``), so ids agree.
 
-Architectures: llama, qwen2, qwen3, gemma2, phi3, gpt2 (:data:`GGUF_ARCHES`); others are
-refused by name. Metadata values of the wrong type are a ConfigError naming the key.
+Architectures: llama, qwen2, qwen3, gemma, gemma2, phi3, gpt2, qwen2moe, qwen3moe
+(:data:`GGUF_ARCHES`); others are refused by name. Metadata values of the wrong type are a ConfigError naming the key.
 """
 
 from __future__ import annotations
@@ -398,9 +399,13 @@ def _qwen3_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
     cfg["attention_bias"] = "blk.0.attn_q.bias" in names
 
 
-def _gemma2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+def _gemma_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
     cfg.pop("hidden_act")
     cfg["hidden_activation"] = "gelu_pytorch_tanh"
+
+
+def _gemma2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    _gemma_extra(m, cfg, names)
     cfg["attn_logit_softcapping"] = m.float("attn_logit_softcapping", None)
     cfg["final_logit_softcapping"] = m.float("final_logit_softcapping", None)
     cfg["sliding_window"] = m.int("attention.sliding_window", None)
@@ -429,6 +434,36 @@ def _gpt2_config(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
         cfg.pop(k, None)
 
 
+def _moe_extra(norm_default: bool, shared: bool) -> Callable[[_Meta, dict[str, Any], set[str]],
+                                                             None]:
+    """Qwen2-MoE / Qwen3-MoE: expert counts and sizes; llama.cpp renormalises the top-k
+    weights for qwen3moe and not for qwen2moe unless ``expert_weights_norm`` says so."""
+    def configure(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+        cfg["num_experts"] = m.int("expert_count")
+        cfg["num_experts_per_tok"] = m.int("expert_used_count")
+        cfg["moe_intermediate_size"] = m.int("expert_feed_forward_length")
+        if cfg.get("intermediate_size") is None:  # every layer is sparse
+            cfg["intermediate_size"] = cfg["moe_intermediate_size"]
+        norm = m.raw(f"{m.arch}.expert_weights_norm")
+        if norm is not None and not isinstance(norm, bool):
+            raise m._bad(f"{m.arch}.expert_weights_norm", norm, "true or false")
+        cfg["norm_topk_prob"] = norm_default if norm is None else norm
+        if shared:
+            cfg["shared_expert_intermediate_size"] = m.int("expert_shared_feed_forward_length")
+        if cfg["model_type"] == "qwen3_moe":
+            cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+    return configure
+
+
+_MOE_SLOTS = {"ffn_gate_inp": "moe:mlp.gate", "ffn_gate_exps": "exps:0", "ffn_up_exps": "exps:1",
+              "ffn_down_exps": "exps:2", "ffn_gate_shexp": "moe:mlp.shared_expert.gate_proj",
+              "ffn_up_shexp": "moe:mlp.shared_expert.up_proj",
+              "ffn_down_shexp": "moe:mlp.shared_expert.down_proj",
+              "ffn_gate_inp_shexp": "moe:mlp.shared_expert_gate"}
+_ATTN_SLOTS = {k: v for k, v in _LLAMA_LAYER.items() if not k.startswith("ffn_")} | {
+    "ffn_norm": "ln2"}
+
+
 GGUF_ARCHES: dict[str, GgufArch] = {
     "llama": GgufArch("llama", "LlamaForCausalLM", _LLAMA_LAYER, permute_qk=True,
                       configure=_llama_extra),
@@ -436,12 +471,19 @@ GGUF_ARCHES: dict[str, GgufArch] = {
     "qwen3": GgufArch("qwen3", "Qwen3ForCausalLM", {
         **_LLAMA_LAYER, "attn_q_norm": "q_norm", "attn_k_norm": "k_norm"},
         configure=_qwen3_extra),
+    "gemma": GgufArch("gemma", "GemmaForCausalLM", _LLAMA_LAYER, norm_offset=1.0,
+                      configure=_gemma_extra),
     "gemma2": GgufArch("gemma2", "Gemma2ForCausalLM", {
         **_LLAMA_LAYER, "post_attention_norm": "ln1_post", "ffn_norm": "ln2",
         "post_ffw_norm": "ln2_post"}, norm_offset=1.0, configure=_gemma2_extra),
     "phi3": GgufArch("phi3", "Phi3ForCausalLM", {
         "attn_norm": "ln1", "ffn_norm": "ln2", "attn_qkv": "qkv", "attn_output": "o",
         "ffn_up": "gate_up", "ffn_down": "mlp_out"}, configure=_phi3_extra),
+    "qwen2moe": GgufArch("qwen2_moe", "Qwen2MoeForCausalLM", {**_ATTN_SLOTS, **_MOE_SLOTS},
+                         configure=_moe_extra(False, shared=True)),
+    "qwen3moe": GgufArch("qwen3_moe", "Qwen3MoeForCausalLM", {
+        **_ATTN_SLOTS, **_MOE_SLOTS, "attn_q_norm": "q_norm", "attn_k_norm": "k_norm"},
+        configure=_moe_extra(True, shared=False)),
     "gpt2": GgufArch("gpt2", "GPT2LMHeadModel", {
         "attn_norm": "ln1", "attn_qkv": "qkv", "attn_output": "o", "ffn_norm": "ln2",
         "ffn_up": "mlp_in", "ffn_down": "mlp_out"}, configure=_gpt2_config,
@@ -500,7 +542,7 @@ def hf_config(header: GgufHeader) -> dict[str, Any]:
         "model_type": arch.model_type,
         "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": m.int("feed_forward_length", allow_list=True),
+        "intermediate_size": m.int("feed_forward_length", None, allow_list=True),
         "num_hidden_layers": m.int("block_count"),
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
@@ -517,6 +559,8 @@ def hf_config(header: GgufHeader) -> dict[str, Any]:
         cfg["rope_scaling"] = scaling
     if arch.configure is not None:
         arch.configure(m, cfg, names)
+    if cfg.get("intermediate_size", cfg.get("n_inner")) is None:
+        raise ConfigError(f"{path}: GGUF metadata lacks required key {name + '.feed_forward_length'!r}")
     for key, hf in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                     ("padding_token_id", "pad_token_id")):
         v = m.int(f"tokenizer.ggml.{key}", None, arch=False, min=0)
@@ -581,6 +625,23 @@ def llama3_rope_from_factors(factors: torch.Tensor, theta: float, head_dim: int,
                                 f"with any known parameters; cannot express it as an HF config")
 
 
+def _split_experts(t: GgufTensorInfo, arr: np.ndarray, slot: tuple[int | None, str], family: Any,
+                   names: dict[tuple[int | None, str], str], path: Path
+                   ) -> Iterator[tuple[str, torch.Tensor]]:
+    """llama.cpp's stacked expert tensor [E, rows, cols] -> one tensor per expert, named by
+    the family's weight table (``moe:<block>.experts.{e}.<gate|up|down>.weight``)."""
+    moe = family.moe
+    if moe is None or arr.ndim != 3 or arr.shape[0] != moe.num_experts:
+        raise WeightLoadError(f"{path}: tensor {t.name!r} of shape {list(arr.shape)} is not a "
+                              f"stack of {moe.num_experts if moe else 0} experts")
+    kind = moe.expert_names[int(slot[1].split(":")[1].split(".")[0])]
+    for e in range(moe.num_experts):
+        key = (slot[0], f"moe:{moe.block}.experts.{e}.{kind}.weight")
+        if key not in names:
+            raise WeightLoadError(f"{path}: tensor {t.name!r}: layer {slot[0]} has no experts")
+        yield names[key], torch.from_numpy(np.ascontiguousarray(arr[e]))
+
+
 def read_gguf(path: Path, dtype: torch.dtype = torch.float32) -> GgufCheckpoint:
     """Load a GGUF of a supported architecture (:data:`GGUF_ARCHES`): dequantised HF-named
     tensors, HF config, tokenizer.
@@ -635,6 +696,16 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32) -> GgufCheckpoint:
     for t, arr in tqdm(it, total=len(body), desc=f"dequantising {path.name}",
                        disable=None, leave=False):
         slot = slot_of(t.name, arch)
+        if slot is not None and slot[1].startswith("exps:"):  # experts stacked [E, ...]
+            for name, w in _split_experts(t, arr, slot, family, names, path):
+                if tuple(w.shape) != tuple(shapes[name]):
+                    raise WeightLoadError(f"{path}: tensor {t.name!r} gives {name} of shape "
+                                          f"{list(w.shape)}, expected {list(shapes[name])}")
+                tensors[name] = w.to(dtype)
+                quant[name] = _quant_type(t, path).name
+            continue
+        if slot is not None and slot[1] == "moe:mlp.shared_expert_gate.weight" and arr.ndim == 1:
+            arr = arr[None]  # llama.cpp stores the shared expert's gate as [d_model]
         name = names.get(slot) if slot is not None else None
         if name is None:
             if slot == (None, "lm_head.weight") and family.tie_word_embeddings:

@@ -33,8 +33,10 @@ def key_table_markdown() -> str:
     return "\n".join([
         BEGIN, "", *rows, "",
         f"Harmless for every family: {generic}, and any key ending in `dropout` / `pdrop` "
-        f"(or `layerdrop`). Harmless only at their default: {at_default}. A key with a JSON "
-        f"`null` value counts as absent.", "", END])
+        f"(or `layerdrop`). Harmless only at their default: {at_default}. `auto_map` (custom "
+        f"modeling code) is harmless for the families above, which transformers also runs "
+        f"natively, and refused for an unknown model_type. A key with a JSON `null` value "
+        f"counts as absent.", "", END])
 
 
 def rewrite(path: Path) -> bool:

@@ -16,7 +16,7 @@ BACKEND = "transformer"
 
 @plugin_impl
 def mi_plugin_info() -> dict[str, Any]:
-    return {"provides": ["GGUF files (llama, qwen2, qwen3, gemma2, phi3, gpt2 architectures)"]}
+    return {"provides": ["GGUF files (llama, qwen2, qwen3, gemma, gemma2, phi3, gpt2, qwen2moe, qwen3moe architectures)"]}
 
 
 @plugin_impl
@@ -36,7 +36,7 @@ def mi_detect_backend(source: ModelSource) -> Detection:
     path = source.path
     if source.is_file:
         if path.suffix.lower() == ".gguf":
-            return Detection(BACKEND, 0.9, "GGUF file (llama, qwen2, qwen3, gemma2, phi3, gpt2)")
+            return Detection(BACKEND, 0.9, "GGUF file (llama, qwen2, qwen3, gemma, gemma2, phi3, gpt2, qwen2moe, qwen3moe)")
         return Detection(BACKEND, 0.0, f"{path.name}: single files must be .gguf")
     cfg = source.config
     if cfg is None:

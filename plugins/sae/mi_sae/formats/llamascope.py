@@ -45,7 +45,9 @@ def load(path: Path, device: torch.device, dtype: torch.dtype) -> SparseAutoenco
     wpath = folder / WEIGHTS
     w = read_safetensors(wpath, device, dtype)
     s_in = s_out = 1.0
-    if f.text("norm_activation", "dataset-wise") == "dataset-wise":
+    # Only dataset-wise scaling is implemented; token-wise (or any other) normalisation
+    # would change the numbers, so it is refused rather than ignored.
+    if f.text("norm_activation", "dataset-wise", ("dataset-wise",)) == "dataset-wise":
         norms = Fields(f.mapping("dataset_average_activation_norm"),
                        f"{folder / HYPER} (dataset_average_activation_norm)")
         if norms.get("in") is None:
