@@ -23,6 +23,7 @@ from mi_core.interp.knockout import (
 from mi_core.interp.logit_lens import (
     LayerPrediction, LogitLensAnalysis, LogitLensResult, TokenPrediction,
 )
+from mi_core.interp.lens_grid import LogitLensGrid, logit_lens_grid
 from mi_core.interp.patching import (
     PatchingResult, attribution_patching, logit_diff_metric, normalize_metric, patching_grid,
 )
@@ -40,7 +41,7 @@ from mi_core.interp.steering import (
 __all__ = [
     "AblationResult", "ChangedToken", "CompositionScores", "DoseResponseCurve",
     "DoseResponsePoint", "EffectSummary", "FactoredMatrix", "HeadDetectionResult", "KnockoutSpec",
-    "LayerPrediction", "LogitAttribution", "LogitLensAnalysis", "LogitLensResult",
+    "LayerPrediction", "LogitAttribution", "LogitLensGrid", "logit_lens_grid", "LogitLensAnalysis", "LogitLensResult",
     "MetricError", "PatchingResult", "RecurrentFeedbackEntry", "RecurrentPassSpec",
     "StateAblationResult", "StateSteeringResult", "SteeringCalibration", "SteeringResult",
     "SteeringSpec", "TokenEffect", "TokenPrediction", "run_state_knockout", "run_state_steering",

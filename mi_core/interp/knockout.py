@@ -10,6 +10,7 @@ attention output is the bias only) and the result is never NaN.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 import attrs
@@ -206,6 +207,13 @@ class AblationResult:
         if not self._has_raw() and self.summary is not None:
             return self.summary.top_changed[:k]
         return top_changed(*self._raw("top_changed_tokens"), k, self._name)
+
+    def to_html(self, path: str | Path, title: str = "attention knockout") -> Path:
+        """An interactive page: baseline vs ablated next-token probabilities, sortable, with
+        every effect as ablated − baseline (needs the raw logits)."""
+        from mi_core.viz.effects import ablation_html
+
+        return ablation_html(self, path, title=title)
 
 
 def ablation_result(model: MIModel, baseline: torch.Tensor, ablated: torch.Tensor,

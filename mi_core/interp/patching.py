@@ -11,6 +11,7 @@ backward pass.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import attrs
@@ -79,6 +80,12 @@ class PatchingResult:
         idx = flat.abs().topk(min(k, flat.numel())).indices
         n = self.grid.shape[1]
         return [(self.layers[int(i) // n], self.columns[int(i) % n], float(flat[i])) for i in idx]
+
+    def to_html(self, path: str | Path, title: str | None = None) -> Path:
+        """An interactive page of the grid (hover a cell for its value)."""
+        from mi_core.viz.patching import patching_html
+
+        return patching_html(self, path, title=title)
 
 
 def _pair(model: MIModel, clean: Any, corrupted: Any) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,7 @@ is renormalised to sum to 1. Residual steering uses :class:`mi_core.Add` of
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 import attrs
@@ -167,6 +168,13 @@ class SteeringResult:
     def top_token(self, steered: bool = True) -> int:
         return int((self.steered_logits if steered else self.baseline_logits).argmax())
 
+    def to_html(self, path: str | Path, token_names: Any = None, title: str = "steering") -> Path:
+        """An interactive page: baseline vs steered next-token probabilities (steered −
+        baseline). `token_names`: id -> text, a dict or e.g. ``lambda i: model.to_string([i])``."""
+        from mi_core.viz.effects import steering_html
+
+        return steering_html(self, path, title=title, token_names=token_names)
+
 
 def _attention_to_targets(model: MIModel, cache: Any, spec: SteeringSpec, seq: int) -> float:
     heads = check_heads(spec.heads, model.num_heads)
@@ -276,6 +284,12 @@ class DoseResponseCurve:
 
     def target_probs(self) -> list[float | None]:
         return [p.target_prob for p in self.points]
+
+    def to_html(self, path: str | Path, token_names: Any = None, title: str | None = None) -> Path:
+        """An interactive chart of KL and the target's probability against strength."""
+        from mi_core.viz.effects import dose_response_html
+
+        return dose_response_html(self, path, token_names=token_names, title=title)
 
 
 def dose_response(model: MIModel, prompt: Any, spec: SteeringSpec, strengths: Sequence[float],
