@@ -36,6 +36,24 @@ def _missing() -> str | None:
     return None
 
 
+# Scroll every scrolling ancestor, then the window, so that point (x, y) of an element is in
+# the middle of the viewport; return its viewport coordinates.
+_SCROLL_TO_POINT = """
+const [el, x, y] = arguments;
+const at = () => { const r = el.getBoundingClientRect(); return [r.left + x, r.top + y]; };
+for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
+  if (a.scrollWidth > a.clientWidth || a.scrollHeight > a.clientHeight) {
+    const b = a.getBoundingClientRect(), [px, py] = at();
+    a.scrollLeft += px - (b.left + a.clientWidth / 2);
+    a.scrollTop += py - (b.top + a.clientHeight / 2);
+  }
+}
+let [px, py] = at();
+window.scrollBy(px - innerWidth / 2, py - innerHeight / 2);
+return at();
+"""
+
+
 class Browser:
     """One headless Chromium session; `open(path)` loads a page and waits until it rendered."""
 
@@ -79,15 +97,17 @@ class Browser:
         return self.driver.find_elements(By.CSS_SELECTOR, css)
 
     def hover(self, element: Any, x: float | None = None, y: float | None = None) -> None:
-        """Move the pointer over `element`, at (x, y) pixels from its top-left corner when given."""
+        """Move the real pointer over `element` (its centre), or to (x, y) pixels from its
+        top-left corner, after scrolling that point into view (large canvases scroll)."""
         from selenium.webdriver.common.action_chains import ActionChains
 
-        chain = ActionChains(self.driver)
         if x is None:
-            chain.move_to_element(element)
-        else:  # selenium's offsets count from the element's centre
-            r = element.rect
-            chain.move_to_element_with_offset(element, int(x - r["width"] / 2), int(y - r["height"] / 2))
+            self.js("arguments[0].scrollIntoView({block: 'center', inline: 'center'})", element)
+            ActionChains(self.driver).move_to_element(element).perform()
+            return
+        vx, vy = self.js(_SCROLL_TO_POINT, element, x, y)
+        chain = ActionChains(self.driver)
+        chain.w3c_actions.pointer_action.move_to_location(int(vx), int(vy))
         chain.perform()
 
     def click(self, element: Any, x: float | None = None, y: float | None = None) -> None:
