@@ -10,7 +10,7 @@ MI.f32 = (t) => {
 };
 // A token as shown: control characters and no-break spaces escaped, a token of spaces only
 // as "␣" per space (else it would be invisible), everything else verbatim. Always set as
-// textContent, never innerHTML, so "<script>" is text.
+// textContent, never innerHTML, so a token that looks like markup stays text.
 MI.tok = (s) => {
   s = String(s);
   if (/^ +$/.test(s)) return "␣".repeat(s.length);
