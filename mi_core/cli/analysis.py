@@ -425,7 +425,7 @@ def _cmd_attention(args: argparse.Namespace) -> int:
         from mi_core.viz import attention_html
 
         return attention_html(toks, full, path, layer=layer, head=args.head,
-                              model_name=model_name(model))
+                              model_name=model_name(model), prompt=args.prompt)
     _write_plot(args.plot_out, lambda p: plot_attention(
         pat, toks, p, title=f"attention, {model_name(model)}, layer {layer} {which}\n"
                             f"prompt {args.prompt!r}"), html=html)

@@ -35,6 +35,7 @@ class LogitLensGrid:
     target_ranks: torch.Tensor
     vocab: dict[int, str]
     model_name: str = ""
+    prompt: str | None = None  # the text, when the lens ran on text
 
     def to_html(self, path: str | Path, title: str | None = None) -> Path:
         """The interactive layers x positions page (see docs/VIEWS.md)."""
@@ -73,4 +74,11 @@ def logit_lens_grid(model: MIModel, prompt: Any, k: int = 5, layers: Sequence[in
     return LogitLensGrid([lab for lab, _, _ in pts], toks, top_ids, top_probs, tgt,
                          torch.stack(t_p) if tgt else empty,
                          torch.stack(t_r) if tgt else empty.long(), vocab,
-                         str(getattr(model, "source", "")))
+                         _short_name(getattr(model, "source", "")),
+                         prompt if isinstance(prompt, str) else None)
+
+
+def _short_name(source: Any) -> str:
+    """A checkpoint's file or directory name (a hub id stays as it is)."""
+    text = str(source)
+    return Path(text).name if text and Path(text).exists() else text

@@ -13,12 +13,14 @@ from mi_core.viz._page import f32, prompt_text, write_page
 
 def attention_html(tokens: Sequence[str], pattern: torch.Tensor, path: str | Path,
                    layer: int | None = None, head: int | None = None,
-                   title: str | None = None, model_name: str = "", top_k: int = 10) -> Path:
+                   title: str | None = None, model_name: str = "", top_k: int = 10,
+                   prompt: str | None = None) -> Path:
     """Write the attention page.
 
     pattern: [heads, seq_q, seq_k] post-softmax (e.g. ``cache["pattern", layer][0]``), or
     [seq_q, seq_k] for one head. `head`: the head selected when the page opens (None = the
-    mean over heads). Returns the path written.
+    mean over heads). `prompt`: the text shown above (default: the tokens joined).
+    Returns the path written.
     """
     p = pattern.detach().float()
     if p.dim() == 4 and p.shape[0] == 1:
@@ -37,4 +39,4 @@ def attention_html(tokens: Sequence[str], pattern: torch.Tensor, path: str | Pat
             "head_labels": [f"L{layer}H{h}" if layer is not None else f"H{h}" for h in range(n)],
             "initial_head": -1 if head is None else int(head), "top_k": int(top_k)}
     return write_page(path, "attention", title or f"attention patterns, {where}", data, sub,
-                      prompt_text(tokens))
+                      prompt if prompt is not None else prompt_text(tokens))

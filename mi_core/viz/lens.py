@@ -28,7 +28,7 @@ def logit_lens_html(result: Any, path: str | Path, title: str | None = None) -> 
     """Write the lens page for a ``LogitLensGrid`` (every position, from
     :func:`mi_core.interp.logit_lens_grid`) or a ``LogitLensResult`` (one position)."""
     if hasattr(result, "points"):
-        data, name = _from_result(result), ""
+        data, name, text = _from_result(result), "", None
     else:
         g = result
         data = {"labels": list(g.labels), "tokens": list(g.tokens),
@@ -37,8 +37,10 @@ def logit_lens_html(result: Any, path: str | Path, title: str | None = None) -> 
                 "target_ids": list(g.target_ids), "target_probs": f32(g.target_probs),
                 "target_ranks": g.target_ranks.tolist(), "vocab": g.vocab}
         name = g.model_name
+        text = getattr(g, "prompt", None)
     longest = max((len(s) for s in data["vocab"].values()), default=4)
     data["cell_width"] = int(min(110, max(44, 8 * longest + 8)))
     sub = ", ".join(x for x in (name, f"{len(data['labels'])} lens points",
                                 f"{len(data['positions'])} positions") if x)
-    return write_page(path, "lens", title or "logit lens", data, sub, prompt_text(data["tokens"]))
+    return write_page(path, "lens", title or "logit lens", data, sub,
+                      text if text is not None else prompt_text(data["tokens"]))

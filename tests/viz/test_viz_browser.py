@@ -335,3 +335,23 @@ def test_feature_activations_click_and_hover(browser, tmp_path: Path) -> None:
     assert [int(r[0]) for r in rows] == active
     assert browser.console_errors() == []
     not_blank(browser, tmp_path / "features.png")
+
+
+@pytest.mark.parametrize("argv, element", [
+    (["attention", "--layer", "1", "--head", "2"], "canvas.head"),
+    (["logit-lens", "--mid", "--target", "w5"], "#lens"),
+    (["knockout", "--layers", "0-2"], "#effects"),
+    (["patch", "--corrupt", "w3 w17 w9 w9 w21 w4", "--correct", "w5", "--incorrect", "w9"], "#grid"),
+    (["steer", "--target", "w5", "--strengths", "0,1,2"], "#chart"),
+])
+def test_cli_plot_html_writes_the_interactive_page(browser, argv, element, tmp_path: Path) -> None:
+    from mi_core.cli.main import main
+
+    from tests.viz.conftest import CLT_FIX
+
+    out = tmp_path / f"{argv[0]}.html"
+    rc = main(argv + ["--model", str(CLT_FIX / "tiny_llama"), "--prompt", PROMPT, "--plot", str(out)])
+    assert rc == 0 and out.exists()
+    opened(browser, out)
+    assert browser.find(element).is_displayed()
+    assert browser.js("return document.querySelector('.prompt').textContent") == PROMPT
