@@ -39,6 +39,7 @@ from mi_core.registry import (
 from mi_core.serialize import from_json, to_json
 from mi_core.state import StateKnockoutSpec, StateSteeringSpec
 from mi_core.tokenizer import EncodingWithOffsets, HFTokenizer, MITokenizer
+from mi_core import viz  # interactive HTML views: mi.viz.attention_html(...), ...
 
 __version__ = "0.1.0"
 

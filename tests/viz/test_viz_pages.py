@@ -105,3 +105,19 @@ def test_single_position_lens_page_has_one_column(tiny, tmp_path: Path) -> None:
     data = page_data(logit_lens_html(r, tmp_path / "l.html"))
     assert data["positions"] == [r.position] and len(data["labels"]) == len(r.points)
     assert data["top_ids"][0][0] == [t.token_id for t in r.points[0].top]
+
+
+def test_sparse_activations_page_equals_the_dense_columns(tmp_path: Path) -> None:
+    import mi_core as mi
+
+    g = torch.Generator().manual_seed(3)
+    dense = torch.relu(torch.randn(4, 1000, generator=g))
+    vals, idx = dense.topk(3, -1)
+    sa = mi.SparseActivations(idx, vals, 1000)
+    data = page_data(sa.to_html(tmp_path / "s.html", ["a", "b", "c", "d"]))
+    ref = sa.to_dense()  # [4, d_sae], the library's own dense form
+    cols = [int(x) for x in data["labels"]]
+    assert sorted(cols) == sorted(set(idx.flatten().tolist()))
+    np.testing.assert_array_equal(f32(data["acts"]), ref[:, cols].numpy())
+    # reachable as mi.viz without importing the submodule
+    assert mi.viz.sparse_activations_html is not None
