@@ -189,6 +189,23 @@ def test_knockout_table_hover_and_sort_show_the_effects(browser, tiny, tmp_path:
     not_blank(browser, tmp_path / "knockout.png")
 
 
+def test_steering_page_shows_kl_attention_and_named_tokens(browser, tiny, tmp_path: Path) -> None:
+    from mi_core.interp import apply_steering
+
+    r = apply_steering(tiny, PROMPT, SteeringSpec.attention([1, 2], [1], [-1], scale=4.0))
+    out = r.to_html(tmp_path / "steer.html", token_names=lambda i: tiny.to_string([i]))
+    opened(browser, out)
+    summary = dict(cells(browser.find("#summary table")))
+    assert float(summary["KL(baseline || steered) (nats)"]) == pytest.approx(r.kl_divergence(), abs=5e-5)
+    assert float(summary["attention to the steered keys, steered"]) == pytest.approx(
+        r.steered_attention, abs=5e-5)
+    first = browser.find("#effects tr[data-id]")
+    tid = int(first.get_attribute("data-id"))
+    assert first.find_element("css selector", "td").text == shown(tiny.to_string([tid]))
+    browser.hover(first)
+    assert float(cells(browser.find("#info table"))[0][3]) == pytest.approx(r.prob_diff(tid), abs=5e-5)
+
+
 def test_dose_response_hover_shows_each_point(browser, tiny, tmp_path: Path) -> None:
     ids = tiny.to_tokens(PROMPT)
     curve = dose_response(tiny, ids, SteeringSpec.attention([1, 2], [1], [-1]), [0.0, 1.0, 3.0],
