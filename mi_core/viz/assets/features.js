@@ -40,6 +40,7 @@
       MI.el("div", {}, `position ${s} ${JSON.stringify(MI.tok(toks[s]))}: ${feat < 0 ? "" : D.labels[feat] + " = " + MI.fmt(act(s, feat))}`),
       MI.table(["feature", "activation"], top.map((f) => [D.labels[f], [MI.fmt(act(s, f)), "num"]])));
     info.dataset.s = s;
+    spans.forEach((e, j) => (e.style.outline = j === s ? "2px solid #333" : ""));
   }
   update();
   MI.ready(t0);
