@@ -63,7 +63,8 @@ def comparison_html(baseline_logits: torch.Tensor, intervened_logits: torch.Tens
                      "logit_int": float(a[i]), "d_logit": float(a[i] - b[i]),
                      "rank_base": int((b > b[i]).sum()), "rank_int": int((a > a[i]).sum())})
     data = {"label": label, "rows": rows,
-            "summary": [[f"KL(baseline || {label}) (nats)", kl]] + [[k, float(v)] for k, v in summary]}
+            "summary": [[f"KL(baseline || {label}) (nats)", kl]]
+            + [[k, float(v)] for k, v in summary]}
     return write_page(path, "compare", title, data, subtitle, prompt)
 
 
@@ -79,7 +80,8 @@ def ablation_html(result: Any, path: str | Path, title: str = "attention knockou
     sub = subtitle or (f"next-token distribution at position {result.position}"
                        + (f"; {spec}" if spec is not None else ""))
     return comparison_html(result.baseline_logits, result.ablated_logits, path, names, label,
-                           title, sub, prompt if prompt is not None else getattr(result, "prompt", None))
+                           title, sub,
+                           prompt if prompt is not None else getattr(result, "prompt", None))
 
 
 def steering_html(result: Any, path: str | Path, title: str = "steering",
@@ -91,7 +93,8 @@ def steering_html(result: Any, path: str | Path, title: str = "steering",
     if getattr(result, "steered_attention", None) is not None:
         summary.append(("attention to the steered keys, steered", result.steered_attention))
     return comparison_html(result.baseline_logits, result.steered_logits, path, token_names,
-                           "steered", title, f"next-token distribution at position {result.position}",
+                           "steered", title,
+                           f"next-token distribution at position {result.position}",
                            prompt if prompt is not None else getattr(result, "prompt", None),
                            summary=summary)
 

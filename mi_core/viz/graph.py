@@ -21,7 +21,8 @@ NODE_KINDS = ("feature", "error", "token", "logit")
 
 def attribution_graph_html(path: str | Path, tokens: Sequence[str], n_layers: int,
                            nodes: Sequence[Mapping[str, Any]], src: Sequence[int] | torch.Tensor,
-                           dst: Sequence[int] | torch.Tensor, weight: Sequence[float] | torch.Tensor,
+                           dst: Sequence[int] | torch.Tensor,
+                           weight: Sequence[float] | torch.Tensor,
                            title: str = "attribution graph", subtitle: str = "",
                            node_threshold: float = 0.8, edge_threshold: float = 0.0,
                            list_k: int = 10, top_tokens_label: str = "top tokens") -> Path:

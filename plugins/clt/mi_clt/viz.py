@@ -11,7 +11,8 @@ import torch
 from mi_core.dictionaries import CltFeatureId
 
 
-def feature_top_tokens(g: Any, model: Any, clt: Any, k: int = 5) -> dict[int, list[tuple[str, float]]]:
+def feature_top_tokens(g: Any, model: Any, clt: Any, k: int = 5
+                       ) -> dict[int, list[tuple[str, float]]]:
     """node index -> the `k` tokens each feature's decoder pushes up most directly: the sum
     of its decoder vectors over the layers it writes to, times the unembedding ``W_U``
     (no final norm; a direct-effect reading, as a viewer's "top tokens")."""
