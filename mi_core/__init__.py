@@ -1,6 +1,7 @@
 """mi-core: mechanistic interpretability of language models on PyTorch.
 
-Public names only (see docs and ../shared/design/API.md); backends and formats are plugins.
+Public names only (see docs/ and the API reference built by scripts/api_docs.py); backends
+and formats are plugins.
 """
 
 from mi_core.backend import GenerationResult, MIBackend, MIModel, check_compatibility, sample_token

@@ -55,7 +55,7 @@ def num(x: float | None, spec: str = ".4f") -> str:
     if x is None:
         return "-"
     s = format(float(x), spec)
-    if s.lstrip("+-").strip("0.") == "" and s.startswith("-"):
+    if float(s) == 0.0:  # "-0.000" (a tiny negative) or "-0.0"
         s = format(0.0, spec)
     return s
 
@@ -270,7 +270,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
         lens = LogitLensAnalysis(k=min(5, model.vocab_size)).run(model, args.prompt)
         _write_plot(args.plot_out, lambda p: plot_logit_lens(
-            lens, p, title=f"logit lens, {model_name(model)}, prompt {args.prompt!r}"),
+            lens, p, title=f"logit lens, {model_name(model)}\nprompt {args.prompt!r}, "
+                           "next-token prediction after its last token"),
             html=_lens_html(model, args, 5))
     return 0
 
@@ -303,8 +304,8 @@ def _cmd_logit_lens(args: argparse.Namespace) -> int:
     _write_json(args.json_out, r, args.raw)
     tok = r.prompt_tokens[r.position] if r.prompt_tokens else str(r.position)
     _write_plot(args.plot_out, lambda p: plot_logit_lens(
-        r, p, title=f"logit lens, {model_name(model)}, prompt {args.prompt!r}, "
-                    f"after token {r.position} {tok!r}"),
+        r, p, title=f"logit lens, {model_name(model)}\nprompt {args.prompt!r}, next-token "
+                    f"prediction after token {r.position} {tok!r}"),
         html=_lens_html(model, args, args.k))
     return 0
 
@@ -353,7 +354,7 @@ def _cmd_knockout(args: argparse.Namespace) -> int:
     console.say(format_knockout(r, args.k))
     _write_json(args.json_out, r, args.raw)
     _write_plot(args.plot_out, lambda p: plot_knockout(
-        r, p, k=args.k, title=f"knockout, {model_name(model)}, prompt {args.prompt!r}"),
+        r, p, k=args.k, title=f"attention knockout, {model_name(model)}, prompt {args.prompt!r}"),
         html=_html_of(r))
     return 0
 
@@ -434,7 +435,7 @@ def _cmd_attention(args: argparse.Namespace) -> int:
 
 def format_dose(curve: Any, model: Any) -> str:
     tgt = curve.target_token_str
-    lines = [f"{curve.kind} steering, effects are steered - baseline",
+    lines = ["effects are steered - baseline",
              f"{'scale':>8} {'KL':>9} {'attn':>7} {'top token':>16}" +
              (f" {'p(' + repr(tgt) + ')':>12} {'dlog p':>8}" if tgt is not None else "")]
     for p in curve.points:

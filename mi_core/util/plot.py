@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import html
+import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -61,27 +62,34 @@ _save = save_figure
 
 
 def _printable(label: str) -> str:
-    """Tick labels: control characters and the fonts' missing glyphs escaped; spaces shown
-    as '␣' at the ends so ' Paris' and 'Paris' differ."""
+    """Tick labels: control characters escaped (fonts have no glyph for them), '$' kept
+    literal (matplotlib would start math mode)."""
     s = label if label.isprintable() else repr(label)[1:-1]
-    if s != s.strip(" "):
-        n_lead = len(s) - len(s.lstrip(" "))
-        n_trail = len(s) - len(s.rstrip(" "))
-        s = "\u2423" * n_lead + s.strip(" ") + "\u2423" * n_trail
-    return s.replace("$", r"\$") or "\u2205"
+    return s.replace("$", r"\$")
 
 
-def _shorten(title: str, width: int = 90) -> str:
-    lines = []
+def _tok(token: str) -> str:
+    """A token as the CLI prints it, quoted, so ' Paris' and 'Paris' differ: "' Paris'"."""
+    return _printable(repr(token))
+
+
+def _shorten(title: str, width: int = 90, max_lines: int = 4) -> str:
+    """Long title lines (a long prompt) wrapped at `width`; at most `max_lines` lines."""
+    lines: list[str] = []
     for line in title.split("\n"):
-        lines.append(line if len(line) <= width else line[: width - 1] + "\u2026")
+        lines += textwrap.wrap(line, width) or [""]
+    if len(lines) > max_lines:
+        lines = lines[:max_lines]
+        lines[-1] = lines[-1][: width - 1] + "\u2026"
     return "\n".join(lines)
 
 
 def _auto_size(rows: int, cols: int, cell: float = 0.32, extra_w: float = 2.6,
                extra_h: float = 2.2, min_w: float = 5.0, min_h: float = 3.5,
-               max_side: float = 40.0) -> tuple[float, float]:
-    """A figure size that gives each cell about `cell` inches (room for a tick label)."""
+               max_side: float = 40.0, title: str = "") -> tuple[float, float]:
+    """A figure size that gives each cell about `cell` inches (room for a tick label) and
+    the title room on one line per line."""
+    min_w = max(min_w, 0.075 * max((len(x) for x in title.split("\n")), default=0) + 0.5)
     w = min(max(min_w, cols * cell + extra_w), max_side)
     h = min(max(min_h, rows * cell + extra_h), max_side)
     return (w, h)
@@ -102,7 +110,8 @@ def _heatmap(ax: Any, data: torch.Tensor, xlabels: Sequence[str], ylabels: Seque
     fs = 8 if max(len(xlabels), len(ylabels)) <= 40 else 6
     step_x = max(1, len(xlabels) // 80)
     step_y = max(1, len(ylabels) // 80)
-    ax.set_xticks(range(0, len(xlabels), step_x), xlabels[::step_x], rotation=90, fontsize=fs)
+    rot = 0 if all(len(x) <= 3 for x in xlabels) else 90
+    ax.set_xticks(range(0, len(xlabels), step_x), xlabels[::step_x], rotation=rot, fontsize=fs)
     ax.set_yticks(range(0, len(ylabels), step_y), ylabels[::step_y], fontsize=fs)
     return im
 
@@ -117,13 +126,14 @@ def plot_attention(pattern: torch.Tensor, tokens: Sequence[str], path: str | Pat
         p = p.mean(0)
     if p.dim() != 2:
         raise MIError(f"plot_attention expects [q, k] or [heads, q, k], got {list(pattern.shape)}")
-    labels = [f"{i}:{t}" for i, t in enumerate(tokens)] if len(tokens) == p.shape[0] else tokens
-    fig, ax = plt.subplots(figsize=figsize or _auto_size(p.shape[0], p.shape[1]))
+    labels = ([f"{i}:{_tok(t)}" for i, t in enumerate(tokens)] if len(tokens) == p.shape[0]
+              else list(tokens))
+    fig, ax = plt.subplots(figsize=figsize or _auto_size(p.shape[0], p.shape[1], title=title))
     im = _heatmap(ax, p, labels, labels, _SEQ, center=False, vmax=1.0)
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query (attending)")
     ax.set_title(_shorten(title), fontsize=10)
-    fig.colorbar(im, ax=ax, label="attention weight")
+    fig.colorbar(im, ax=ax, label="attention weight", fraction=0.046, pad=0.03)
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -136,13 +146,13 @@ def plot_grid(grid: torch.Tensor, rows: Sequence[str], cols: Sequence[str], path
     """A heatmap [rows, cols]: diverging and centred at 0 when `signed` (effects), else a
     sequential scale from `vmin` (default 0) to `vmax` (scores, probabilities)."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=figsize or _auto_size(len(rows), len(cols)))
+    fig, ax = plt.subplots(figsize=figsize or _auto_size(len(rows), len(cols), title=title))
     im = _heatmap(ax, grid, cols, rows, _DIV if signed else _SEQ, center=signed, vmin=vmin,
                   vmax=vmax)
     ax.set_title(_shorten(title), fontsize=10)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    fig.colorbar(im, ax=ax, label=colorbar_label)
+    fig.colorbar(im, ax=ax, label=colorbar_label, fraction=0.046, pad=0.03)
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -169,14 +179,14 @@ def plot_logit_lens(result: Any, path: str | Path, figsize: tuple[float, float] 
     k = len(pts[0].top) if pts else 0
     probs = torch.tensor([[t.prob for t in p.top] for p in pts]) if pts else torch.zeros(0, 0)
     if figsize is None:
-        figsize = (max(5.0, 1.3 * k + 2.8), max(3.5, 0.26 * len(pts) + 1.8))
+        figsize = (max(5.0, 1.35 * k + 2.6), max(3.5, 0.25 * len(pts) + 1.6))
     fig, ax = plt.subplots(figsize=figsize)
     im = ax.imshow(probs.numpy(), cmap="Greens", vmin=0, vmax=1, aspect="auto",
                    interpolation="nearest")
-    fs = 7 if len(pts) <= 40 else 5.5
+    fs = 8
     for r, p in enumerate(pts):
         for c, t in enumerate(p.top):
-            ax.text(c, r, f"{_printable(t.token)} {t.prob:.2f}", ha="center", va="center",
+            ax.text(c, r, f"{_tok(t.token)} {t.prob:.2f}", ha="center", va="center",
                     fontsize=fs, color="white" if t.prob > 0.6 else "black")
     ax.set_xticks(range(k), [f"top {i + 1}" for i in range(k)], fontsize=8)
     ax.xaxis.tick_top()
@@ -185,7 +195,8 @@ def plot_logit_lens(result: Any, path: str | Path, figsize: tuple[float, float] 
         p.label.endswith(".mid") for p in pts) else "after layer")
     toks = getattr(result, "prompt_tokens", None) or []
     pos = result.position
-    where = f"after token {pos} {toks[pos]!r}" if 0 <= pos < len(toks) else f"position {pos}"
+    where = (f"after token {pos} {_tok(toks[pos])}" if 0 <= pos < len(toks)
+             else f"position {pos}")
     ax.set_title(_shorten(title or f"logit lens {where}"), fontsize=10)
     fig.colorbar(im, ax=ax, label="probability", fraction=0.04)
     fig.tight_layout()
@@ -208,7 +219,7 @@ def plot_knockout(result: Any, path: str | Path, k: int = 10,
     for y, c in zip(ys, ch):
         ax.text(max(c.baseline_prob, c.intervened_prob) + 0.01, y,
                 f"\u0394log p {c.logprob_diff:+.2f}", va="center", fontsize=7)
-    ax.set_yticks(ys, [_printable(c.token) for c in ch], fontsize=8)
+    ax.set_yticks(ys, [_tok(c.token) for c in ch], fontsize=8)
     ax.invert_yaxis()
     top = max(before + after + [0.05])
     ax.set_xlim(0, min(1.0, top * 1.25 + 0.1))
@@ -239,7 +250,7 @@ def plot_dose_response(curve: Any, path: str | Path, figsize: tuple[float, float
     """A DoseResponseCurve: KL vs strength, and (when tracked) the target's probability on a
     second axis; one legend names both series."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=figsize or (6.5, 4.2))
+    fig, ax = plt.subplots(figsize=figsize or (6.5, 4.8))
     xs = curve.strengths()
     lines = ax.plot(xs, curve.kls(), "o-", color="tab:blue", label="KL(baseline || steered)")
     ax.set_xlabel("steering strength (attention scale)" if curve.kind == "attention"
@@ -249,14 +260,15 @@ def plot_dose_response(curve: Any, path: str | Path, figsize: tuple[float, float
     if curve.target_token is not None:
         ax2 = ax.twinx()
         name = getattr(curve, "target_token_str", None)
-        label = f"p({_printable(name)!r})" if name is not None else "target probability"
+        label = f"p({_tok(name)})" if name is not None else "target probability"
         lines += ax2.plot(xs, curve.target_probs(), "s--", color="tab:red", label=label)
         if curve.baseline_prob is not None:
             lines += [ax2.axhline(curve.baseline_prob, color="tab:red", lw=0.8, ls=":",
                                   label=f"{label} unsteered")]
         ax2.set_ylabel("probability", color="tab:red")
         ax2.set_ylim(0, 1)
-    ax.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc="best")
+    ax.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc="upper center",
+              bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
     ax.set_title(_shorten(title or f"dose-response ({curve.kind} steering)"), fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path)

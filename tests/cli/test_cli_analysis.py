@@ -118,6 +118,7 @@ def test_numbers_never_print_as_negative_zero():
     assert analysis.num(-0.0000001, ".5f") == "0.00000"
     assert analysis.num(-0.0000001, "+.3f") == "+0.000"
     assert analysis.num(-0.25, "+.2f") == "-0.25"
+    assert analysis.num(-1e-9, "9.5f") == "  0.00000"  # padded, as in the steer table
 
 
 @pytest.mark.parametrize("argv,msg", [

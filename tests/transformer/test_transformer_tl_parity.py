@@ -6,7 +6,7 @@ TransformerLens does, and so do we; every name below exists on both sides with t
 shape. Differences, documented:
 
 - ``ln*.hook_normalized``: TransformerLens' is ``x / scale`` *before* the norm's gain; ours
-  (API.md) is the norm's output, gain included (ln2's is the MLP input). We compare ours with
+  (the API contract) is the norm's output, gain included (ln2's is the MLP input). We compare ours with
   the bridge's value times the HF norm weight.
 
 - ``attn.hook_attn_scores``: masked (future) positions are ``-inf`` here and
