@@ -185,6 +185,8 @@ class DemoResult:
     logit_lens_last: list[LensRow]
     #: the first layer from which the model's answer stays the lens' top-1 (None: never)
     answer_settles_at: int | None
+    #: the first layer where the answer is among the lens' top 3 (None: never)
+    answer_top3_at: int | None
     knockout_layers: list[int]
     knockout_description: str
     knockout_kl: float
@@ -213,6 +215,7 @@ def demo(model: Any, prompt: str = DEFAULT_PROMPT, k: int = 5) -> DemoResult:
         if p.top[0].token_id != answer:
             break
         settles = p.layer
+    top3_at = next((p.layer for p in lens.points if answer in [t.token_id for t in p.top]), None)
     last = [LensRow(p.label, [TokenProb(t.token_id, t.token, t.prob) for t in p.top])
             for p in lens.points[-4:]]
     n = model.num_layers
@@ -224,7 +227,7 @@ def demo(model: Any, prompt: str = DEFAULT_PROMPT, k: int = 5) -> DemoResult:
     assert abl.summary is not None
     return DemoResult(model.source, prompt, top,
                       [(p.label, p.top[0].token, p.top[0].prob) for p in lens.points], last,
-                      settles, layers,
+                      settles, top3_at, layers,
                       f"last token -> all earlier tokens, layers {layers[0]}-{layers[-1]}",
                       abl.kl_divergence(), abl.summary.baseline_top, abl.top_changed_tokens(5),
                       time.perf_counter() - t0)
@@ -239,8 +242,8 @@ def format_demo(r: DemoResult) -> str:
     lines += ["", "logit lens (last position: the residual stream after each layer, read "
               "through the final norm and unembedding):"]
     if r.answer_settles_at is not None:
-        lines.append(f"  {r.top_next[0].token!r} is the top prediction from layer "
-                     f"{r.answer_settles_at} of {n} on; the last layers' top 3:")
+        lines.append(f"  {r.top_next[0].token!r} enters the top 3 at L{r.answer_top3_at} and is "
+                     f"the top prediction from L{r.answer_settles_at} on (layers L0-L{n - 1}):")
     else:
         lines.append(f"  {r.top_next[0].token!r} is not the lens' top-1; the last layers' top 3:")
     lines += [f"  {row.label:>5}: " + ", ".join(tp(t) for t in row.top) for row in r.logit_lens_last]

@@ -26,6 +26,7 @@ def run_example(name: str, *args, **kwargs):
 def test_quick_start(smollm2):
     r = run_example("quick_start", smollm2)
     assert r["top1"] == " Paris" and r["kl"] > 0.1  # measured KL 2.70
+    assert r["knockout_logprob"] < -0.2  # layers 7-14, last -> ' France': measured -0.474
 
 
 def test_logit_lens(smollm2):
