@@ -106,8 +106,9 @@ def _ints(text: str | None) -> list[int] | None:
     return None if text is None else A.int_list(text)
 
 
-def _common(p: argparse.ArgumentParser, prompt: bool = True) -> None:
-    """--model, --device, --dtype, --prompt, --json, --raw, --plot, -q/--verbose."""
+def _common(p: argparse.ArgumentParser, prompt: bool = True, html: bool = True) -> None:
+    """--model, --device, --dtype, --prompt, --json, --raw, --plot, -q/--verbose (`html`:
+    whether --plot accepts .html, i.e. the command has an interactive view)."""
     p.add_argument("--model", default=None, type=A.model_source, metavar="PATH",
                    help="checkpoint: directory, hub id or .gguf file (default: the embedded "
                    "SmolLM2-135M-Instruct)")
@@ -122,8 +123,12 @@ def _common(p: argparse.ArgumentParser, prompt: bool = True) -> None:
                    help="write the result as JSON (spec, prompt, summary metrics)")
     p.add_argument("--raw", action="store_true",
                    help="with --json: also write the raw tensors (e.g. the [vocab] logits)")
-    p.add_argument("--plot", dest="plot_out", default=None, metavar="OUT", type=A.plot_path,
-                   help="write a picture (.png, .svg, .pdf) or an interactive page (.html)")
+    if html:
+        p.add_argument("--plot", dest="plot_out", default=None, metavar="OUT", type=A.plot_path,
+                       help="write a picture (.png, .svg, .pdf) or an interactive page (.html)")
+    else:
+        p.add_argument("--plot", dest="plot_out", default=None, metavar="OUT",
+                       type=A.picture_path, help="write a picture (.png, .svg, .pdf)")
     A.output_options(p)
 
 
@@ -602,7 +607,7 @@ def register(sub: "argparse._SubParsersAction[Any]") -> None:
                        "on repeated random tokens", description="Score every head as a "
                        "previous-token, duplicate-token and induction head on repeated random "
                        "tokens.")
-    _common(p, prompt=False)
+    _common(p, prompt=False, html=False)
     p.add_argument("--length", type=A.positive_int, default=20,
                    help="length of the random sequence that is repeated (default: %(default)s)")
     p.add_argument("--batch", type=A.positive_int, default=4,

@@ -151,6 +151,15 @@ def plot_path(value: str) -> str:
     return value
 
 
+def picture_path(value: str) -> str:
+    """--plot for a command without an interactive view: .png, .svg or .pdf only."""
+    suffix = Path(value).suffix.lower()
+    if suffix not in PICTURE_SUFFIXES:
+        raise _bad(f"{value!r}: unsupported extension {suffix or '(none)'!r}; this command "
+                   f"writes pictures: {', '.join(PICTURE_SUFFIXES)}")
+    return value
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with ``mi: error: ...`` messages and option values that may start with '-'
     when they are numbers or number lists (``--edge -1,3``, ``--to -2``)."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import struct
 import sys
 from pathlib import Path
@@ -132,3 +133,17 @@ def test_bad_input_is_a_one_line_error(fake, capsys, argv, msg):
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert msg in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["demo"], ["logit-lens", "--mid"], ["knockout"],
+                                  ["attention", "--layer", "1"], ["steer", "--target", "a"],
+                                  ["patch", "--corrupt", "jello", "--correct", "a",
+                                   "--incorrect", "b"]], ids=lambda a: a[0])
+def test_plot_html_writes_one_self_contained_page(fake, tmp_path, argv):
+    """The page itself is driven in a browser by tests/viz; here: one file, nothing fetched."""
+    out = tmp_path / "view.html"
+    assert main(argv + ["--prompt", "hello", "--plot", str(out), "-q"]) == 0
+    text = out.read_text()
+    assert text.lstrip().lower().startswith("<!doctype html") and "hello" in text
+    assert not re.search(r"""(src|href)=["']https?:""", text)
+    assert [p.name for p in tmp_path.iterdir()] == ["view.html"]

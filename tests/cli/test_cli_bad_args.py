@@ -63,6 +63,7 @@ USAGE = [
     (["logit-lens", "--plot", "out.jpg"], "argument --plot"),
     (["logit-lens", "--plot", "out"], "argument --plot"),
     (["logit-lens", "--k", "0"], "argument --k"),
+    (["heads", "--plot", "heads.html"], "argument --plot"),  # no interactive view
     (["logit-lens", "--target", ""], "argument --target"),
     (["patch", "--prompt", "hi"], "--corrupt"),
     (["patch", "--corrupt", "ho", "--correct", "a"], "--incorrect"),
