@@ -13,7 +13,7 @@ Prompt: 20 tokens. Reports wall time per phase and peak RSS (ru_maxrss) as JSON.
 config.json + tokenizer) so that circuit-tracer can run the same weights, CLT and prompt in
 its own venv:
 
-    /work/venvs/ct/bin/python bench/bench_clt.py --circuit-tracer DIR [--save-graph FILE]
+    .venv-ct/bin/python bench/bench_clt.py --circuit-tracer DIR [--save-graph FILE]
     .venv/bin/python bench/bench_clt.py --compare OURS_FILE THEIRS_FILE   # adjacency diff
 """
 

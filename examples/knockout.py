@@ -23,11 +23,12 @@ def main(model: mi.MIModel | None = None) -> dict:
                          ("late", range(2 * n // 3, n))):
         spec = mi.KnockoutSpec(layers=list(layers), from_positions=[-1], to_positions=[subject])
         r = run_knockout(model, ids, spec)
-        paris = int(r.baseline_logits.argmax())
-        results[name] = r.logit_diff(paris)
+        paris = r.summary.baseline_top  # effects are knocked out - baseline
+        results[name] = paris.logprob_diff
         print(f"knock out last -> {toks[subject]!r} in {name:6s} layers: "
-              f"KL {r.kl_divergence():.4f}, logit drop of {model.to_string([paris])!r} "
-              f"{r.logit_diff(paris):+.3f}, p {r.prob_diff(paris):+.3f}")
+              f"KL {r.kl_divergence():.4f}, {paris.token!r}: p {paris.baseline_prob:.3f} -> "
+              f"{paris.intervened_prob:.3f}, log p {paris.logprob_diff:+.3f} "
+              f"(logit {paris.logit_diff:+.3f})")
     # every key of the last query: documented to give zero attention, never NaN
     r = run_knockout(model, ids, mi.KnockoutSpec(from_positions=[-1]))
     print(f"all keys of the last token knocked out in all layers: KL {r.kl_divergence():.3f}, "

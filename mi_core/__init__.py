@@ -1,6 +1,7 @@
 """mi-core: mechanistic interpretability of language models on PyTorch.
 
-Public names only (see docs/); backends and formats are plugins.
+Public names only (see docs/ and the API reference built by scripts/api_docs.py); backends
+and formats are plugins.
 """
 
 from mi_core.activation_cache import ActivationCache, Slice, get_act_name
@@ -44,6 +45,7 @@ from mi_core.registry import (
 from mi_core.serialize import from_json, to_json
 from mi_core.state import StateKnockoutSpec, StateSteeringSpec
 from mi_core.tokenizer import EncodingWithOffsets, HFTokenizer, MITokenizer
+from mi_core import viz  # interactive HTML views: mi.viz.attention_html(...), ...
 
 __version__ = "0.1.0"
 

@@ -7,7 +7,7 @@ only detects and dispatches.
 from __future__ import annotations
 
 import os
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import attrs
 import torch
@@ -37,6 +37,13 @@ class SparseActivations:
 
     def __len__(self) -> int:
         return int(self.indices.shape[-1])
+
+    def to_html(self, path: str | os.PathLike[str], tokens: Sequence[str], **kw: Any) -> Any:
+        """An interactive page highlighting each feature over `tokens` (indices / values
+        [seq, k]); see :func:`mi_core.viz.feature_activations_html` for `kw`."""
+        from mi_core.viz.features import sparse_activations_html
+
+        return sparse_activations_html(self, tokens, path, **kw)
 
 
 @attrs.frozen

@@ -24,9 +24,19 @@ def to_dict(obj: Any) -> Any:
     return converter.unstructure(obj)
 
 
-def to_json(obj: Any, path: str | Path | None = None, indent: int | None = 2) -> str:
-    """Serialise an attrs result; also write it to `path` when given."""
-    text = json.dumps(converter.unstructure(obj), indent=indent)
+def to_json(obj: Any, path: str | Path | None = None, indent: int | None = 2,
+            raw: bool = True) -> str:
+    """Serialise an attrs result; also write it to `path` when given.
+
+    ``raw=False`` leaves out the large raw tensors a result class names in its ``RAW_FIELDS``
+    (e.g. the [vocab] logits of an ``AblationResult``: written as null, the summary metrics
+    stay); such a result reads back with those fields None.
+    """
+    data = converter.unstructure(obj)
+    if not raw and isinstance(data, dict):
+        for name in getattr(type(obj), "RAW_FIELDS", ()):
+            data[name] = None
+    text = json.dumps(data, indent=indent)
     if path is not None:
         Path(path).write_text(text + "\n", encoding="utf-8")
     return text

@@ -3,9 +3,9 @@
 Runs in a SEPARATE environment that has the `circuit-tracer` PyPI package (it pins
 transformers <= 4.57.3 and TransformerLens 3.x, incompatible with the main venv):
 
-    python3 -m venv /work/venvs/ct
-    /work/venvs/ct/bin/pip install torch==2.13.0 && /work/venvs/ct/bin/pip install circuit-tracer
-    /work/venvs/ct/bin/python scripts/make_clt_fixtures.py
+    python3 -m venv .venv-ct
+    .venv-ct/bin/pip install torch==2.13.0 && .venv-ct/bin/pip install circuit-tracer
+    .venv-ct/bin/python scripts/make_clt_fixtures.py
 
 What it writes (all safetensors / YAML / JSON, small):
 

@@ -36,14 +36,20 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mi", description="mi-core: mechanistic "
-                                     "interpretability of language models")
-    parser.add_argument("--version", action="version", version=f"mi-core {__version__}")
+    from mi_core.cli.args import Parser, output_options
+
+    parser = Parser(prog="mi", description="mi-core: mechanistic interpretability of language "
+                    "models", epilog="MI_CORE_DEBUG=1 shows Python tracebacks of errors.")
+    parser.add_argument("--version", action="version", version=f"mi-core {__version__}",
+                        help="print the version and exit")
+    output_options(parser, top_level=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("plugins", help="list installed plugins, versions and what each provides")
+    output_options(p)
     p.set_defaults(func=_cmd_plugins)
     p = sub.add_parser("check", help="say which backend can load a checkpoint (no weights read)")
     p.add_argument("source", help="hub id, directory or file")
+    output_options(p)
     p.set_defaults(func=_cmd_check)
     __import__("mi_core.cli.analysis", fromlist=["register"]).register(sub)
     plugins.get_plugin_manager().hook.mi_register_commands(subparsers=sub)
@@ -60,6 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "func", None) is None:
             parser.print_help()
             return 2
+        from mi_core.cli.analysis import console
+
+        console.configure(args)
         return int(args.func(args) or 0)
     except MIError as exc:
         if debug:
@@ -73,6 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             raise
         print(f"mi: error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - the CLI never shows a traceback by default
+        if debug:
+            raise
+        print(f"mi: error: {type(exc).__name__}: {exc} (MI_CORE_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
         return 1
 
 

@@ -15,6 +15,7 @@ from mi_core.interp.decomposition import (
     decomposition_points, direct_logit_attribution, logit_attrs, run_for_decomposition,
     stack_head_results,
 )
+from mi_core.interp.effects import EffectSummary, TokenEffect, effect_summary, token_effects
 from mi_core.interp.knockout import (
     AblationResult, ChangedToken, KnockoutSpec, ablation_result, create_knockout_mask,
     kl_divergence, knockout_hooks, mean_ablation_hooks, resample_ablation_hooks, run_knockout,
@@ -23,6 +24,7 @@ from mi_core.interp.knockout import (
 from mi_core.interp.logit_lens import (
     LayerPrediction, LogitLensAnalysis, LogitLensResult, TokenPrediction,
 )
+from mi_core.interp.lens_grid import LogitLensGrid, logit_lens_grid
 from mi_core.interp.patching import (
     PatchingResult, attribution_patching, logit_diff_metric, normalize_metric, patching_grid,
 )
@@ -39,18 +41,18 @@ from mi_core.interp.steering import (
 
 __all__ = [
     "AblationResult", "ChangedToken", "CompositionScores", "DoseResponseCurve",
-    "DoseResponsePoint", "FactoredMatrix", "HeadDetectionResult", "KnockoutSpec",
-    "LayerPrediction", "LogitAttribution", "LogitLensAnalysis", "LogitLensResult",
+    "DoseResponsePoint", "EffectSummary", "FactoredMatrix", "HeadDetectionResult", "KnockoutSpec",
+    "LayerPrediction", "LogitAttribution", "LogitLensGrid", "logit_lens_grid", "LogitLensAnalysis", "LogitLensResult",
     "MetricError", "PatchingResult", "RecurrentFeedbackEntry", "RecurrentPassSpec",
     "StateAblationResult", "StateSteeringResult", "SteeringCalibration", "SteeringResult",
-    "SteeringSpec", "TokenPrediction", "run_state_knockout", "run_state_steering",
+    "SteeringSpec", "TokenEffect", "TokenPrediction", "run_state_knockout", "run_state_steering",
     "ablation_result", "accumulated_resid", "apply_ln_to_stack", "apply_steering",
     "attribution_patching", "composition_scores", "contrastive_steering_vector",
     "create_knockout_mask", "decompose_resid", "decomposition_points", "detect_heads",
-    "detection_pattern", "direct_logit_attribution", "dose_response", "forward_recurrent",
+    "detection_pattern", "direct_logit_attribution", "dose_response", "effect_summary", "forward_recurrent",
     "generate_recurrent", "head_scores", "kl_divergence", "knockout_hooks", "logit_attrs",
     "logit_diff_metric", "mean_ablation_hooks", "normalize_metric", "ov_circuit",
     "patching_grid", "qk_circuit", "repeated_random_tokens", "resample_ablation_hooks",
     "run_for_decomposition", "run_knockout", "run_with_ablation", "stack_head_results",
-    "steering_hooks",
+    "steering_hooks", "token_effects",
 ]

@@ -255,7 +255,8 @@ class HeadDetectionResult:
 
 def repeated_random_tokens(model: MIModel, length: int = 20, batch: int = 4, seed: int = 0,
                            low: int = 1000) -> torch.Tensor:
-    """[batch, 1 + 2 * length]: BOS (when the tokenizer has one) + random tokens repeated once.
+    """Token ids [batch, 1 + 2 * length]: BOS (when the tokenizer has one) + random tokens
+    repeated once.
 
     Tokens are drawn from ``[low, vocab)`` so special tokens are avoided.
     """

@@ -10,7 +10,8 @@ attention output is the bias only) and the result is never NaN.
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
 
 import attrs
 import torch
@@ -20,6 +21,9 @@ from mi_core.errors import InterventionError
 from mi_core.hooks import HookLike, HookPoint, HookSpec
 from mi_core.interp._common import (
     as_ids, check_heads, check_layers, norm_position, norm_positions, token_str,
+)
+from mi_core.interp.effects import (  # noqa: F401  (kl_rows re-exported for mi_core.interp.state)
+    EffectSummary, TokenEffect, effect_summary, kl_divergence, kl_rows, token_effects, top_changed,
 )
 from mi_core.interventions import Knockout, Replace
 
@@ -124,71 +128,114 @@ def knockout_hooks(model: MIModel, spec: KnockoutSpec, seq_len: int,
     return hooks
 
 
-@attrs.define
-class ChangedToken:
-    token_id: int
-    token: str
-    baseline_prob: float
-    ablated_prob: float
-    abs_diff: float
+#: The per-token effect record of :meth:`AblationResult.top_changed_tokens` (kept name).
+ChangedToken = TokenEffect
+
+
+def _no_name(i: int) -> str:
+    return f"<{i}>"
 
 
 @attrs.define
 class AblationResult:
-    """Baseline vs ablated logits at one position (``[vocab]`` each, float32)."""
+    """The effect of a knockout / ablation on the next-token logits at one position.
 
-    baseline_logits: torch.Tensor
-    ablated_logits: torch.Tensor
+    Every difference is **ablated − baseline** (see :mod:`mi_core.interp.effects`): a
+    negative ``logit_diff`` / ``logprob_diff`` / ``prob_diff`` means the ablation lowered
+    that token. ``summary`` holds KL and the top changed tokens; the raw logits
+    ``baseline_logits`` / ``ablated_logits`` ([vocab] each, float32) are written to JSON only
+    with ``to_json(result, raw=True)`` (CLI ``--raw``) and are None when read back without.
+    ``spec`` and ``prompt`` record what was run (None when built by hand).
+    """
+
+    RAW_FIELDS: ClassVar[tuple[str, ...]] = ("baseline_logits", "ablated_logits")
+
+    baseline_logits: torch.Tensor | None = None
+    ablated_logits: torch.Tensor | None = None
     position: int = -1
     token_strs: dict[int, str] = attrs.field(factory=dict)
+    spec: KnockoutSpec | None = None
+    prompt: str | None = None
+    summary: EffectSummary | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.summary is None and self._has_raw():
+            self.summary = effect_summary(self.baseline_logits, self.ablated_logits, self._name)
+
+    def _has_raw(self) -> bool:
+        return self.baseline_logits is not None and self.ablated_logits is not None
+
+    def _name(self, i: int) -> str:
+        return self.token_strs.get(int(i), f"<{int(i)}>")
+
+    def _raw(self, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self._has_raw():
+            raise InterventionError(f"{what} needs the raw logits, which this result was read "
+                                    "without (write it with to_json(..., raw=True) / --raw)")
+        return self.baseline_logits, self.ablated_logits  # type: ignore[return-value]
+
+    def _effect(self, token: int) -> TokenEffect:
+        if not self._has_raw() and self.summary is not None:
+            s = self.summary
+            for e in [s.baseline_top, s.intervened_top, *s.top_changed]:
+                if e.token_id == int(token):
+                    return e
+        b, a = self._raw(f"the effect on token {int(token)}")
+        return token_effects(b, a, [int(token)], self._name)[0]
 
     def kl_divergence(self) -> float:
         """KL(baseline || ablated) in nats."""
-        return kl_divergence(self.baseline_logits, self.ablated_logits)
+        if not self._has_raw() and self.summary is not None:
+            return self.summary.kl_divergence
+        return kl_divergence(*self._raw("KL"))
 
     def logit_diff(self, token: int) -> float:
-        """baseline logit - ablated logit of `token` (positive: the ablation lowered it)."""
-        return float(self.baseline_logits[token] - self.ablated_logits[token])
+        """ablated − baseline raw logit of `token` (negative: the ablation lowered it)."""
+        return self._effect(token).logit_diff
+
+    def logprob_diff(self, token: int) -> float:
+        """ablated − baseline log-probability of `token` in nats (shift-invariant)."""
+        return self._effect(token).logprob_diff
 
     def prob_diff(self, token: int) -> float:
-        p0 = torch.softmax(self.baseline_logits.float(), -1)[token]
-        p1 = torch.softmax(self.ablated_logits.float(), -1)[token]
-        return float(p0 - p1)
+        """ablated − baseline probability of `token`."""
+        return self._effect(token).prob_diff
 
-    def top_changed_tokens(self, k: int = 10) -> list[ChangedToken]:
-        """The `k` tokens whose probability changed most (absolute), largest first."""
-        p0 = torch.softmax(self.baseline_logits.float(), -1)
-        p1 = torch.softmax(self.ablated_logits.float(), -1)
-        d = (p0 - p1).abs()
-        vals, idx = d.topk(min(k, d.numel()))
-        return [ChangedToken(int(i), self.token_strs.get(int(i), f"<{int(i)}>"), float(p0[i]),
-                             float(p1[i]), float(v)) for v, i in zip(vals, idx)]
+    def top_changed_tokens(self, k: int = 10) -> list[TokenEffect]:
+        """The `k` tokens whose probability changed most (by |ablated − baseline|), largest
+        first; from the summary (at most its length) when the raw logits are absent."""
+        if not self._has_raw() and self.summary is not None:
+            return self.summary.top_changed[:k]
+        return top_changed(*self._raw("top_changed_tokens"), k, self._name)
 
+    def to_html(self, path: str | Path, title: str = "attention knockout") -> Path:
+        """An interactive page: baseline vs ablated next-token probabilities, sortable, with
+        every effect as ablated − baseline (needs the raw logits)."""
+        from mi_core.viz.effects import ablation_html
 
-def kl_rows(p_logits: torch.Tensor, q_logits: torch.Tensor,
-            dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """KL(softmax(p) || softmax(q)) over the last dim, one value per row (nats), in `dtype`."""
-    lp = torch.log_softmax(p_logits.to(dtype), -1)
-    lq = torch.log_softmax(q_logits.to(dtype), -1)
-    return (lp.exp() * (lp - lq)).sum(-1)
-
-
-def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
-    """KL(softmax(p) || softmax(q)) over the last dim, summed (nats); finite for finite logits."""
-    return float(kl_rows(p_logits, q_logits).sum())
+        return ablation_html(self, path, title=title)
 
 
 def ablation_result(model: MIModel, baseline: torch.Tensor, ablated: torch.Tensor,
-                    position: int = -1, k_names: int = 20) -> AblationResult:
-    """Build an AblationResult from two logits tensors [1, seq, vocab] at `position`."""
+                    position: int = -1, k_names: int = 20, spec: KnockoutSpec | None = None,
+                    prompt: str | None = None) -> AblationResult:
+    """Build an AblationResult from two logits tensors [1, seq, vocab] at `position`.
+
+    Token strings are kept for the `k_names` top tokens of each run and the most changed
+    ones (clamped to the vocabulary size).
+    """
     seq = baseline.shape[1]
     p = norm_position(position, seq)
     b, a = baseline[0, p].detach().float().cpu(), ablated[0, p].detach().float().cpu()
-    res = AblationResult(b, a, p)
-    names = set(b.topk(k_names).indices.tolist()) | set(a.topk(k_names).indices.tolist())
-    names |= {c.token_id for c in res.top_changed_tokens(k_names)}
-    res.token_strs = {i: token_str(model, i) for i in sorted(names)}
-    return res
+    k = min(int(k_names), b.numel())
+    names = set(b.topk(k).indices.tolist()) | set(a.topk(k).indices.tolist())
+    names |= {e.token_id for e in top_changed(b, a, k, _no_name)}
+    strs = {i: token_str(model, i) for i in sorted(names)}
+    return AblationResult(b, a, p, strs, spec, prompt)
+
+
+def _prompt_text(prompt: Any) -> str | None:
+    return prompt if isinstance(prompt, str) else None
 
 
 def run_with_ablation(model: MIModel, prompt: Any, hooks: HookSpec, position: int = -1
@@ -197,14 +244,17 @@ def run_with_ablation(model: MIModel, prompt: Any, hooks: HookSpec, position: in
     ids = as_ids(model, prompt)
     base = model.forward(ids).output
     abl = model.forward(ids, hooks).output
-    return ablation_result(model, base, abl, position)
+    return ablation_result(model, base, abl, position, prompt=_prompt_text(prompt))
 
 
 def run_knockout(model: MIModel, prompt: Any, spec: KnockoutSpec, position: int = -1
                  ) -> AblationResult:
     """Knock out `spec`'s edges and measure the effect at `position`."""
     ids = as_ids(model, prompt)
-    return run_with_ablation(model, ids, knockout_hooks(model, spec, ids.shape[1]), position)
+    hooks = knockout_hooks(model, spec, ids.shape[1])
+    base = model.forward(ids).output
+    abl = model.forward(ids, hooks).output
+    return ablation_result(model, base, abl, position, spec=spec, prompt=_prompt_text(prompt))
 
 
 def mean_ablation_hooks(model: MIModel, point: HookLike, reference: Any,

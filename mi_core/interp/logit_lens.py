@@ -3,6 +3,7 @@ and unembedding (``model.project_to_vocab``) and read off the predicted tokens."
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 import attrs
@@ -66,6 +67,13 @@ class LogitLensResult:
             tg = "  ".join(f"[{t.token!r} p={t.prob:.3f} r={t.rank}]" for t in p.targets)
             lines.append(f"{p.label:>8}  " + "  ".join(f"{c:<16}" for c in cells) + ("  " + tg if tg else ""))
         return "\n".join(lines)
+
+    def to_html(self, path: str | Path, title: str | None = None) -> Path:
+        """An interactive page of this position's lens (hover for top-k and probabilities);
+        :func:`mi_core.interp.logit_lens_grid` gives every position at once."""
+        from mi_core.viz.lens import logit_lens_html
+
+        return logit_lens_html(self, path, title=title)
 
 
 @attrs.define

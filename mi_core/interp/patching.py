@@ -14,6 +14,7 @@ through the public gradient path (``HookSpec.capture_grad``). TransformerLens' o
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import attrs
@@ -57,7 +58,16 @@ def normalize_metric(value: torch.Tensor | float, clean: float, corrupted: float
 @attrs.define
 class PatchingResult:
     """A patching grid [layers, positions or heads]: normalised metric (0 corrupted, 1 clean),
-    or the metric itself when run with ``raw=True``."""
+    or the metric itself when run with ``raw=True``.
+
+    The sign convention is the one of every effect in :mod:`mi_core.interp.effects`,
+    intervened − baseline, where the baseline is the corrupted run and the intervention is the
+    patch: ``grid = (patched − corrupted) / (clean − corrupted)``, and :meth:`effect` is the
+    same difference in the metric's own units. With :func:`logit_diff_metric` the metric is a
+    difference of two logits of one distribution, which equals the difference of their
+    log-probabilities, so it is shift-invariant. ``clean_prompt`` / ``corrupted_prompt``
+    record the inputs when given as text.
+    """
 
     kind: str
     method: str  # "exact" or "attribution"
@@ -66,6 +76,12 @@ class PatchingResult:
     columns: list[str]  # position tokens ("3:' Paris'") or head labels ("H5")
     clean_metric: float
     corrupted_metric: float
+    clean_prompt: str | None = None
+    corrupted_prompt: str | None = None
+
+    def effect(self) -> torch.Tensor:
+        """[layers, columns] patched − corrupted metric, in the metric's units."""
+        return self.grid * (self.clean_metric - self.corrupted_metric)
 
     def top(self, k: int = 5) -> list[tuple[int, str, float]]:
         """The `k` cells with the largest |value|: (layer, column, value)."""
@@ -74,6 +90,12 @@ class PatchingResult:
         n = self.grid.shape[1]
         return [(self.layers[int(i) // n], self.columns[int(i) % n], float(flat[i])) for i in idx]
 
+    def to_html(self, path: str | Path, title: str | None = None) -> Path:
+        """An interactive page of the grid (hover a cell for its value)."""
+        from mi_core.viz.patching import patching_html
+
+        return patching_html(self, path, title=title)
+
 
 def _pair(model: MIModel, clean: Any, corrupted: Any) -> tuple[torch.Tensor, torch.Tensor]:
     c, k = as_ids(model, clean), as_ids(model, corrupted)
@@ -81,6 +103,11 @@ def _pair(model: MIModel, clean: Any, corrupted: Any) -> tuple[torch.Tensor, tor
         raise InterventionError(f"patching needs a clean and a corrupted prompt of the same token "
                                 f"length (one each): got shapes {list(c.shape)} and {list(k.shape)}")
     return c, k
+
+
+def _texts(clean: Any, corrupted: Any) -> tuple[str | None, str | None]:
+    return (clean if isinstance(clean, str) else None,
+            corrupted if isinstance(corrupted, str) else None)
 
 
 def _metric_values(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
@@ -164,7 +191,7 @@ def patching_grid(model: MIModel, clean: Any, corrupted: Any, metric: Metric,
             out = model.forward(k_ids.expand(len(chunk), -1), HookSpec().intervene(hp, patch)).output
             grid[li, start:start + len(chunk)] = scale(_metric_values(metric, out))
     return PatchingResult(kind, "exact", grid, layers, _columns(model, kind, c_ids, pos),
-                          m_clean, m_corr)
+                          m_clean, m_corr, *_texts(clean, corrupted))
 
 
 def attribution_patching(model: MIModel, clean: Any, corrupted: Any, metric: Metric,
@@ -201,4 +228,4 @@ def attribution_patching(model: MIModel, clean: Any, corrupted: Any, metric: Met
     est = torch.stack(rows).detach().cpu() + m_corr
     grid = est if raw else normalize_metric(est, m_clean, m_corr)
     return PatchingResult(kind, "attribution", grid, layers, _columns(model, kind, c_ids, pos),
-                          m_clean, m_corr)
+                          m_clean, m_corr, *_texts(clean, corrupted))

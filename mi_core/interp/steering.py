@@ -9,7 +9,8 @@ is renormalised to sum to 1. Residual steering uses :class:`mi_core.Add` of
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
 
 import attrs
 import torch
@@ -19,8 +20,12 @@ from mi_core.errors import InterventionError
 from mi_core.hooks import HookPoint, HookSpec
 from mi_core.interp._common import (
     as_ids, check_heads, check_layers, norm_position, norm_positions, progress, resolve_token,
+    token_str,
 )
-from mi_core.interp.knockout import kl_divergence
+from mi_core.interp.effects import (
+    EffectSummary, TokenEffect, effect_summary, kl_divergence, token_effects,
+)
+from mi_core.interp.knockout import _prompt_text
 from mi_core.interventions import Add, Steer
 
 
@@ -114,21 +119,47 @@ def steering_hooks(model: MIModel, spec: SteeringSpec, seq_len: int,
 @attrs.define
 class SteeringResult:
     """Baseline vs steered next-token logits [vocab] at ``position``, with the attention the
-    query rows pay to the target keys (mean over steered layers/heads) when measured."""
+    query rows pay to the target keys (mean over steered layers/heads) when measured.
+
+    Every difference is **steered − baseline** (see :mod:`mi_core.interp.effects`). The
+    logits are raw fields: ``to_json(result, raw=False)`` writes them as null and keeps
+    ``spec``, ``prompt`` and the attention values; :meth:`summary` gives KL and top changes.
+    """
+
+    RAW_FIELDS: ClassVar[tuple[str, ...]] = ("baseline_logits", "steered_logits")
 
     baseline_logits: torch.Tensor
     steered_logits: torch.Tensor
     position: int
     baseline_attention: float | None = None
     steered_attention: float | None = None
+    spec: SteeringSpec | None = None
+    prompt: str | None = None
 
     def kl_divergence(self) -> float:
         """KL(baseline || steered) in nats."""
         return kl_divergence(self.baseline_logits, self.steered_logits)
 
+    def effect(self, token: int) -> TokenEffect:
+        """Probability, log-probability and logit change of `token` (steered − baseline)."""
+        return token_effects(self.baseline_logits, self.steered_logits, [int(token)],
+                             lambda i: f"<{i}>")[0]
+
     def logit_diff(self, token: int) -> float:
-        """steered - baseline logit of `token`."""
+        """steered − baseline raw logit of `token`."""
         return float(self.steered_logits[token] - self.baseline_logits[token])
+
+    def logprob_diff(self, token: int) -> float:
+        """steered − baseline log-probability of `token` in nats (shift-invariant)."""
+        return self.effect(token).logprob_diff
+
+    def prob_diff(self, token: int) -> float:
+        """steered − baseline probability of `token`."""
+        return self.effect(token).prob_diff
+
+    def summary(self, k: int = 10) -> EffectSummary:
+        """KL, the top-1 tokens of both runs and the `k` most changed tokens."""
+        return effect_summary(self.baseline_logits, self.steered_logits, lambda i: f"<{i}>", k)
 
     def prob(self, token: int, steered: bool = True) -> float:
         lg = self.steered_logits if steered else self.baseline_logits
@@ -136,6 +167,13 @@ class SteeringResult:
 
     def top_token(self, steered: bool = True) -> int:
         return int((self.steered_logits if steered else self.baseline_logits).argmax())
+
+    def to_html(self, path: str | Path, token_names: Any = None, title: str = "steering") -> Path:
+        """An interactive page: baseline vs steered next-token probabilities (steered −
+        baseline). `token_names`: id -> text, a dict or e.g. ``lambda i: model.to_string([i])``."""
+        from mi_core.viz.effects import steering_html
+
+        return steering_html(self, path, title=title, token_names=token_names)
 
 
 def _attention_to_targets(model: MIModel, cache: Any, spec: SteeringSpec, seq: int) -> float:
@@ -160,7 +198,8 @@ def _steer(model: MIModel, ids: torch.Tensor, spec: SteeringSpec, p: int, base: 
            cap: HookSpec) -> SteeringResult:
     seq = ids.shape[1]
     steered = model.forward(ids, steering_hooks(model, spec, seq, cap.copy()))
-    res = SteeringResult(base.output[0, p].float().cpu(), steered.output[0, p].float().cpu(), p)
+    res = SteeringResult(base.output[0, p].float().cpu(), steered.output[0, p].float().cpu(), p,
+                         spec=spec)
     if spec.kind == "attention":
         res.baseline_attention = _attention_to_targets(model, base, spec, seq)
         res.steered_attention = _attention_to_targets(model, steered, spec, seq)
@@ -175,7 +214,9 @@ def apply_steering(model: MIModel, prompt: Any, spec: SteeringSpec, position: in
     p = norm_position(position, ids.shape[1])
     steering_hooks(model, spec, ids.shape[1])  # validate before any compute
     base, cap = _baseline(model, ids, spec)
-    return _steer(model, ids, spec, p, base, cap)
+    res = _steer(model, ids, spec, p, base, cap)
+    res.prompt = _prompt_text(prompt)
+    return res
 
 
 @attrs.define
@@ -204,22 +245,36 @@ class SteeringCalibration:
 
 @attrs.define
 class DoseResponsePoint:
+    """One strength of a sweep. Differences are steered − baseline: ``target_prob_diff``,
+    ``target_logprob_diff`` (nats, shift-invariant) and the raw ``target_logit_diff``."""
+
     strength: float
     kl_divergence: float
     top_token: int
     target_prob: float | None = None
     target_logit_diff: float | None = None
     steered_attention: float | None = None
+    top_token_str: str | None = None
+    target_prob_diff: float | None = None
+    target_logprob_diff: float | None = None
 
 
 @attrs.define
 class DoseResponseCurve:
-    """The effect of one steering spec over a sweep of strengths (see :func:`dose_response`)."""
+    """The effect of one steering spec over a sweep of strengths (see :func:`dose_response`).
+
+    ``spec`` is the swept spec (its own strength is replaced by each point's), ``prompt`` the
+    text when one was given; ``baseline_prob`` is the target's unsteered probability.
+    """
 
     kind: str
     target_token: int | None
     baseline_prob: float | None
     points: list[DoseResponsePoint]
+    spec: SteeringSpec | None = None
+    prompt: str | None = None
+    target_token_str: str | None = None
+    baseline_top_token: int | None = None
 
     def strengths(self) -> list[float]:
         return [p.strength for p in self.points]
@@ -229,6 +284,12 @@ class DoseResponseCurve:
 
     def target_probs(self) -> list[float | None]:
         return [p.target_prob for p in self.points]
+
+    def to_html(self, path: str | Path, token_names: Any = None, title: str | None = None) -> Path:
+        """An interactive chart of KL and the target's probability against strength."""
+        from mi_core.viz.effects import dose_response_html
+
+        return dose_response_html(self, path, token_names=token_names, title=title)
 
 
 def dose_response(model: MIModel, prompt: Any, spec: SteeringSpec, strengths: Sequence[float],
@@ -245,13 +306,19 @@ def dose_response(model: MIModel, prompt: Any, spec: SteeringSpec, strengths: Se
     base_prob = None
     for s in progress(list(strengths), "dose", enabled=show_progress):
         r = _steer(model, ids, spec.with_strength(float(s)), p, base, cap)
-        if tgt is not None:
-            base_prob = r.prob(tgt, steered=False)
-        pts.append(DoseResponsePoint(float(s), r.kl_divergence(), r.top_token(),
-                                     None if tgt is None else r.prob(tgt),
-                                     None if tgt is None else r.logit_diff(tgt),
-                                     r.steered_attention))
-    return DoseResponseCurve(spec.kind, tgt, base_prob, pts)
+        e = None if tgt is None else r.effect(tgt)
+        if e is not None:
+            base_prob = e.baseline_prob
+        top = r.top_token()
+        pts.append(DoseResponsePoint(float(s), r.kl_divergence(), top,
+                                     None if e is None else e.intervened_prob,
+                                     None if e is None else e.logit_diff,
+                                     r.steered_attention, token_str(model, top),
+                                     None if e is None else e.prob_diff,
+                                     None if e is None else e.logprob_diff))
+    return DoseResponseCurve(spec.kind, tgt, base_prob, pts, spec, _prompt_text(prompt),
+                             None if tgt is None else token_str(model, tgt),
+                             int(base.output[0, p].argmax()))
 
 
 def contrastive_steering_vector(model: MIModel, positive: Sequence[str] | Any,

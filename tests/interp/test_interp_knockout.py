@@ -86,11 +86,28 @@ def test_ablation_result_metrics_match_hand_computation():
     r = AblationResult(b, a)
     p, q = torch.softmax(b, 0), torch.softmax(a, 0)
     assert r.kl_divergence() == pytest.approx(float((p * (p / q).log()).sum()), abs=1e-6)
-    assert r.logit_diff(0) == pytest.approx(2.0)
     top = r.top_changed_tokens(2)
     assert {t.token_id for t in top} == {0, 2}
-    assert top[0].abs_diff == pytest.approx(float((p - q).abs().max()), abs=1e-6)
+    assert abs(top[0].prob_diff) == pytest.approx(float((p - q).abs().max()), abs=1e-6)
     assert AblationResult(b, b).kl_divergence() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_effects_are_ablated_minus_baseline_and_logprob_is_shift_invariant():
+    """Token 0 goes from p=softmax(b)[0] to softmax(a)[0]: every difference is negative."""
+    b = torch.tensor([2.0, 1.0, 0.0])
+    a = torch.tensor([0.0, 1.0, 2.0])
+    r = AblationResult(b, a)
+    p, q = torch.softmax(b, 0), torch.softmax(a, 0)
+    assert r.logit_diff(0) == pytest.approx(-2.0)  # 0.0 - 2.0
+    assert r.prob_diff(0) == pytest.approx(float(q[0] - p[0]), abs=1e-7) and r.prob_diff(0) < 0
+    assert r.logprob_diff(0) == pytest.approx(float(q[0].log() - p[0].log()), abs=1e-6)
+    shifted = AblationResult(b, a + 7.0)  # the same distribution, logits offset by 7
+    assert shifted.logprob_diff(0) == pytest.approx(r.logprob_diff(0), abs=1e-5)
+    assert shifted.kl_divergence() == pytest.approx(r.kl_divergence(), abs=1e-6)
+    assert shifted.logit_diff(0) == pytest.approx(5.0)  # the raw logit difference is not
+    s = r.summary
+    assert s.baseline_top.token_id == 0 and s.intervened_top.token_id == 2
+    assert s.top_changed[0].prob_diff == pytest.approx(r.prob_diff(s.top_changed[0].token_id))
 
 
 def test_ablation_result_round_trips_json(model):
@@ -99,6 +116,32 @@ def test_ablation_result_round_trips_json(model):
     torch.testing.assert_close(back.baseline_logits, r.baseline_logits)
     assert back.token_strs == r.token_strs
     assert back.kl_divergence() == pytest.approx(r.kl_divergence())
+
+
+def test_json_without_raw_keeps_spec_prompt_and_metrics_but_not_logits(model):
+    spec = KnockoutSpec(layers=[1]).edge(-1, 0)
+    r = run_knockout(model, "hello", spec)
+    small, full = to_json(r, raw=False), to_json(r)
+    assert len(small) < len(full) / 3 and '"ablated_logits": null' in small
+    back = from_json(small, AblationResult)
+    assert back.baseline_logits is None and back.spec == spec and back.prompt == "hello"
+    assert back.kl_divergence() == pytest.approx(r.kl_divergence(), abs=1e-7)
+    top = r.summary.baseline_top.token_id
+    assert back.logprob_diff(top) == pytest.approx(r.logprob_diff(top), abs=1e-7)
+    assert [t.token_id for t in back.top_changed_tokens(3)] == \
+        [t.token_id for t in r.top_changed_tokens(3)]
+    with pytest.raises(mi.InterventionError, match="raw logits"):
+        back.logit_diff(next(i for i in range(model.vocab_size)
+                             if i not in {t.token_id for t in back.summary.top_changed}
+                             and i != top and i != back.summary.intervened_top.token_id))
+
+
+def test_small_vocabulary_clamps_the_top_k(model):
+    from tests.support.fake_backend import fake_model
+
+    small = fake_model(vocab=8)
+    r = run_knockout(small, torch.tensor([[1, 2, 3]]), KnockoutSpec().edge(-1, 0))
+    assert len(r.summary.top_changed) == 8 and len(r.top_changed_tokens(50)) == 8
 
 
 def test_knockout_needs_attention_points(rwkv_like):

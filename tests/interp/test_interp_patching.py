@@ -116,3 +116,19 @@ def test_patching_result_round_trips_json(model):
     torch.testing.assert_close(back.grid, r.grid)
     assert back.columns == r.columns and back.layers == [0, 2]
     assert r.top(1)[0][:2] == (0, "1:'h'")
+
+
+def test_patching_effect_is_patched_minus_corrupted_in_metric_units(model):
+    metric = logit_diff_metric(3, 4)
+    r = patching_grid(model, "hello", "jello", metric, "resid_pre", layers=[0], positions=[1])
+    ids = model.to_tokens("jello")
+    hp = mi.HookPoint.resid_pre(0)
+    clean = model.forward(model.to_tokens("hello"), mi.HookSpec().capture(hp))[hp]
+
+    def patch(x, hook):
+        x = x.clone()
+        x[0, 1] = clean[0, 1]
+        return x
+    patched = float(metric(model.forward(ids, mi.HookSpec().intervene(hp, patch)).output)[0])
+    assert float(r.effect()[0, 0]) == pytest.approx(patched - r.corrupted_metric, abs=1e-4)
+    assert (r.clean_prompt, r.corrupted_prompt) == ("hello", "jello")

@@ -113,3 +113,32 @@ def test_attention_steering_needs_attention_points(rwkv_like):
     d = torch.ones(rwkv_like.hidden_size)
     r = apply_steering(rwkv_like, "ab", SteeringSpec.residual([0], d, 1.0))
     assert r.kl_divergence() > 0
+
+
+def test_steering_and_knockout_share_the_sign_convention(model):
+    """Scale 0 steering == knockout of the same edges, so every effect must agree, sign too
+    (both are intervened - baseline); reference: log_softmax of the two logit vectors."""
+    ids = model.to_tokens("steer me")
+    st = apply_steering(model, ids, SteeringSpec.attention([0, 2], to_positions=[1, 2],
+                                                           from_positions=[-1], scale=0.0))
+    ko = run_knockout(model, ids, KnockoutSpec(layers=[0, 2], from_positions=[-1], to_positions=[1, 2]))
+    tok = ko.summary.top_changed[0].token_id
+    ref = float(torch.log_softmax(st.steered_logits, -1)[tok] - torch.log_softmax(st.baseline_logits, -1)[tok])
+    assert st.logprob_diff(tok) == pytest.approx(ref, abs=1e-6)
+    assert ko.logprob_diff(tok) == pytest.approx(ref, abs=1e-4)
+    assert st.logit_diff(tok) == pytest.approx(ko.logit_diff(tok), abs=1e-4)
+    assert st.prob_diff(tok) == pytest.approx(ko.prob_diff(tok), abs=1e-5)
+
+
+def test_dose_response_points_carry_shift_invariant_target_effects(model):
+    spec = SteeringSpec.attention([0], to_positions=[0])
+    curve = dose_response(model, "abc", spec, [0.0, 1.0, 3.0], target=5)
+    assert curve.spec == spec and curve.prompt == "abc" and curve.target_token_str == "\x04"
+    one = curve.points[1]  # scale 1 is the identity: no effect
+    assert one.target_prob_diff == pytest.approx(0.0, abs=1e-6)
+    for p in curve.points:
+        assert p.target_prob_diff == pytest.approx(p.target_prob - curve.baseline_prob, abs=1e-6)
+        assert p.target_logprob_diff == pytest.approx(
+            float(torch.tensor(p.target_prob).log() - torch.tensor(curve.baseline_prob).log()), abs=1e-4)
+    back = from_json(to_json(curve), DoseResponseCurve)
+    assert back.spec == spec and back.points == curve.points

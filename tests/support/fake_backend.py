@@ -170,7 +170,7 @@ class FakeBackend:
         attn = run.apply(n[12], attn)
         x = run.apply(n[13], x + attn)
         sc2 = run.apply(n[14], self._rms(x))
-        h2 = run.apply(n[15], x / sc2 * w["ln2.w"])  # the MLP's input (API.md)
+        h2 = run.apply(n[15], x / sc2 * w["ln2.w"])  # the MLP's input (the API contract)
         pre = run.apply(n[16], h2 @ w["W_gate"])
         post = run.apply(n[17], torch.nn.functional.silu(pre) * (h2 @ w["W_in"]))
         mlp = run.apply(n[18], post @ w["W_out"])

@@ -196,6 +196,14 @@ class CircuitGraph:
         plt.close(fig)
         return path
 
+    def to_html(self, path: str | Path, node_threshold: float = 0.8, edge_threshold: float = 0.0,
+                max_edges: int = 5000, model: Any = None, clt: Any = None) -> Path:
+        """A self-contained interactive page: nodes by layer and position, pruning sliders,
+        click a node for its inputs, outputs and top tokens (see :func:`mi_clt.viz.graph_html`)."""
+        from mi_clt.viz import graph_html
+
+        return graph_html(self, path, node_threshold, edge_threshold, max_edges, model, clt)
+
 
 class PruneResult(NamedTuple):
     node_mask: torch.Tensor  # [n_nodes] bool

@@ -1,0 +1,87 @@
+"""Assembling one self-contained HTML page: inline CSS and JS from ``assets/``, the data as
+JSON in a ``<script type="application/json">`` block. Nothing is fetched, so a page works
+from ``file://`` with no network."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from mi_core.errors import ConfigError
+
+
+def _asset(name: str) -> str:
+    return resources.files("mi_core.viz").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def _clean(x: Any) -> Any:
+    """JSON-able data: NaN / inf become null (JSON has no NaN; a view shows "n/a")."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def embed_json(data: Any) -> str:
+    """JSON safe inside a <script> element: ``<``, ``>`` and ``&`` as \\u escapes, so a token
+    such as ``</script>`` or ``<!--`` cannot end or confuse the block."""
+    text = json.dumps(_clean(data), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    for c, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+                   ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(c, esc)
+    return text
+
+
+def f32(t: torch.Tensor) -> dict[str, Any]:
+    """A tensor as {"b64": little-endian float32 bytes, "shape": [...]}: compact and exact
+    (to float32) for the large arrays (attention patterns, activations)."""
+    a = t.detach().to(torch.float32).cpu().contiguous()
+    raw = a.numpy().astype("<f4", copy=False).tobytes()
+    return {"b64": base64.b64encode(raw).decode("ascii"), "shape": list(a.shape)}
+
+
+def check_html_path(path: str | Path) -> Path:
+    path = Path(path)
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise ConfigError(f"an interactive view is an HTML page: {str(path)!r} must end in .html")
+    return path
+
+
+def write_page(path: str | Path, view: str, title: str, data: dict[str, Any],
+               subtitle: str = "", prompt: str | None = None) -> Path:
+    """Write the page for `view` (assets/<view>.js, optional assets/<view>.css) with `data`."""
+    path = check_html_path(path)
+    css = _asset("common.css")
+    try:
+        css += _asset(f"{view}.css")
+    except FileNotFoundError:
+        pass
+    js = _asset("common.js") + "\n" + _asset(f"{view}.js")
+    head = [f"<h1>{html.escape(title)}</h1>"]
+    if subtitle:
+        head.append(f"<p class='sub'>{html.escape(subtitle)}</p>")
+    if prompt is not None:
+        head.append(f"<p class='sub'>prompt: <span class='prompt'>{html.escape(prompt)}</span></p>")
+    page = (f"<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
+            f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>{html.escape(title)}</title><style>{css}</style></head>\n<body>\n"
+            + "\n".join(head) + "\n<div id='app'></div>\n"
+            f"<script type='application/json' id='mi-data'>{embed_json(data)}</script>\n"
+            f"<script>\n{js}\n</script>\n</body></html>\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def prompt_text(tokens: Sequence[str]) -> str:
+    return "".join(tokens)

@@ -1,0 +1,80 @@
+"""The interactive page of a :class:`~mi_clt.graph.CircuitGraph`, through the core's generic
+graph view (``mi_core.viz.attribution_graph_html``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mi_core.dictionaries import CltFeatureId
+
+
+def feature_top_tokens(g: Any, model: Any, clt: Any, k: int = 5
+                       ) -> dict[int, list[tuple[str, float]]]:
+    """node index -> the `k` tokens each feature's decoder pushes up most directly: the sum
+    of its decoder vectors over the layers it writes to, times the unembedding ``W_U``
+    (no final norm; a direct-effect reading, as a viewer's "top tokens")."""
+    w_u = model.backend.get_weight("W_U").detach().float().cpu()  # [d_model, vocab]
+    tok = getattr(model.backend, "tokenizer", None)
+    out = {}
+    for i in range(g.n_features):
+        layer, _, idx = (int(v) for v in g.active_features[i].tolist())
+        vec = clt.decoder_vectors(CltFeatureId(layer, idx)).detach().float().cpu().sum(0)
+        v, t = (vec @ w_u).topk(k)
+        out[i] = [(tok.decode([int(j)]) if tok is not None else str(int(j)), float(s))
+                  for s, j in zip(v, t)]
+    return out
+
+
+def graph_html(g: Any, path: str | Path, node_threshold: float = 0.8, edge_threshold: float = 0.0,
+               max_edges: int = 5000, model: Any = None, clt: Any = None,
+               title: str | None = None) -> Path:
+    """Write the page: every node within 0.995 cumulative influence, and the `max_edges`
+    strongest edges between them; the sliders start at `node_threshold` (cumulative
+    influence, as :meth:`CircuitGraph.prune`) and `edge_threshold` (fraction of max |weight|).
+    With `model` and `clt`, feature nodes list their top tokens (decoder x W_U)."""
+    from mi_core.viz.graph import attribution_graph_html
+
+    res = g.prune(node_threshold, 0.98)
+    infl = res.cumulative_scores
+    n = g.adjacency.shape[0]
+    fixed = torch.zeros(n, dtype=torch.bool)
+    fixed[g.token_offset:] = True  # token embeddings and logits are always shown
+    cand = fixed | (infl <= 0.995)
+    adj = g.adjacency.float() * cand[:, None] * cand[None, :]
+    dst, src = adj.nonzero(as_tuple=True)
+    w = adj[dst, src]
+    top = w.abs().argsort(descending=True)[:max_edges]
+    dst, src, w = dst[top], src[top], w[top]
+    keep = sorted(set(src.tolist()) | set(dst.tolist()) | set(fixed.nonzero().flatten().tolist()))
+    new = {old: j for j, old in enumerate(keep)}
+    tops = feature_top_tokens(g, model, clt) if model is not None and clt is not None else {}
+    nodes = []
+    for i in keep:
+        kind = g.node_kind(i)
+        node: dict[str, Any] = {"kind": kind, "influence": None if fixed[i] else float(infl[i])}
+        if kind == "feature":
+            layer, pos, idx = (int(v) for v in g.active_features[i].tolist())
+            node.update(layer=layer, pos=pos, label=f"L{layer} feature {idx} @{pos}",
+                        activation=float(g.activation_values[i]), top_tokens=tops.get(i, ()))
+        elif kind == "error":
+            layer, pos = divmod(i - g.error_offset, g.n_pos)
+            node.update(layer=layer, pos=pos, label=f"L{layer} error @{pos}")
+        elif kind == "token":
+            pos = i - g.token_offset
+            node.update(layer=-1, pos=pos, label=f"token {g.token_strings[pos]!r} @{pos}")
+        else:
+            j = i - g.logit_offset
+            p = float(g.logit_probabilities[j])
+            node.update(layer=g.n_layers, pos=g.n_pos - 1,
+                        label=f"logit {g.logit_strings[j]!r} p={p:.3f}",
+                        top_tokens=[(g.logit_strings[j], p)])
+        nodes.append(node)
+    return attribution_graph_html(
+        path, g.token_strings, g.n_layers, nodes, [new[int(s)] for s in src],
+        [new[int(d)] for d in dst], w, title=title or "attribution graph",
+        subtitle=f"{g.scan or 'CLT'}: {g.n_features} active features, {len(g.logit_tokens)} logits",
+        node_threshold=node_threshold, edge_threshold=edge_threshold,
+        top_tokens_label="top tokens (decoder x W_U) / logit probability")
