@@ -24,6 +24,8 @@ from tests.support import sweep_fns
 from tests.support.sweep_fns import (
     TOY_JOBS, fails_on_odd, toy_logits, toy_logits_batched, toy_reference,
 )
+from tests.support.ray_cluster import ray_cluster  # noqa: F401 - fixture
+from tests.support.sweep_fns import node_of as _node_of
 from tests.support.toy_checkpoint import write_toy_checkpoint
 
 ROOT = Path(__file__).parents[2]
@@ -319,3 +321,19 @@ def test_processes_executor_gives_the_local_results(toy, tmp_path):
     with pytest.raises(mi.HookError, match="blocks.9.hook_resid_post"):
         mi.run_sweep(toy_logits, TOY_JOBS, model=path, store=tmp_path / "d",
                      executor="processes", workers=1, hooks=["blocks.9.hook_resid_post"])
+
+
+@pytest.mark.slow
+def test_ray_executor_on_a_two_node_cluster_gives_the_local_results(toy, tmp_path, ray_cluster):
+    import ray
+
+    path, _ = toy
+    local = mi.run_sweep(toy_logits, TOY_JOBS, model=path, store=tmp_path / "a").results()
+    run = mi.run_sweep(toy_logits, TOY_JOBS, model=path, store=tmp_path / "b", executor="ray",
+                       workers=2, address=ray_cluster)
+    assert run.results() == local  # exact
+    assert not ray.is_initialized()  # the executor started Ray, so it shut it down
+    nodes = {r["node"] for _, r in mi.run_sweep(
+        _node_of, [{"i": i} for i in range(8)], model=path, store=tmp_path / "c",
+        executor="ray", workers=2, address=ray_cluster).results()}
+    assert len(nodes) == 2  # one actor per node: the work really spread over both

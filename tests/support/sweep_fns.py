@@ -55,6 +55,14 @@ def slow_toy(model: Any, job: dict[str, Any]) -> dict[str, Any]:
     return toy_logits(model, job)
 
 
+def node_of(model: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """The Ray node this job ran on."""
+    import ray
+
+    time.sleep(0.2)  # long enough that both actors get work
+    return {"node": ray.get_runtime_context().get_node_id()}
+
+
 def main() -> None:
     """``python -m tests.support.sweep_fns MODEL STORE N``: a slow sweep to be killed."""
     from mi_core import run_sweep
