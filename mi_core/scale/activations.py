@@ -553,10 +553,10 @@ def _shuffled(chunks: Iterable[torch.Tensor], batch_size: int, buffer_size: int,
     buf: torch.Tensor | None = None
     fill = 0
     for piece in _rebatch(chunks, batch_size, drop_last=False):
-        if buf is None:
-            buf = torch.empty((buffer_size, *piece.shape[1:]), dtype=piece.dtype)
+        if buf is None:  # room for one short last piece beyond the buffer proper
+            buf = torch.empty((buffer_size + batch_size, *piece.shape[1:]), dtype=piece.dtype)
         n = piece.shape[0]
-        if fill + n <= buffer_size:
+        if fill + n <= buffer_size or n < batch_size:
             buf[fill:fill + n] = piece
             fill += n
             continue
