@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="hub id, directory or file")
     p.set_defaults(func=_cmd_check)
     __import__("mi_core.cli.analysis", fromlist=["register"]).register(sub)
+    __import__("mi_core.cli.scale", fromlist=["register"]).register(sub)
     plugins.get_plugin_manager().hook.mi_register_commands(subparsers=sub)
     return parser
 
