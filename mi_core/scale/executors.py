@@ -139,6 +139,7 @@ class ProcessExecutor:
 
     def run(self, task: Callable[[Any, Any], Any], tasks: Iterable[Task]) -> Iterator[Outcome]:
         from concurrent.futures import FIRST_COMPLETED, wait
+        from concurrent.futures.process import BrokenProcessPool
 
         ensure_shippable(task, "the job function")
         it = iter(tasks)
@@ -158,7 +159,11 @@ class ProcessExecutor:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
                 tid = pending.pop(fut)
-                ok, value = fut.result()
+                try:
+                    ok, value = fut.result()
+                except BrokenProcessPool:
+                    raise SweepError("a worker process died (out of memory, or killed); "
+                                     "everything recorded so far is kept: re-run to resume") from None
                 yield tid, ok, value
 
     def close(self) -> None:
@@ -230,7 +235,11 @@ class RayExecutor:
             for ref in done:
                 tid, actor = pending.pop(ref)
                 idle.append(actor)
-                ok, value = ray.get(ref)
+                try:
+                    ok, value = ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    raise SweepError(f"a Ray worker died ({exc.__class__.__name__}); everything "
+                                     f"recorded so far is kept: re-run to resume") from None
                 yield tid, ok, value
 
     def close(self) -> None:

@@ -9,8 +9,9 @@ Layout::
     store/.lock             flock held by the one writing process
 
 Crash safety: every record is one line written with a single ``write`` on an ``O_APPEND``
-descriptor, then ``fsync``; a process killed at any moment leaves at most a torn *last* line
-in its part, which the next writer truncates away (a reader ignores it). A write that fails
+descriptor (then fsynced by a background thread, see :meth:`SweepStore.append`); a process
+killed at any moment leaves at most a torn *last* line in its part, which the next writer
+truncates away (a reader ignores it). A write that fails
 (disk full) is truncated back to the previous line before the error is raised. Keys are
 content hashes of the jobs, a writer skips every key that already has a result, and the lock
 keeps a second writer out: a result is never recorded twice.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -111,6 +113,7 @@ class SweepStore:
         self.records = records  # key -> the result, else the latest error
         self.torn_bytes = torn
         self._fd: int | None = None
+        self._syncer: _Syncer | None = None
         self._part: Path | None = None
         self._in_part = 0
 
@@ -160,33 +163,84 @@ class SweepStore:
         self._part = self.directory / f"part-{n:05d}.jsonl"
         self._fd = os.open(self._part, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._in_part = 0
+        self._syncer = _Syncer(self._fd)
+
+    def _failed(self, exc: OSError) -> StoreError:
+        n = sum(1 for r in self.records.values() if r.ok)
+        return disk_error(exc, self._part or self.directory,
+                          f"the {n} results recorded before are intact")
 
     def append(self, record: SweepRecord, line: str) -> None:
-        """Append `record` (already serialised as `line`, no newline) durably.
+        """Append `record` (already serialised as `line`, no newline).
 
-        One ``write`` + ``fsync``; on failure the part is truncated back and StoreError says
-        how many records are safe.
+        One ``write`` of the whole line: once it returns, the line survives the death of this
+        process. A background thread then fsyncs the part (group commit, off the compute
+        path), so an OS crash loses at most the last few milliseconds. A failed write is
+        truncated back and raises StoreError saying how many records are safe.
         """
         if record.ok and record.key in self.records and self.records[record.key].ok:
             return  # never twice (cannot happen through run_sweep; cheap to guarantee)
         if self._fd is None or self._in_part >= RECORDS_PER_PART:
             self._new_part()
-        assert self._fd is not None and self._part is not None
+        assert self._fd is not None and self._syncer is not None
+        if self._syncer.error is not None:
+            raise self._failed(self._syncer.error)
         start = os.lseek(self._fd, 0, os.SEEK_END)
         try:
             write_all(self._fd, (line + "\n").encode())
-            os.fsync(self._fd)
         except OSError as exc:
             try:
                 os.ftruncate(self._fd, start)
             except OSError:
                 pass  # a torn tail is also repaired by the next writer
-            n = sum(1 for r in self.records.values() if r.ok)
-            raise disk_error(exc, self._part, f"the {n} results recorded before are intact") from None
+            raise self._failed(exc) from None
+        self._syncer.wake.set()
         self._in_part += 1
         self.records[record.key] = record
 
     def close(self) -> None:
+        """Stop the syncer, fsync what it has not, close the part."""
         if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None
+            syncer, self._syncer = self._syncer, None
+            try:
+                if syncer is not None:
+                    syncer.stop()
+                    if syncer.error is not None:
+                        raise self._failed(syncer.error)
+                try:
+                    os.fsync(fd)
+                except OSError as exc:
+                    raise self._failed(exc) from None
+            finally:
+                os.close(fd)
+
+
+class _Syncer(threading.Thread):
+    """fsyncs one file descriptor whenever woken; several wake-ups during one fsync
+    coalesce into the next (group commit)."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(name="mi-sweep-fsync", daemon=True)
+        self.fd = fd
+        self.wake = threading.Event()
+        self.error: OSError | None = None
+        self._stopping = False
+        self.start()
+
+    def run(self) -> None:
+        while True:
+            self.wake.wait()
+            self.wake.clear()
+            if self._stopping:
+                return
+            try:
+                os.fsync(self.fd)
+            except OSError as exc:
+                self.error = exc
+                return
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.wake.set()
+        self.join()

@@ -17,7 +17,7 @@ from mi_core.hooks import HookPoint
 from mi_core.scale._common import (
     StoreError, StoreLock, SweepError, canonical_json, fn_identity, job_key, model_identity,
 )
-from mi_core.scale.executors import make_executor
+from mi_core.scale.executors import ensure_shippable, make_executor
 from mi_core.scale.store import FORMAT, FORMAT_VERSION, SweepRecord, SweepStore, read_manifest
 
 T = TypeVar("T")
@@ -219,8 +219,10 @@ def _execute(run: SweepRun, fn: Callable[..., Any], model: Any, executor: str,
     batches = [todo[i:i + bs] for i in range(0, len(todo), bs)]
     attempts = [0] * len(batches)
     ex = make_executor(executor, model, device, workers, address)
-    bar = _progress(run.total, run.total - len(todo), progress, f"sweep {st.directory.name}")
     task = functools.partial(_sweep_task, fn, batch_size is not None)
+    if executor == "processes":  # before any worker starts: fn must be importable by name
+        ensure_shippable(fn, "the job function")
+    bar = _progress(run.total, run.total - len(todo), progress, f"sweep {st.directory.name}")
     try:
         ex.start(hooks)
         queue = list(range(len(batches)))
