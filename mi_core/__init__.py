@@ -34,6 +34,10 @@ from mi_core.interp import (
 from mi_core.util.memory import MemoryReport, MemorySnapshot
 from mi_core.util.pca import PcaResult, pca
 from mi_core.util.positions import PositionConversion, convert_positions
+from mi_core.scale import (
+    ActivationStore, CacheReport, StoreError, SweepError, SweepRun, cache_activations,
+    load_sweep, run_sweep,
+)
 from mi_core.registry import (
     BackendSpec,
     CompatibilityReport,
@@ -68,4 +72,7 @@ __all__ = [
     "SteeringSpec", "TokenPrediction", "apply_steering", "create_knockout_mask",
     "forward_recurrent", "generate_recurrent", "kl_divergence", "MemoryReport",
     "MemorySnapshot", "PcaResult", "pca", "PositionConversion", "convert_positions",
+    # experiments at scale (mi_core.scale)
+    "ActivationStore", "CacheReport", "StoreError", "SweepError", "SweepRun",
+    "cache_activations", "load_sweep", "run_sweep",
 ]

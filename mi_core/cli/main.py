@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     output_options(p)
     p.set_defaults(func=_cmd_check)
     __import__("mi_core.cli.analysis", fromlist=["register"]).register(sub)
+    __import__("mi_core.cli.scale", fromlist=["register"]).register(sub)
     plugins.get_plugin_manager().hook.mi_register_commands(subparsers=sub)
     return parser
 

@@ -1,0 +1,573 @@
+"""Activation stores: stream the activations of any hook points over a token stream into
+safetensors shards (:func:`cache_activations`) and read them back memory-mapped, shuffled
+through a bounded buffer (:class:`ActivationStore`).
+
+Layout::
+
+    out/manifest.json           format, versions, model {source, fingerprint}, inputs_hash,
+                                context_len, batch_size, rows, tokens, hooks {name: dtype,
+                                per-token shape, bytes per token, layout}, shards [{file,
+                                rows, tokens}], planned_bytes
+    out/shard-00000.safetensors one tensor per hook, [tokens of the shard, *per-token shape],
+                                plus ``tokens`` [tokens] int32 (the input ids)
+
+Activations are token-major: a hook of shape [batch, seq, *rest] is stored as
+[batch * seq, *rest]; attention patterns / scores [batch, heads, q, k] as [batch * q, heads,
+k] (one row per query token). A shard's file is written under a temporary name at known
+offsets (its size is known up front) by a writer thread while the next batches compute, then
+fsynced and renamed: a shard file is either complete or absent, and a re-run computes only
+the absent ones. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import shutil
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import attrs
+import numpy as np
+import torch
+
+from mi_core.errors import ConfigError, HookError
+from mi_core.hooks import HookPoint, HookSpec
+from mi_core.scale._common import (
+    StoreError, StoreLock, atomic_write_text, disk_error, model_identity,
+)
+from mi_core.scale.executors import make_executor
+
+FORMAT = "mi-core-activations"
+FORMAT_VERSION = 1
+_ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+              torch.float64: "F64", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
+              torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+_FROM_ST = {v: k for k, v in _ST_DTYPES.items()}
+_QUERY_MAJOR = ("attn.hook_pattern", "attn.hook_attn_scores", "attn.hook_scores")
+
+
+@attrs.define
+class CacheReport:
+    """What :func:`cache_activations` planned and did. ``planned_bytes`` is the size of the
+    whole store (shards; manifest aside), ``todo_bytes`` what this call writes."""
+
+    tokens: int
+    rows: int
+    shards: int
+    shards_done_before: int
+    planned_bytes: int
+    todo_bytes: int
+    free_bytes: int
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        gib = 1 << 30
+        return (f"{self.tokens} tokens ({self.rows} rows) -> {self.planned_bytes / gib:.3f} GiB "
+                f"in {self.shards} shards ({self.shards_done_before} already done, "
+                f"{self.todo_bytes / gib:.3f} GiB to write; {self.free_bytes / gib:.1f} GiB free)")
+
+
+# -- worker tasks (module level: they are sent to worker processes / Ray actors) ----------
+
+def _layout(name: str, shape: Sequence[int], seq: int) -> str:
+    """"token" ([batch, seq, ...]) or "query" ([batch, heads, q, k]); StoreError otherwise."""
+    if name.endswith(_QUERY_MAJOR) and len(shape) == 4:
+        return "query"
+    if len(shape) >= 2 and shape[1] == seq:
+        return "token"
+    raise StoreError(f"hook point {name!r} has shape {list(shape)}, with no sequence axis of "
+                     f"length {seq} at dimension 1: it cannot be stored per token")
+
+
+def _token_major(t: torch.Tensor, layout: str, dtype: torch.dtype) -> torch.Tensor:
+    if layout == "query":
+        t = t.transpose(1, 2)
+    return t.reshape(-1, *t.shape[2:]).to(device="cpu", dtype=dtype).contiguous()
+
+
+def _tokenize_task(model: Any, texts: list[str]) -> list[list[int]]:
+    tok = model.tokenizer
+    return [tok.encode(t, add_special_tokens=True) for t in texts]
+
+
+def _probe_task(model: Any, payload: tuple[list[str], int]) -> dict[str, Any]:
+    """Per-token shape, dtype and layout of each hook, from a forward of one row."""
+    hooks, context_len = payload
+    ids = torch.zeros(1, context_len, dtype=torch.long)
+    cache = model.forward(ids, HookSpec().capture_all(hooks))
+    out = {}
+    for h in hooks:
+        t = cache.require(h)
+        layout = _layout(h, t.shape, context_len)
+        per = list(t.shape[3:] if layout == "query" else t.shape[2:])
+        if layout == "query":
+            per = [t.shape[1]] + per
+        out[h] = {"shape": per, "dtype": str(t.dtype).removeprefix("torch."), "layout": layout}
+    return out
+
+
+# -- inputs ---------------------------------------------------------------------------------
+
+def _rows_from(inputs: Any, context_len: int, ex: Any) -> tuple[torch.Tensor, int]:
+    """(rows [n, context_len] int64, tokens dropped). Texts are tokenized (special tokens as
+    the tokenizer adds them), concatenated and cut into rows; the incomplete last row is
+    dropped. Token batches ([b, context_len] tensors or lists of rows) are used as given."""
+    if isinstance(inputs, torch.Tensor):
+        inputs = [inputs]
+    items = list(inputs)
+    if items and all(isinstance(x, str) for x in items):
+        (_, _, ids), = ex.run(_tokenize_task, [(0, items)])
+        if isinstance(ids, str):
+            raise ConfigError(f"cannot tokenize the texts: {ids}")
+        stream = torch.tensor([i for row in ids for i in row], dtype=torch.long)
+        n = stream.numel() // context_len
+        return stream[: n * context_len].reshape(n, context_len), stream.numel() - n * context_len
+    rows = []
+    for bi, b in enumerate(items):
+        if isinstance(b, str):
+            raise ConfigError(f"input {bi} is text but others are token batches: give texts "
+                              f"or token batches, not both")
+        t = torch.as_tensor(b, dtype=torch.long)
+        t = t[None] if t.dim() == 1 else t
+        if t.dim() != 2 or t.shape[1] != context_len:
+            raise ConfigError(f"token batch {bi} has shape {list(t.shape)}; token batches must "
+                              f"be [batch, context_len={context_len}]")
+        rows.append(t.cpu())
+    if not rows:
+        raise ConfigError("cache_activations got no inputs")
+    return torch.cat(rows), 0
+
+
+def _inputs_hash(rows: torch.Tensor) -> str:
+    return hashlib.sha256(rows.numpy().astype("<i8").tobytes()).hexdigest()[:32]
+
+
+# -- safetensors writing at known offsets -----------------------------------------------------
+
+def _header(tensors: dict[str, tuple[str, list[int], int]], metadata: dict[str, str]
+            ) -> tuple[bytes, dict[str, int]]:
+    """(the 8-byte length + JSON header, name -> offset of its data in the file)."""
+    head: dict[str, Any] = {"__metadata__": metadata}
+    offsets, pos = {}, 0
+    for name, (dt, shape, nbytes) in tensors.items():
+        head[name] = {"dtype": dt, "shape": shape, "data_offsets": [pos, pos + nbytes]}
+        offsets[name] = pos
+        pos += nbytes
+    text = json.dumps(head, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    start = 8 + len(text)
+    return struct.pack("<Q", len(text)) + text, {k: v + start for k, v in offsets.items()}
+
+
+class _ShardFile:
+    def __init__(self, path: Path, tensors: dict[str, tuple[str, list[int], int]],
+                 n_batches: int) -> None:
+        self.path, self.tmp = path, path.with_name(path.name + ".tmp")
+        header, self.offsets = _header(tensors, {"format": FORMAT})
+        self.total = len(header) + sum(t[2] for t in tensors.values())
+        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.left = n_batches
+        os.pwrite(self.fd, header, 0)
+
+    def write(self, name: str, token_offset: int, bytes_per_token: int, arr: np.ndarray) -> None:
+        pos = self.offsets[name] + token_offset * bytes_per_token
+        view = memoryview(arr).cast("B")
+        while view:
+            n = os.pwrite(self.fd, view, pos)
+            view, pos = view[n:], pos + n
+
+    def finish(self) -> None:
+        os.ftruncate(self.fd, self.total)  # no-op unless the last tensor was empty
+        os.fsync(self.fd)
+        os.close(self.fd)
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        os.close(self.fd)
+        self.tmp.unlink(missing_ok=True)
+
+
+def _as_bytes(t: torch.Tensor) -> np.ndarray:
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+# -- the public function ----------------------------------------------------------------------
+
+def cache_activations(model: Any, texts_or_token_batches: Any, hooks: Sequence[str | HookPoint],
+                      out: str | os.PathLike[str], context_len: int = 128, batch_size: int = 32,
+                      tokens_per_shard: int = 2**20, executor: str = "local",
+                      dtype: torch.dtype | None = None, overwrite: bool = False,
+                      workers: int | None = None, address: str | None = None,
+                      device: str = "cpu", progress: bool | None = None,
+                      verbose: bool = True) -> "ActivationStore":
+    """Run `model` over the inputs and store the activations at `hooks` under `out`.
+
+    - inputs: texts (tokenized, concatenated, cut into rows of `context_len`; the last
+      incomplete row is dropped) or token batches ``[batch, context_len]`` used as given.
+    - forwards of `batch_size` rows; shards of ``tokens_per_shard // context_len`` rows.
+    - `dtype`: storage dtype (default: the model's activation dtype).
+    - resumable: re-running the same call writes only the shards still missing. Another
+      model, other inputs, hooks, context_len or dtype against an existing store is a
+      StoreError unless ``overwrite=True`` (which discards it).
+    - the disk use is computed before any compute, printed (`verbose`) and returned in
+      ``store.report``; more than the free space is a StoreError up front.
+    - `executor`: ``"local"``, ``"processes"`` or ``"ray"`` (model as a path for the last
+      two); the driver writes, workers compute.
+
+    Returns the :class:`ActivationStore`. HookError (before any compute) for a hook point
+    the model lacks.
+    """
+    t0 = time.perf_counter()
+    if context_len < 1 or batch_size < 1 or tokens_per_shard < 1:
+        raise ConfigError(f"context_len, batch_size and tokens_per_shard must be >= 1 (got "
+                          f"{context_len}, {batch_size}, {tokens_per_shard})")
+    names = [HookPoint.parse(h).name for h in hooks]
+    if not names:
+        raise ConfigError("cache_activations needs at least one hook point")
+    directory = Path(out)
+    ex = make_executor(executor, model, device, workers, address)
+    directory.mkdir(parents=True, exist_ok=True)
+    with StoreLock(directory):
+        try:
+            ex.start(names)
+            rows, dropped = _rows_from(texts_or_token_batches, context_len, ex)
+            (_, ok, probe), = ex.run(_probe_task, [(0, (names, context_len))])
+            if not ok:
+                raise StoreError(f"cannot capture {names}: {probe}")
+            manifest = _plan(model, names, probe, rows, dropped, context_len, batch_size,
+                             tokens_per_shard, dtype)
+            old_path = directory / "manifest.json"
+            if overwrite:
+                _discard(directory)
+            elif old_path.exists():
+                _check_same(directory, json.loads(old_path.read_text()), manifest)
+            for tmp in directory.glob("shard-*.safetensors.tmp"):
+                tmp.unlink()  # a shard a killed run was writing: recomputed
+            atomic_write_text(old_path, json.dumps(manifest, indent=2) + "\n")
+            report = _report(directory, manifest)
+            if verbose:
+                print(f"mi: cache_activations: {report.summary()}", file=sys.stderr)
+            if report.todo_bytes > report.free_bytes:
+                raise StoreError(f"{directory}: the store needs {report.todo_bytes} more bytes, "
+                                 f"only {report.free_bytes} are free; nothing was written")
+            _fill(directory, manifest, rows, ex, progress)
+        finally:
+            ex.close()
+    report.seconds = time.perf_counter() - t0
+    store = ActivationStore(directory)
+    store.report = report
+    return store
+
+
+def _plan(model: Any, names: list[str], probe: dict[str, Any], rows: torch.Tensor, dropped: int,
+          context_len: int, batch_size: int, tokens_per_shard: int,
+          dtype: torch.dtype | None) -> dict[str, Any]:
+    from mi_core import __version__
+
+    hooks = {}
+    for h in names:
+        dt = dtype or getattr(torch, probe[h]["dtype"])
+        if dt not in _ST_DTYPES:
+            raise ConfigError(f"cannot store dtype {dt} (one of {sorted(map(str, _ST_DTYPES))})")
+        per = probe[h]["shape"]
+        nbytes = int(np.prod(per, dtype=np.int64)) * torch.tensor([], dtype=dt).element_size()
+        hooks[h] = {"dtype": str(dt).removeprefix("torch."), "shape": per,
+                    "bytes_per_token": nbytes, "layout": probe[h]["layout"]}
+    n = rows.shape[0]
+    rps = max(1, tokens_per_shard // context_len)
+    shards = [{"file": f"shard-{s:05d}.safetensors", "rows": [a, min(a + rps, n)],
+               "tokens": (min(a + rps, n) - a) * context_len}
+              for s, a in enumerate(range(0, n, rps))]
+    per_token = sum(v["bytes_per_token"] for v in hooks.values()) + 4  # + the int32 token id
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "mi_core_version": __version__,
+            "model": model_identity(model), "inputs_hash": _inputs_hash(rows),
+            "context_len": context_len, "batch_size": batch_size, "rows": n,
+            "tokens": n * context_len, "tokens_dropped": dropped, "rows_per_shard": rps,
+            "hooks": hooks, "shards": shards, "planned_bytes": n * context_len * per_token}
+
+
+def _check_same(directory: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
+    if old.get("format") != FORMAT or old.get("format_version") != FORMAT_VERSION:
+        raise StoreError(f"{directory}: not an activation store of format {FORMAT} version "
+                         f"{FORMAT_VERSION} (found {old.get('format')!r} version "
+                         f"{old.get('format_version')!r}); use a new directory or overwrite=True")
+    for field in ("mi_core_version", "model", "inputs_hash", "context_len", "hooks",
+                  "rows_per_shard", "batch_size"):
+        if old.get(field) != new.get(field):
+            raise StoreError(f"{directory}: the store was written with another {field} "
+                             f"({old.get(field)!r:.200}, now {new.get(field)!r:.200}); use a new "
+                             f"directory, or overwrite=True to discard it")
+
+
+def _discard(directory: Path) -> None:
+    for p in list(directory.glob("shard-*.safetensors")) + list(directory.glob("shard-*.tmp")):
+        p.unlink()
+    (directory / "manifest.json").unlink(missing_ok=True)
+
+
+def _report(directory: Path, manifest: dict[str, Any]) -> CacheReport:
+    per_token = sum(v["bytes_per_token"] for v in manifest["hooks"].values()) + 4
+    done = [s for s in manifest["shards"] if (directory / s["file"]).exists()]
+    todo_tokens = manifest["tokens"] - sum(s["tokens"] for s in done)
+    return CacheReport(manifest["tokens"], manifest["rows"], len(manifest["shards"]), len(done),
+                       manifest["planned_bytes"], todo_tokens * per_token,
+                       shutil.disk_usage(directory).free)
+
+
+def _fill(directory: Path, manifest: dict[str, Any], rows: torch.Tensor, ex: Any,
+          progress: bool | None) -> None:
+    """Compute the missing shards; a writer thread puts each batch at its offsets."""
+    from tqdm.auto import tqdm
+
+    hooks = manifest["hooks"]
+    names = list(hooks)
+    layouts = {h: v["layout"] for h, v in hooks.items()}
+    ctx, bs = manifest["context_len"], manifest["batch_size"]
+    dtypes = {h: v["dtype"] for h, v in hooks.items()}
+    todo = [(si, s) for si, s in enumerate(manifest["shards"]) if not (directory / s["file"]).exists()]
+    if not todo:
+        return
+    batches: list[tuple[int, int, int]] = []  # (shard index, first row, end row)
+    for si, s in todo:
+        a, b = s["rows"]
+        batches += [(si, r, min(r + bs, b)) for r in range(a, b, bs)]
+    n_batches = {si: 0 for si, _ in todo}
+    for si, _, _ in batches:
+        n_batches[si] += 1
+    files: dict[int, _ShardFile] = {}
+    q: queue.Queue[Any] = queue.Queue(maxsize=4)
+    failure: list[BaseException] = []
+
+    def open_shard(si: int) -> _ShardFile:
+        s = manifest["shards"][si]
+        t = s["tokens"]
+        tensors = {h: (_ST_DTYPES[getattr(torch, dtypes[h])], [t] + hooks[h]["shape"],
+                       t * hooks[h]["bytes_per_token"]) for h in names}
+        tensors["tokens"] = ("I32", [t], 4 * t)
+        return _ShardFile(directory / s["file"], tensors, n_batches[si])
+
+    def writer() -> None:
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            if failure:
+                continue  # drain after an error
+            si, r0, r1, acts = item
+            try:
+                f = files.get(si) or files.setdefault(si, open_shard(si))
+                tok0 = (r0 - manifest["shards"][si]["rows"][0]) * ctx
+                for h in names:
+                    f.write(h, tok0, hooks[h]["bytes_per_token"], _as_bytes(acts[h]))
+                ids = rows[r0:r1].reshape(-1).to(torch.int32).numpy()
+                f.write("tokens", tok0, 4, ids)
+                f.left -= 1
+                if f.left == 0:
+                    f.finish()
+                    del files[si]
+            except OSError as exc:
+                saved = sum(1 for s in manifest["shards"] if (directory / s["file"]).exists())
+                failure.append(disk_error(exc, directory / manifest["shards"][si]["file"],
+                                          f"the {saved} complete shards are intact"))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the driver
+                failure.append(exc)
+
+    th = threading.Thread(target=writer, name="mi-activation-writer", daemon=True)
+    th.start()
+    bar = tqdm(total=manifest["tokens"], initial=manifest["tokens"] - sum(s["tokens"] for _, s in todo),
+               unit="tok", unit_scale=True, desc="cache activations", dynamic_ncols=True,
+               disable=not (sys.stderr.isatty() if progress is None else progress))
+    try:
+        payloads = ((i, (names, layouts, rows[r0:r1], dtypes))
+                    for i, (_, r0, r1) in enumerate(batches))
+        for i, ok, value in ex.run(_capture_task, payloads):
+            if not ok:
+                raise StoreError(f"capturing rows {batches[i][1]}..{batches[i][2]} failed: {value}")
+            if failure:
+                break
+            si, r0, r1 = batches[i]
+            q.put((si, r0, r1, value))
+            bar.update((r1 - r0) * ctx)
+    finally:
+        q.put(None)
+        th.join()
+        bar.close()
+        for f in files.values():
+            f.abort()
+    if failure:
+        raise failure[0]
+
+
+def _capture_task(model: Any, payload: tuple[list[str], dict[str, str], torch.Tensor,
+                                                dict[str, str]]) -> dict[str, torch.Tensor]:
+    """Token-major activations of `rows` [b, context_len] at each hook, each in its store dtype."""
+    hooks, layouts, rows, dtypes = payload
+    cache = model.forward(rows, HookSpec().capture_all(hooks))
+    return {h: _token_major(cache.require(h), layouts[h], getattr(torch, dtypes[h])) for h in hooks}
+
+
+# -- reading --------------------------------------------------------------------------------
+
+def _mmap_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file as a read-only-by-convention view of a copy-on-write
+    memory map (pages are read from disk when touched)."""
+    with path.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        a, b = info["data_offsets"]
+        dt = _FROM_ST[info["dtype"]]
+        if b == a:
+            out[name] = torch.empty(info["shape"], dtype=dt)
+            continue
+        raw = np.memmap(path, dtype=np.uint8, mode="c", offset=base + a, shape=(b - a,))
+        out[name] = torch.from_numpy(raw).view(dt).reshape(info["shape"])
+    return out
+
+
+class ActivationStore:
+    """A store written by :func:`cache_activations`, read memory-mapped.
+
+    ``store.hooks`` (name -> dtype, per-token shape), ``store.tokens``, ``store.shards``,
+    ``store.complete``; :meth:`batches` iterates one hook's per-token activations;
+    :meth:`tokens_of` the input ids aligned with them.
+    """
+
+    report: CacheReport | None = None
+
+    def __init__(self, out: str | os.PathLike[str]) -> None:
+        self.directory = Path(out)
+        path = self.directory / "manifest.json"
+        if not path.exists():
+            raise StoreError(f"{self.directory}: no activation store here (manifest.json missing)")
+        try:
+            self.manifest = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise StoreError(f"{path}: unreadable manifest ({exc})") from None
+        if (self.manifest.get("format") != FORMAT
+                or self.manifest.get("format_version") != FORMAT_VERSION):
+            raise StoreError(f"{path}: not an activation store of format {FORMAT} version "
+                             f"{FORMAT_VERSION}")
+        self.hooks: dict[str, dict[str, Any]] = self.manifest["hooks"]
+        self.context_len: int = self.manifest["context_len"]
+
+    @property
+    def shards(self) -> list[Path]:
+        return [self.directory / s["file"] for s in self.manifest["shards"]]
+
+    @property
+    def complete(self) -> bool:
+        return all(p.exists() for p in self.shards)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.manifest["tokens"])
+
+    def __len__(self) -> int:
+        return self.tokens
+
+    def _check(self, hook: str | HookPoint) -> str:
+        name = HookPoint.parse(hook).name
+        if name not in self.hooks and name != "tokens":
+            raise HookError(f"hook point {name!r} is not in the store {self.directory} "
+                            f"(it has {sorted(self.hooks)})")
+        missing = [p.name for p in self.shards if not p.exists()]
+        if missing:
+            raise StoreError(f"{self.directory}: the store is incomplete ({len(missing)} of "
+                             f"{len(self.shards)} shards missing, e.g. {missing[0]}); re-run "
+                             f"cache_activations to finish it")
+        return name
+
+    def shard_tensors(self, index: int) -> dict[str, torch.Tensor]:
+        """All tensors of one shard, memory-mapped."""
+        return _mmap_tensors(self.shards[index])
+
+    def tokens_of(self) -> torch.Tensor:
+        """The input ids [tokens] (int32), aligned with every hook's activations."""
+        self._check("tokens")
+        return torch.cat([self.shard_tensors(i)["tokens"] for i in range(len(self.shards))])
+
+    def batches(self, hook: str | HookPoint, batch_size: int = 4096, shuffle: bool = False,
+                seed: int = 0, buffer_size: int | None = None, drop_last: bool = False
+                ) -> Iterator[torch.Tensor]:
+        """Per-token activations of `hook` in batches [batch_size, *per-token shape].
+
+        Unshuffled: in store order (the last batch may be short unless `drop_last`).
+        ``shuffle=True``: shards in a seeded random order stream through a buffer of
+        `buffer_size` tokens (default ``max(16 * batch_size, 65536)``) from which each batch
+        is drawn at random; every token appears exactly once per pass; only the buffer and
+        the current shard's touched pages are in memory.
+        """
+        name = self._check(hook)
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        order = list(range(len(self.shards)))
+        g = torch.Generator().manual_seed(int(seed))
+        if shuffle:
+            order = torch.randperm(len(order), generator=g).tolist()
+        chunks = (self.shard_tensors(i)[name] for i in order)
+        if not shuffle:
+            yield from _rebatch(chunks, batch_size, drop_last)
+            return
+        size = buffer_size or max(16 * batch_size, 65536)
+        if size < batch_size:
+            raise ConfigError(f"buffer_size ({size}) must be >= batch_size ({batch_size})")
+        yield from _shuffled(chunks, batch_size, size, g, drop_last)
+
+
+def _rebatch(chunks: Iterable[torch.Tensor], batch_size: int, drop_last: bool
+             ) -> Iterator[torch.Tensor]:
+    carry: torch.Tensor | None = None
+    for c in chunks:
+        start = 0
+        if carry is not None:
+            need = batch_size - carry.shape[0]
+            carry = torch.cat([carry, c[:need]])
+            start = need
+            if carry.shape[0] < batch_size:
+                continue
+            yield carry
+            carry = None
+        while start + batch_size <= c.shape[0]:
+            yield c[start:start + batch_size].clone()
+            start += batch_size
+        if start < c.shape[0]:
+            carry = c[start:].clone()
+    if carry is not None and carry.shape[0] and not drop_last:
+        yield carry
+
+
+def _shuffled(chunks: Iterable[torch.Tensor], batch_size: int, buffer_size: int,
+              g: torch.Generator, drop_last: bool) -> Iterator[torch.Tensor]:
+    """A bounded shuffle buffer: incoming tokens replace the ones drawn out."""
+    buf: torch.Tensor | None = None
+    fill = 0
+    for piece in _rebatch(chunks, batch_size, drop_last=False):
+        if buf is None:  # room for one short last piece beyond the buffer proper
+            buf = torch.empty((buffer_size + batch_size, *piece.shape[1:]), dtype=piece.dtype)
+        n = piece.shape[0]
+        if fill + n <= buffer_size or n < batch_size:
+            buf[fill:fill + n] = piece
+            fill += n
+            continue
+        idx = torch.randperm(fill, generator=g)[:n]
+        out = buf[idx].clone()
+        buf[idx] = piece  # the drawn slots take the incoming tokens
+        yield out
+    if buf is None:
+        return
+    rest = buf[:fill][torch.randperm(fill, generator=g)]
+    for a in range(0, fill, batch_size):
+        b = rest[a:a + batch_size]
+        if b.shape[0] == batch_size or not drop_last:
+            yield b
