@@ -110,7 +110,7 @@ def _common(p: argparse.ArgumentParser, prompt: bool = True, html: bool = True) 
     whether --plot accepts .html, i.e. the command has an interactive view)."""
     p.add_argument("--model", default=None, type=A.model_source, metavar="PATH",
                    help="checkpoint: directory, hub id or .gguf file (default: the embedded "
-                   "SmolLM2-135M-Instruct)")
+                   "model a plugin provides; see `mi plugins`)")
     p.add_argument("--device", default="cpu", type=A.device,
                    help="torch device: cpu (default), cuda, cuda:N, mps")
     p.add_argument("--dtype", default="float32", type=A.dtype, metavar="{" + ",".join(A.DTYPES) + "}",
@@ -508,7 +508,7 @@ def register(sub: "argparse._SubParsersAction[Any]") -> None:
     p = sub.add_parser("demo", help="top-5 next tokens, logit lens and an attention knockout on "
                        "the embedded default model (no network)",
                        description="Top-k next tokens, the logit lens and an attention knockout "
-                       "on the embedded SmolLM2-135M-Instruct (or --model).")
+                       "on the embedded default model a plugin provides (or --model).")
     _common(p)
     p.add_argument("--k", type=A.positive_int, default=5, help=K)
     p.set_defaults(func=_cmd_demo)

@@ -1,8 +1,8 @@
 """The attribution-graph view, for any plugin's graph: nodes placed by layer and position,
 edges by weight, pruning sliders, click a node for its inputs, outputs and top tokens.
 
-The core knows no graph class: a plugin (e.g. mi-clt's ``CircuitGraph.to_html``) passes
-plain nodes and edges.
+The core knows no graph class: a plugin's graph (its ``to_html``) passes plain nodes and
+edges.
 """
 
 from __future__ import annotations
