@@ -1,5 +1,5 @@
-"""GGUF files of every supported architecture (llama, qwen2, qwen3, gemma, gemma2, phi3, gpt2,
-qwen2moe, qwen3moe), written here with the `gguf` package's GGUFWriter the way llama.cpp's
+"""GGUF files of every supported architecture (llama, qwen2, qwen3, gemma, gemma2, phi3,
+starcoder2, olmo2, gpt2, qwen2moe, qwen3moe), written here with the `gguf` package's GGUFWriter the way llama.cpp's
 convert_hf_to_gguf.py writes them.
 
 Tensor names come from ``gguf.get_tensor_name_map`` (the package's own HF -> GGUF table, an
@@ -43,6 +43,8 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "phi3_longrope": ("phi3", "phi3", FAMILIES["phi3_longrope"][1]),
     "qwen2_yarn": ("qwen2", "qwen2", FAMILIES["qwen2_yarn"][1]),
     "gpt2": ("gpt2", "gpt2", GPT_FAMILIES["gpt2"][1]),
+    "starcoder2": ("starcoder2", "starcoder2", {}),
+    "olmo2": ("olmo2", "olmo2", FAMILIES["olmo2"][1]),
     # llama.cpp's qwen2moe has no dense layers (mlp_only_layers), qwen3moe renormalises
     "qwen2moe": ("qwen2moe", "qwen2_moe", {**FAMILIES["qwen2_moe"][1], "mlp_only_layers": []}),
     "qwen3moe": ("qwen3moe", "qwen3_moe", FAMILIES["qwen3_moe"][1]),
@@ -89,8 +91,11 @@ def write_gguf(t: Any, arch: str, out: Path, meta: dict[str, Any] | None = None,
           f"{arch}.attention.value_length": (hd, "UINT32"),
           f"{arch}.rope.dimension_count": (hd, "UINT32"),
           f"{arch}.rope.freq_base": (cfg.rope_parameters["rope_theta"], "FLOAT32"),
-          f"{arch}.attention.layer_norm_rms_epsilon": (cfg.rms_norm_eps, "FLOAT32"),
+          f"{arch}.attention.layer_norm_rms_epsilon": (getattr(cfg, "rms_norm_eps", 1e-6),
+                                                       "FLOAT32"),
           f"{arch}.vocab_size": (cfg.vocab_size, "UINT32")}
+    if arch == "starcoder2":
+        kv[f"{arch}.attention.layer_norm_epsilon"] = (cfg.norm_epsilon, "FLOAT32")
     if arch == "gemma2":
         kv[f"{arch}.attn_logit_softcapping"] = (cfg.attn_logit_softcapping, "FLOAT32")
         kv[f"{arch}.final_logit_softcapping"] = (cfg.final_logit_softcapping, "FLOAT32")
@@ -297,3 +302,10 @@ def test_fuzzed_metadata_values_fail_only_with_mi_errors(case, tmp_path_factory)
 
     check()
 
+
+
+def test_plugin_lists_exactly_the_gguf_architectures_read():
+    from mi_transformer import plugin
+    from mi_transformer.gguf import GGUF_ARCHES
+
+    assert sorted(plugin._GGUF.split(", ")) == sorted(GGUF_ARCHES)

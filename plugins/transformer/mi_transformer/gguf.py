@@ -19,8 +19,9 @@ What this does, in order:
    the same file (byte-level BPE for ``tokenizer.ggml.model == "gpt2"``, sentencepiece BPE
    with byte fallback for ``"llama"``), so ids agree.
 
-Architectures: llama, qwen2, qwen3, gemma, gemma2, phi3, gpt2, qwen2moe, qwen3moe
-(:data:`GGUF_ARCHES`); others are refused by name. Metadata values of the wrong type are a ConfigError naming the key.
+Architectures: llama, qwen2, qwen3, gemma, gemma2, phi3, starcoder2, olmo2, gpt2, qwen2moe,
+qwen3moe (:data:`GGUF_ARCHES`); others are refused by name. Metadata values of the wrong type
+are a ConfigError naming the key.
 """
 
 from __future__ import annotations
@@ -464,6 +465,17 @@ _ATTN_SLOTS = {k: v for k, v in _LLAMA_LAYER.items() if not k.startswith("ffn_")
     "ffn_norm": "ln2"}
 
 
+def _starcoder2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    cfg.pop("rms_norm_eps")
+    cfg["norm_epsilon"] = m.float("attention.layer_norm_epsilon", 1e-5)
+    cfg["hidden_act"] = "gelu_pytorch_tanh"
+    cfg["use_bias"] = "blk.0.attn_q.bias" in names
+
+
+def _olmo2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+
+
 GGUF_ARCHES: dict[str, GgufArch] = {
     "llama": GgufArch("llama", "LlamaForCausalLM", _LLAMA_LAYER, permute_qk=True,
                       configure=_llama_extra),
@@ -484,6 +496,12 @@ GGUF_ARCHES: dict[str, GgufArch] = {
     "qwen3moe": GgufArch("qwen3_moe", "Qwen3MoeForCausalLM", {
         **_ATTN_SLOTS, **_MOE_SLOTS, "attn_q_norm": "q_norm", "attn_k_norm": "k_norm"},
         configure=_moe_extra(True, shared=False)),
+    "starcoder2": GgufArch("starcoder2", "Starcoder2ForCausalLM", {
+        **_ATTN_SLOTS, "ffn_up": "mlp_in", "ffn_down": "mlp_out"}, configure=_starcoder2_extra),
+    "olmo2": GgufArch("olmo2", "Olmo2ForCausalLM", {
+        **{k: v for k, v in _LLAMA_LAYER.items() if not k.endswith("_norm")},
+        "attn_q_norm": "q_norm", "attn_k_norm": "k_norm", "post_attention_norm": "ln1_post",
+        "post_ffw_norm": "ln2_post"}, configure=_olmo2_extra),
     "gpt2": GgufArch("gpt2", "GPT2LMHeadModel", {
         "attn_norm": "ln1", "attn_qkv": "qkv", "attn_output": "o", "ffn_norm": "ln2",
         "ffn_up": "mlp_in", "ffn_down": "mlp_out"}, configure=_gpt2_config,
@@ -560,7 +578,8 @@ def hf_config(header: GgufHeader) -> dict[str, Any]:
     if arch.configure is not None:
         arch.configure(m, cfg, names)
     if cfg.get("intermediate_size", cfg.get("n_inner")) is None:
-        raise ConfigError(f"{path}: GGUF metadata lacks required key {name + '.feed_forward_length'!r}")
+        key = f"{name}.feed_forward_length"
+        raise ConfigError(f"{path}: GGUF metadata lacks required key {key!r}")
     for key, hf in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                     ("padding_token_id", "pad_token_id")):
         v = m.int(f"tokenizer.ggml.{key}", None, arch=False, min=0)
