@@ -309,3 +309,19 @@ def test_plugin_lists_exactly_the_gguf_architectures_read():
     from mi_transformer.gguf import GGUF_ARCHES
 
     assert sorted(plugin._GGUF.split(", ")) == sorted(GGUF_ARCHES)
+
+
+@pytest.mark.parametrize("layers, hidden, heads, want", [
+    (46, 4608, 32, 144),  # Gemma 2 27B: its hub config.json says query_pre_attn_scalar 144
+    (26, 2304, 8, 256),  # Gemma 2 2B: 256 (= head_dim), as llama.cpp's key_length scaling
+])
+def test_gemma2_gguf_attention_scale_follows_llama_cpp(layers, hidden, heads, want):
+    from mi_transformer.gguf import GgufHeader, hf_config
+
+    md = {"general.architecture": "gemma2", "gemma2.block_count": layers,
+          "gemma2.embedding_length": hidden, "gemma2.attention.head_count": heads,
+          "gemma2.attention.head_count_kv": heads // 2, "gemma2.attention.key_length": 128
+          if layers == 46 else 256, "gemma2.attention.value_length": 128 if layers == 46
+          else 256, "gemma2.feed_forward_length": 4 * hidden, "gemma2.vocab_size": 256}
+    cfg = hf_config(GgufHeader(Path("x.gguf"), 3, md, [], 0, 0))
+    assert cfg["query_pre_attn_scalar"] == want

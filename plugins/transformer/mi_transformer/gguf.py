@@ -410,9 +410,11 @@ def _gemma2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
     cfg["attn_logit_softcapping"] = m.float("attn_logit_softcapping", None)
     cfg["final_logit_softcapping"] = m.float("final_logit_softcapping", None)
     cfg["sliding_window"] = m.int("attention.sliding_window", None)
-    # llama.cpp scales scores by key_length**-0.5 (its 27B special case aside, which the
-    # file does not record): the HF equivalent is query_pre_attn_scalar = head_dim.
-    cfg["query_pre_attn_scalar"] = cfg["head_dim"]
+    # llama.cpp scales scores by key_length**-0.5, except for the 27B model (recognised by its
+    # 46 layers), where it uses (d_model / heads)**-0.5 as Gemma 2 27B's
+    # query_pre_attn_scalar = 144 does; we do exactly the same.
+    cfg["query_pre_attn_scalar"] = (cfg["hidden_size"] // cfg["num_attention_heads"]
+                                    if cfg["num_hidden_layers"] == 46 else cfg["head_dim"])
 
 
 def _phi3_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
