@@ -96,7 +96,7 @@ CONFIG_CASES: list[tuple[str, dict[str, Any], list[str]]] = [
                                       "partial_rotary_factor": 0.1}}, ["0.1", "rotated dims"]),
     ("gpt_neox", {"use_parallel_residual": "true"}, ["use_parallel_residual", "'true'"]),
     ("phi", {"qk_layernorm": True}, ["qk_layernorm", "True"]),
-    ("stablelm", {"qk_layernorm": True}, ["qk_layernorm", "True"]),
+    ("stablelm", {"qk_layernorm": "yes"}, ["qk_layernorm", "'yes'"]),
     ("opt", {"do_layer_norm_before": False}, ["do_layer_norm_before", "False"]),
     ("opt", {"word_embed_proj_dim": 32}, ["word_embed_proj_dim", "32"]),
     ("opt", {"_remove_final_layer_norm": True}, ["_remove_final_layer_norm"]),

@@ -851,9 +851,10 @@ def parse_stablelm(r: ConfigReader) -> TransformerConfig:
                   kv="num_key_value_heads", layers="num_hidden_layers",
                   inner="intermediate_size", inner_default=None, eps="layer_norm_eps",
                   act="hidden_act", act_default="silu", tie_default=False)
-    r.refuse_unless("qk_layernorm", False, "per-head LayerNorm of q and k is not implemented")
+    qk = r.bool("qk_layernorm", False)  # per-head LayerNorms (no bias) of q and k
     parallel = r.bool("use_parallel_residual", False)
-    base.update(weight_names="llama", qkv_bias=r.bool("use_qkv_bias", False),
+    base.update(weight_names="stablelm" if qk else "llama", qk_norm=qk, qk_norm_heads=qk,
+                qkv_bias=r.bool("use_qkv_bias", False),
                 block=BlockLayout.PARALLEL_SHARED_NORM if parallel else BlockLayout.SEQUENTIAL)
     return _gpt_rope(r, base, (), 0.25)
 
