@@ -48,6 +48,7 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     # llama.cpp's qwen2moe has no dense layers (mlp_only_layers), qwen3moe renormalises
     "qwen2moe": ("qwen2moe", "qwen2_moe", {**FAMILIES["qwen2_moe"][1], "mlp_only_layers": []}),
     "qwen3moe": ("qwen3moe", "qwen3_moe", FAMILIES["qwen3_moe"][1]),
+    "mixtral": ("llama", "mixtral", FAMILIES["mixtral"][1]),  # llama.cpp: llama + experts
 }
 
 
@@ -109,10 +110,12 @@ def write_gguf(t: Any, arch: str, out: Path, meta: dict[str, Any] | None = None,
     if rp.get("rope_type") == "longrope":
         kv[f"{arch}.rope.scaling.original_context_length"] = (
             rp["original_max_position_embeddings"], "UINT32")
-    if arch.endswith("moe"):
-        kv[f"{arch}.expert_count"] = (cfg.num_experts, "UINT32")
+    if arch.endswith("moe") or hasattr(cfg, "num_local_experts"):
+        n_exp = getattr(cfg, "num_experts", None) or cfg.num_local_experts
+        kv[f"{arch}.expert_count"] = (n_exp, "UINT32")
         kv[f"{arch}.expert_used_count"] = (cfg.num_experts_per_tok, "UINT32")
-        kv[f"{arch}.expert_feed_forward_length"] = (cfg.moe_intermediate_size, "UINT32")
+        kv[f"{arch}.expert_feed_forward_length"] = (
+            getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size, "UINT32")
         if getattr(cfg, "shared_expert_intermediate_size", 0):
             kv[f"{arch}.expert_shared_feed_forward_length"] = (
                 cfg.shared_expert_intermediate_size, "UINT32")
@@ -132,7 +135,7 @@ def write_gguf(t: Any, arch: str, out: Path, meta: dict[str, Any] | None = None,
     for hf, tensor in sd.items():
         if hf == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
-        m = re.fullmatch(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)\.weight", hf)
+        m = re.fullmatch(r"(model\.layers\.\d+\.\w+\.experts)\.(\d+)\.(\w+)\.weight", hf)
         if m:  # llama.cpp stacks the experts: [E, rows, cols] per projection
             experts.setdefault(f"{m[1]}.{m[3]}", {})[int(m[2])] = tensor.float().numpy()
             continue

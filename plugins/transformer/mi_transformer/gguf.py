@@ -392,6 +392,11 @@ _LONGROPE = {"rope_factors_long.weight": "long_factor",  # Phi-3 128k, folded in
 
 
 def _llama_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    if m.raw("llama.expert_count") is not None:  # llama.cpp writes Mixtral as llama + experts
+        cfg.update(model_type="mixtral", architectures=["MixtralForCausalLM"],
+                   num_local_experts=m.int("expert_count"),
+                   num_experts_per_tok=m.int("expert_used_count"))
+        return
     cfg["attention_bias"] = "blk.0.attn_q.bias" in names
     cfg["mlp_bias"] = "blk.0.ffn_up.bias" in names
 
@@ -458,11 +463,13 @@ def _moe_extra(norm_default: bool, shared: bool) -> Callable[[_Meta, dict[str, A
     return configure
 
 
-_MOE_SLOTS = {"ffn_gate_inp": "moe:mlp.gate", "ffn_gate_exps": "exps:0", "ffn_up_exps": "exps:1",
-              "ffn_down_exps": "exps:2", "ffn_gate_shexp": "moe:mlp.shared_expert.gate_proj",
-              "ffn_up_shexp": "moe:mlp.shared_expert.up_proj",
-              "ffn_down_shexp": "moe:mlp.shared_expert.down_proj",
-              "ffn_gate_inp_shexp": "moe:mlp.shared_expert_gate"}
+#: MoE tensors; {block} is the family's MoE module (mlp, Mixtral's block_sparse_moe)
+_MOE_SLOTS = {"ffn_gate_inp": "moe:{block}.gate", "ffn_gate_exps": "exps:0",
+              "ffn_up_exps": "exps:1", "ffn_down_exps": "exps:2",
+              "ffn_gate_shexp": "moe:{block}.shared_expert.gate_proj",
+              "ffn_up_shexp": "moe:{block}.shared_expert.up_proj",
+              "ffn_down_shexp": "moe:{block}.shared_expert.down_proj",
+              "ffn_gate_inp_shexp": "moe:{block}.shared_expert_gate"}
 _ATTN_SLOTS = {k: v for k, v in _LLAMA_LAYER.items() if not k.startswith("ffn_")} | {
     "ffn_norm": "ln2"}
 
@@ -479,8 +486,8 @@ def _olmo2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
 
 
 GGUF_ARCHES: dict[str, GgufArch] = {
-    "llama": GgufArch("llama", "LlamaForCausalLM", _LLAMA_LAYER, permute_qk=True,
-                      configure=_llama_extra),
+    "llama": GgufArch("llama", "LlamaForCausalLM", {**_LLAMA_LAYER, **_MOE_SLOTS},
+                      permute_qk=True, configure=_llama_extra),
     "qwen2": GgufArch("qwen2", "Qwen2ForCausalLM", _LLAMA_LAYER),
     "qwen3": GgufArch("qwen3", "Qwen3ForCausalLM", {
         **_LLAMA_LAYER, "attn_q_norm": "q_norm", "attn_k_norm": "k_norm"},
@@ -725,7 +732,9 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32) -> GgufCheckpoint:
                 tensors[name] = w.to(dtype)
                 quant[name] = _quant_type(t, path).name
             continue
-        if slot is not None and slot[1] == "moe:mlp.shared_expert_gate.weight" and arr.ndim == 1:
+        if slot is not None and "{block}" in slot[1]:
+            slot = (slot[0], slot[1].format(block=family.moe.block if family.moe else "mlp"))
+        if slot is not None and slot[1].endswith("shared_expert_gate.weight") and arr.ndim == 1:
             arr = arr[None]  # llama.cpp stores the shared expert's gate as [d_model]
         name = names.get(slot) if slot is not None else None
         if name is None:
