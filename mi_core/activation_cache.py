@@ -19,12 +19,12 @@ TransformerLens' does.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import torch
 
 from mi_core.errors import HookError, MIError
-from mi_core.hooks import HookCache, HookLike, HookPoint, hook_name
+from mi_core.hooks import HookCache, HookPoint, hook_name
 
 if TYPE_CHECKING:
     from mi_core.backend import MIModel
@@ -564,10 +564,5 @@ def _token_shape(model: "MIModel", tokens: Any) -> tuple[int, ...]:
     return tuple(torch.as_tensor(tokens).shape)
 
 
-def resolve_points(model: "MIModel", names: Iterable[HookLike] | None) -> list[HookPoint]:
-    """Hook points named by a list (full names or TransformerLens shorthand)."""
-    return [HookPoint.parse(get_act_name(n) if isinstance(n, str) else n) for n in names or []]
-
-
-__all__: Sequence[str] = ("ActivationCache", "Slice", "get_act_name", "accumulated_bias",
+__all__ = ("ActivationCache", "Slice", "get_act_name", "accumulated_bias",
                           "head_results", "norm_centres")

@@ -180,6 +180,8 @@ class MIModel(TransformerLensMixin):
         self._names: set[str] | None = None
         self._norm_centres: bool | None = None  # mi_core.activation_cache.norm_centres
         self._gated: bool | None = None
+        #: opt-in points that name filters select (TransformerLens' set_use_attn_result, ...)
+        self._opt_in_on: set[str] = set()
 
     # -- loading ------------------------------------------------------------------------
     @classmethod
@@ -464,17 +466,17 @@ class MIModel(TransformerLensMixin):
     def _ids(self, x: torch.Tensor | str) -> torch.Tensor:
         return self.to_tokens(x) if isinstance(x, str) else x
 
-    def _points_for(self, names: Any, *, skip_opt_in: bool) -> list[HookPoint]:
+    def _points_for(self, names: Any) -> list[HookPoint]:
         """Hook points named by a filter (callable on the name), a name or a list of names
         (full names or TransformerLens shorthand, e.g. ``("resid_pre", 3)``)."""
         from mi_core.activation_cache import get_act_name
 
         points = self.hook_points()
+        off = set(OPT_IN_SUFFIXES) - self._opt_in_on
         if names is None:
-            return [p for p in points if p.suffix not in OPT_IN_SUFFIXES]
+            return [p for p in points if p.suffix not in off]
         if callable(names) and not isinstance(names, (str, HookPoint)):
-            return [p for p in points if (not skip_opt_in or p.suffix not in OPT_IN_SUFFIXES)
-                    and names(p.name)]
+            return [p for p in points if p.suffix not in off and names(p.name)]
         items = [names] if isinstance(names, (str, HookPoint, tuple)) else list(names)
         out = []
         for n in items:
@@ -491,10 +493,11 @@ class MIModel(TransformerLensMixin):
                        remove_batch_dim: bool = False) -> tuple[torch.Tensor, "ActivationCache"]:
         """(logits, ActivationCache) capturing every point (or those `names_filter` accepts:
         a callable on the name, a name, or a list of names). Opt-in points
-        (``attn.hook_result``, per-head inputs) are captured only when named or filtered for."""
+        (``attn.hook_result``, per-head inputs) are captured when named, or by a filter once
+        switched on as in TransformerLens (``set_use_attn_result(True)``, ...)."""
         from mi_core.activation_cache import ActivationCache
 
-        chosen = self._points_for(names_filter, skip_opt_in=False)
+        chosen = self._points_for(names_filter)
         cache = self.forward(self._ids(ids), HookSpec().capture_all(chosen),
                              attention_mask=attention_mask)
         out = ActivationCache.of(cache, self)
@@ -518,14 +521,32 @@ class MIModel(TransformerLensMixin):
         token with `loss_per_token`), "both" ((logits, loss)) or None."""
         spec = HookSpec()
         for name, fn in fwd_hooks:
-            for hp in self._points_for(name, skip_opt_in=True):
+            for hp in self._points_for(name):
                 spec.intervene(hp, fn)
         for name, fn in bwd_hooks:
-            for hp in self._points_for(name, skip_opt_in=True):
+            for hp in self._points_for(name):
                 spec.add_backward_hook(hp, fn)
         ids = self._ids(ids)
         logits = self.forward(ids, spec, attention_mask=attention_mask).output
         return _tl_return(logits, ids, return_type, loss_per_token)
+
+    def _opt_in(self, suffixes: Sequence[str], use: bool) -> None:
+        (self._opt_in_on.update if use else self._opt_in_on.difference_update)(suffixes)
+
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """Let name filters (run_with_cache, run_with_hooks) select ``attn.hook_result``."""
+        self._opt_in(["attn.hook_result"], use_attn_result)
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        """Let name filters select ``hook_q_input`` / ``hook_k_input`` / ``hook_v_input``."""
+        self._opt_in(["hook_q_input", "hook_k_input", "hook_v_input"], use_split_qkv_input)
+
+    def set_use_attn_in(self, use_attn_in: bool) -> None:
+        """Let name filters select ``hook_attn_in``."""
+        self._opt_in(["hook_attn_in"], use_attn_in)
+
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
+        """Accepted for TransformerLens code: ``hook_mlp_in`` always exists (it costs nothing)."""
 
     # -- weight processing (TransformerLens' from_pretrained defaults, opt-in here) -------------
     def process_weights(self, fold_ln: bool = True, center_writing_weights: bool = True,

@@ -213,7 +213,7 @@ def attribution_patching(model: MIModel, clean: Any, corrupted: Any, metric: Met
     corr_cache = model.forward(k_ids, spec)
     m_clean = float(_metric_values(metric, clean_cache.output)[0])
     m = _metric_values(metric, corr_cache.output)[0]
-    m_corr = float(m)
+    m_corr = float(m.detach())
     m.backward()
     rows = []
     for hp in points:

@@ -99,3 +99,43 @@ def test_port_prints_the_figures_of_the_transformerlens_original(models, name, c
         assert got["loss_second_half"] < got["loss_first_half"] / 2
         assert got["cache_matches_hooks"] and got["top_heads"][0][2] > 0.5
         assert got["ablated_loss_second_half"] > got["loss_second_half"]
+
+
+def test_token_conveniences_and_test_prompt_match_transformerlens(models, capsys):
+    from transformer_lens.utils import test_prompt
+
+    ours, theirs = models
+    prompt = "The capital of France is"
+    assert ours.to_single_token(" Paris") == theirs.to_single_token(" Paris")
+    assert ours.to_str_tokens(prompt) == theirs.to_str_tokens(prompt)
+    ids = ours.to_tokens([prompt, "The capital of Spain is"])
+    assert ours.to_string(ids) == theirs.to_string(ids)
+    with pytest.raises(mi.TokenizerError, match="not a single token"):
+        ours.to_single_token(" Parisian capital")
+    ranks = ours.test_prompt(prompt, "Paris")
+    mine = capsys.readouterr().out
+    test_prompt(prompt, "Paris", theirs)
+    tl_out = capsys.readouterr().out
+    # TransformerLens prints the same lines (its rich markup aside) and the same ranks
+    assert f"Ranks of the answer tokens: {ranks[0]}" in tl_out
+    for line in mine.splitlines()[:3]:
+        assert line in tl_out
+    assert ranks[0][0] == (" Paris", 0)
+
+
+def test_every_shared_hook_name_matches_hookedtransformer_on_smollm2(models):
+    """SmolLM2, both sides processed as TransformerLens' from_pretrained. Tolerance as in
+    test_transformer_tl_parity: atol 1e-4 + 1e-5 * max|ref| per tensor (massive activations)."""
+    ours, theirs = models
+    ids = ours.to_tokens("The capital of France is Paris, and the capital of Italy is")
+    _, cache = ours.run_with_cache(ids)
+    with torch.no_grad():
+        _, tc = theirs.run_with_cache(ids)
+    names = [k for k in tc.keys() if not k.startswith("unembed.")]
+    assert len(names) > 30 * 20
+    for k in names:
+        a, b = cache[k], tc[k]
+        assert a.shape == b.shape, k
+        masked = torch.isneginf(a)
+        a, b = a[~masked], b[~masked]
+        assert (a - b).abs().max().item() <= 1e-4 + 1e-5 * b.abs().max().item(), k

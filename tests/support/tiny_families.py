@@ -106,6 +106,7 @@ GPT_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                          bias=True)),
     "stablelm": ("stablelm", _STABLELM),
     "stablelm_parallel": ("stablelm", dict(_STABLELM, use_parallel_residual=True)),
+    "stablelm_qk_norm": ("stablelm", dict(_STABLELM, qk_layernorm=True)),
 }
 FAMILIES.update(GPT_FAMILIES)
 FAMILIES["helium"] = ("helium", {"head_dim": 16})

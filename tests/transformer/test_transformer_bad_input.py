@@ -96,7 +96,7 @@ CONFIG_CASES: list[tuple[str, dict[str, Any], list[str]]] = [
                                       "partial_rotary_factor": 0.1}}, ["0.1", "rotated dims"]),
     ("gpt_neox", {"use_parallel_residual": "true"}, ["use_parallel_residual", "'true'"]),
     ("phi", {"qk_layernorm": True}, ["qk_layernorm", "True"]),
-    ("stablelm", {"qk_layernorm": True}, ["qk_layernorm", "True"]),
+    ("stablelm", {"qk_layernorm": "yes"}, ["qk_layernorm", "'yes'"]),
     ("opt", {"do_layer_norm_before": False}, ["do_layer_norm_before", "False"]),
     ("opt", {"word_embed_proj_dim": 32}, ["word_embed_proj_dim", "32"]),
     ("opt", {"_remove_final_layer_norm": True}, ["_remove_final_layer_norm"]),
@@ -294,8 +294,9 @@ def test_rotary_buffers_of_old_checkpoints_are_ignorable(tiny, tmp_path):
 
 # -- fuzzing ---------------------------------------------------------------------------
 
-_FUZZ_BASES = ["llama", "gemma2", "qwen2_untied", "gpt2", "gpt_neox", "gptj", "opt",
-               "falcon_new_decoder", "phi"]
+_FUZZ_BASES = ["llama", "gemma2", "gemma3_text", "qwen2_untied", "phi3_longrope", "qwen2_yarn",
+               "gpt2", "gpt_neox", "gptj", "opt", "falcon_new_decoder", "phi", "stablelm",
+               "mixtral", "qwen2_moe", "olmo", "olmo2", "granite", "smollm3", "cohere"]
 _KEYS = sorted({k for f in FAMILIES.values() for k in f.reads} | {"foo", "is_encoder_decoder"})
 _VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-2, 70), st.sampled_from([0, 1, 2, 3, 4, 16, 64]),
@@ -320,7 +321,7 @@ def _params(cfg) -> int:
     return sum(math.prod(e.shape) for e in tensor_table(cfg).values())
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(base=st.sampled_from(_FUZZ_BASES), edits=_EDITS, seed=st.integers(0, 2**16))
 def test_fuzzed_configs_parse_or_raise_an_mierror_and_parsed_ones_run(fuzz_bases, base, edits,
                                                                       seed):

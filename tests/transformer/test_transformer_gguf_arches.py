@@ -1,5 +1,5 @@
-"""GGUF files of every supported architecture (llama, qwen2, qwen3, gemma, gemma2, phi3, gpt2,
-qwen2moe, qwen3moe), written here with the `gguf` package's GGUFWriter the way llama.cpp's
+"""GGUF files of every supported architecture (llama, qwen2, qwen3, gemma, gemma2, phi3,
+starcoder2, olmo2, gpt2, qwen2moe, qwen3moe), written here with the `gguf` package's GGUFWriter the way llama.cpp's
 convert_hf_to_gguf.py writes them.
 
 Tensor names come from ``gguf.get_tensor_name_map`` (the package's own HF -> GGUF table, an
@@ -43,9 +43,12 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "phi3_longrope": ("phi3", "phi3", FAMILIES["phi3_longrope"][1]),
     "qwen2_yarn": ("qwen2", "qwen2", FAMILIES["qwen2_yarn"][1]),
     "gpt2": ("gpt2", "gpt2", GPT_FAMILIES["gpt2"][1]),
+    "starcoder2": ("starcoder2", "starcoder2", {}),
+    "olmo2": ("olmo2", "olmo2", FAMILIES["olmo2"][1]),
     # llama.cpp's qwen2moe has no dense layers (mlp_only_layers), qwen3moe renormalises
     "qwen2moe": ("qwen2moe", "qwen2_moe", {**FAMILIES["qwen2_moe"][1], "mlp_only_layers": []}),
     "qwen3moe": ("qwen3moe", "qwen3_moe", FAMILIES["qwen3_moe"][1]),
+    "mixtral": ("llama", "mixtral", FAMILIES["mixtral"][1]),  # llama.cpp: llama + experts
 }
 
 
@@ -89,8 +92,11 @@ def write_gguf(t: Any, arch: str, out: Path, meta: dict[str, Any] | None = None,
           f"{arch}.attention.value_length": (hd, "UINT32"),
           f"{arch}.rope.dimension_count": (hd, "UINT32"),
           f"{arch}.rope.freq_base": (cfg.rope_parameters["rope_theta"], "FLOAT32"),
-          f"{arch}.attention.layer_norm_rms_epsilon": (cfg.rms_norm_eps, "FLOAT32"),
+          f"{arch}.attention.layer_norm_rms_epsilon": (getattr(cfg, "rms_norm_eps", 1e-6),
+                                                       "FLOAT32"),
           f"{arch}.vocab_size": (cfg.vocab_size, "UINT32")}
+    if arch == "starcoder2":
+        kv[f"{arch}.attention.layer_norm_epsilon"] = (cfg.norm_epsilon, "FLOAT32")
     if arch == "gemma2":
         kv[f"{arch}.attn_logit_softcapping"] = (cfg.attn_logit_softcapping, "FLOAT32")
         kv[f"{arch}.final_logit_softcapping"] = (cfg.final_logit_softcapping, "FLOAT32")
@@ -104,10 +110,12 @@ def write_gguf(t: Any, arch: str, out: Path, meta: dict[str, Any] | None = None,
     if rp.get("rope_type") == "longrope":
         kv[f"{arch}.rope.scaling.original_context_length"] = (
             rp["original_max_position_embeddings"], "UINT32")
-    if arch.endswith("moe"):
-        kv[f"{arch}.expert_count"] = (cfg.num_experts, "UINT32")
+    if arch.endswith("moe") or hasattr(cfg, "num_local_experts"):
+        n_exp = getattr(cfg, "num_experts", None) or cfg.num_local_experts
+        kv[f"{arch}.expert_count"] = (n_exp, "UINT32")
         kv[f"{arch}.expert_used_count"] = (cfg.num_experts_per_tok, "UINT32")
-        kv[f"{arch}.expert_feed_forward_length"] = (cfg.moe_intermediate_size, "UINT32")
+        kv[f"{arch}.expert_feed_forward_length"] = (
+            getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size, "UINT32")
         if getattr(cfg, "shared_expert_intermediate_size", 0):
             kv[f"{arch}.expert_shared_feed_forward_length"] = (
                 cfg.shared_expert_intermediate_size, "UINT32")
@@ -127,7 +135,7 @@ def write_gguf(t: Any, arch: str, out: Path, meta: dict[str, Any] | None = None,
     for hf, tensor in sd.items():
         if hf == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
-        m = re.fullmatch(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)\.weight", hf)
+        m = re.fullmatch(r"(model\.layers\.\d+\.\w+\.experts)\.(\d+)\.(\w+)\.weight", hf)
         if m:  # llama.cpp stacks the experts: [E, rows, cols] per projection
             experts.setdefault(f"{m[1]}.{m[3]}", {})[int(m[2])] = tensor.float().numpy()
             continue
@@ -297,3 +305,26 @@ def test_fuzzed_metadata_values_fail_only_with_mi_errors(case, tmp_path_factory)
 
     check()
 
+
+
+def test_plugin_lists_exactly_the_gguf_architectures_read():
+    from mi_transformer import plugin
+    from mi_transformer.gguf import GGUF_ARCHES
+
+    assert sorted(plugin._GGUF.split(", ")) == sorted(GGUF_ARCHES)
+
+
+@pytest.mark.parametrize("layers, hidden, heads, want", [
+    (46, 4608, 32, 144),  # Gemma 2 27B: its hub config.json says query_pre_attn_scalar 144
+    (26, 2304, 8, 256),  # Gemma 2 2B: 256 (= head_dim), as llama.cpp's key_length scaling
+])
+def test_gemma2_gguf_attention_scale_follows_llama_cpp(layers, hidden, heads, want):
+    from mi_transformer.gguf import GgufHeader, hf_config
+
+    md = {"general.architecture": "gemma2", "gemma2.block_count": layers,
+          "gemma2.embedding_length": hidden, "gemma2.attention.head_count": heads,
+          "gemma2.attention.head_count_kv": heads // 2, "gemma2.attention.key_length": 128
+          if layers == 46 else 256, "gemma2.attention.value_length": 128 if layers == 46
+          else 256, "gemma2.feed_forward_length": 4 * hidden, "gemma2.vocab_size": 256}
+    cfg = hf_config(GgufHeader(Path("x.gguf"), 3, md, [], 0, 0))
+    assert cfg["query_pre_attn_scalar"] == want

@@ -30,7 +30,9 @@ def setup(tiny_llama):
     def metric(logits: torch.Tensor) -> torch.Tensor:
         return (logits[:, -1, 5] - logits[:, -1, 9]).mean()
 
+    model.set_use_attn_result(True)  # as TransformerLens: filters then select hook_result
     _, cache = model.run_with_cache(clean, names_filter=lambda n: True)
+    assert "blocks.0.attn.hook_result" in cache
     with torch.no_grad():
         _, tl_cache = ht.run_with_cache(clean)
     return model, ht, clean, corrupted, metric, cache, tl_cache

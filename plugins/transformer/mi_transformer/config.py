@@ -851,9 +851,10 @@ def parse_stablelm(r: ConfigReader) -> TransformerConfig:
                   kv="num_key_value_heads", layers="num_hidden_layers",
                   inner="intermediate_size", inner_default=None, eps="layer_norm_eps",
                   act="hidden_act", act_default="silu", tie_default=False)
-    r.refuse_unless("qk_layernorm", False, "per-head LayerNorm of q and k is not implemented")
+    qk = r.bool("qk_layernorm", False)  # per-head LayerNorms (no bias) of q and k
     parallel = r.bool("use_parallel_residual", False)
-    base.update(weight_names="llama", qkv_bias=r.bool("use_qkv_bias", False),
+    base.update(weight_names="stablelm" if qk else "llama", qk_norm=qk, qk_norm_heads=qk,
+                qkv_bias=r.bool("use_qkv_bias", False),
                 block=BlockLayout.PARALLEL_SHARED_NORM if parallel else BlockLayout.SEQUENTIAL)
     return _gpt_rope(r, base, (), 0.25)
 
@@ -1196,27 +1197,31 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
         "vocab_size", "n_embd", "n_head", "n_layer", "n_inner", "n_positions", "n_ctx",
         "layer_norm_epsilon", "activation_function", "tie_word_embeddings",
         "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"},
-        harmless=_GPT2_HARMLESS),
+        harmless=_GPT2_HARMLESS, note="learned positions, Conv1D fused QKV"),
     _family("gpt_neox", parse_gpt_neox, _SHAPE_KEYS | _ROPE | {
         "layer_norm_eps", "attention_bias", "use_parallel_residual", "rotary_pct",
-        "rotary_emb_base"}),
+        "rotary_emb_base"}, note="per-head fused QKV, partial rotary, parallel or sequential"),
     _family("gptj", parse_gptj, {"rotary", "scale_attn_weights",
         "vocab_size", "n_embd", "n_head", "n_layer", "n_inner", "n_positions", "rotary_dim",
         "layer_norm_epsilon", "activation_function", "tie_word_embeddings"},
-        harmless=_GPT2_HARMLESS),
-    _family("phi", parse_phi, _SHAPE_KEYS | _ROPE | {"layer_norm_eps", "qk_layernorm"}),
+        harmless=_GPT2_HARMLESS, note="parallel, one norm, interleaved partial rotary"),
+    _family("phi", parse_phi, _SHAPE_KEYS | _ROPE | {"layer_norm_eps", "qk_layernorm"},
+            note="parallel, one norm, partial rotary"),
     _family("stablelm", parse_stablelm, _SHAPE_KEYS | _ROPE | {
-        "layer_norm_eps", "qk_layernorm", "use_parallel_residual", "use_qkv_bias"}),
+        "layer_norm_eps", "qk_layernorm", "use_parallel_residual", "use_qkv_bias"},
+        note="LayerNorm, partial rotary, sequential or parallel (one norm)"),
     _family("opt", parse_opt, {
         "vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "ffn_dim",
         "max_position_embeddings", "activation_function",
         "tie_word_embeddings", "do_layer_norm_before", "_remove_final_layer_norm",
-        "layer_norm_elementwise_affine", "word_embed_proj_dim", "enable_bias"}),
+        "layer_norm_elementwise_affine", "word_embed_proj_dim", "enable_bias"},
+        note="learned positions (offset 2), ReLU; LayerNorm eps fixed at 1e-5"),
     _family("falcon", parse_falcon, _ROPE | {"apply_residual_connection_post_layernorm",
         "vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "num_kv_heads",
         "ffn_hidden_size", "layer_norm_epsilon", "activation", "tie_word_embeddings", "alibi",
         "new_decoder_architecture", "multi_query", "parallel_attn", "num_ln_in_parallel_attn",
-        "bias", "max_position_embeddings"}),
+        "bias", "max_position_embeddings"},
+        note="multi-query / grouped (new decoder) / per-head fused QKV"),
     _family("starcoder2", parse_starcoder2, _LLAMA | {"sliding_window", "norm_epsilon",
                                                       "use_bias"}),
 ]}

@@ -19,8 +19,9 @@ What this does, in order:
    the same file (byte-level BPE for ``tokenizer.ggml.model == "gpt2"``, sentencepiece BPE
    with byte fallback for ``"llama"``), so ids agree.
 
-Architectures: llama, qwen2, qwen3, gemma, gemma2, phi3, gpt2, qwen2moe, qwen3moe
-(:data:`GGUF_ARCHES`); others are refused by name. Metadata values of the wrong type are a ConfigError naming the key.
+Architectures: llama, qwen2, qwen3, gemma, gemma2, phi3, starcoder2, olmo2, gpt2, qwen2moe,
+qwen3moe (:data:`GGUF_ARCHES`); others are refused by name. Metadata values of the wrong type
+are a ConfigError naming the key.
 """
 
 from __future__ import annotations
@@ -391,6 +392,11 @@ _LONGROPE = {"rope_factors_long.weight": "long_factor",  # Phi-3 128k, folded in
 
 
 def _llama_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    if m.raw("llama.expert_count") is not None:  # llama.cpp writes Mixtral as llama + experts
+        cfg.update(model_type="mixtral", architectures=["MixtralForCausalLM"],
+                   num_local_experts=m.int("expert_count"),
+                   num_experts_per_tok=m.int("expert_used_count"))
+        return
     cfg["attention_bias"] = "blk.0.attn_q.bias" in names
     cfg["mlp_bias"] = "blk.0.ffn_up.bias" in names
 
@@ -409,9 +415,11 @@ def _gemma2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
     cfg["attn_logit_softcapping"] = m.float("attn_logit_softcapping", None)
     cfg["final_logit_softcapping"] = m.float("final_logit_softcapping", None)
     cfg["sliding_window"] = m.int("attention.sliding_window", None)
-    # llama.cpp scales scores by key_length**-0.5 (its 27B special case aside, which the
-    # file does not record): the HF equivalent is query_pre_attn_scalar = head_dim.
-    cfg["query_pre_attn_scalar"] = cfg["head_dim"]
+    # llama.cpp scales scores by key_length**-0.5, except for the 27B model (recognised by its
+    # 46 layers), where it uses (d_model / heads)**-0.5 as Gemma 2 27B's
+    # query_pre_attn_scalar = 144 does; we do exactly the same.
+    cfg["query_pre_attn_scalar"] = (cfg["hidden_size"] // cfg["num_attention_heads"]
+                                    if cfg["num_hidden_layers"] == 46 else cfg["head_dim"])
 
 
 def _phi3_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
@@ -455,18 +463,31 @@ def _moe_extra(norm_default: bool, shared: bool) -> Callable[[_Meta, dict[str, A
     return configure
 
 
-_MOE_SLOTS = {"ffn_gate_inp": "moe:mlp.gate", "ffn_gate_exps": "exps:0", "ffn_up_exps": "exps:1",
-              "ffn_down_exps": "exps:2", "ffn_gate_shexp": "moe:mlp.shared_expert.gate_proj",
-              "ffn_up_shexp": "moe:mlp.shared_expert.up_proj",
-              "ffn_down_shexp": "moe:mlp.shared_expert.down_proj",
-              "ffn_gate_inp_shexp": "moe:mlp.shared_expert_gate"}
+#: MoE tensors; {block} is the family's MoE module (mlp, Mixtral's block_sparse_moe)
+_MOE_SLOTS = {"ffn_gate_inp": "moe:{block}.gate", "ffn_gate_exps": "exps:0",
+              "ffn_up_exps": "exps:1", "ffn_down_exps": "exps:2",
+              "ffn_gate_shexp": "moe:{block}.shared_expert.gate_proj",
+              "ffn_up_shexp": "moe:{block}.shared_expert.up_proj",
+              "ffn_down_shexp": "moe:{block}.shared_expert.down_proj",
+              "ffn_gate_inp_shexp": "moe:{block}.shared_expert_gate"}
 _ATTN_SLOTS = {k: v for k, v in _LLAMA_LAYER.items() if not k.startswith("ffn_")} | {
     "ffn_norm": "ln2"}
 
 
+def _starcoder2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    cfg.pop("rms_norm_eps")
+    cfg["norm_epsilon"] = m.float("attention.layer_norm_epsilon", 1e-5)
+    cfg["hidden_act"] = "gelu_pytorch_tanh"
+    cfg["use_bias"] = "blk.0.attn_q.bias" in names
+
+
+def _olmo2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+
+
 GGUF_ARCHES: dict[str, GgufArch] = {
-    "llama": GgufArch("llama", "LlamaForCausalLM", _LLAMA_LAYER, permute_qk=True,
-                      configure=_llama_extra),
+    "llama": GgufArch("llama", "LlamaForCausalLM", {**_LLAMA_LAYER, **_MOE_SLOTS},
+                      permute_qk=True, configure=_llama_extra),
     "qwen2": GgufArch("qwen2", "Qwen2ForCausalLM", _LLAMA_LAYER),
     "qwen3": GgufArch("qwen3", "Qwen3ForCausalLM", {
         **_LLAMA_LAYER, "attn_q_norm": "q_norm", "attn_k_norm": "k_norm"},
@@ -484,6 +505,12 @@ GGUF_ARCHES: dict[str, GgufArch] = {
     "qwen3moe": GgufArch("qwen3_moe", "Qwen3MoeForCausalLM", {
         **_ATTN_SLOTS, **_MOE_SLOTS, "attn_q_norm": "q_norm", "attn_k_norm": "k_norm"},
         configure=_moe_extra(True, shared=False)),
+    "starcoder2": GgufArch("starcoder2", "Starcoder2ForCausalLM", {
+        **_ATTN_SLOTS, "ffn_up": "mlp_in", "ffn_down": "mlp_out"}, configure=_starcoder2_extra),
+    "olmo2": GgufArch("olmo2", "Olmo2ForCausalLM", {
+        **{k: v for k, v in _LLAMA_LAYER.items() if not k.endswith("_norm")},
+        "attn_q_norm": "q_norm", "attn_k_norm": "k_norm", "post_attention_norm": "ln1_post",
+        "post_ffw_norm": "ln2_post"}, configure=_olmo2_extra),
     "gpt2": GgufArch("gpt2", "GPT2LMHeadModel", {
         "attn_norm": "ln1", "attn_qkv": "qkv", "attn_output": "o", "ffn_norm": "ln2",
         "ffn_up": "mlp_in", "ffn_down": "mlp_out"}, configure=_gpt2_config,
@@ -560,7 +587,8 @@ def hf_config(header: GgufHeader) -> dict[str, Any]:
     if arch.configure is not None:
         arch.configure(m, cfg, names)
     if cfg.get("intermediate_size", cfg.get("n_inner")) is None:
-        raise ConfigError(f"{path}: GGUF metadata lacks required key {name + '.feed_forward_length'!r}")
+        key = f"{name}.feed_forward_length"
+        raise ConfigError(f"{path}: GGUF metadata lacks required key {key!r}")
     for key, hf in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                     ("padding_token_id", "pad_token_id")):
         v = m.int(f"tokenizer.ggml.{key}", None, arch=False, min=0)
@@ -704,7 +732,9 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32) -> GgufCheckpoint:
                 tensors[name] = w.to(dtype)
                 quant[name] = _quant_type(t, path).name
             continue
-        if slot is not None and slot[1] == "moe:mlp.shared_expert_gate.weight" and arr.ndim == 1:
+        if slot is not None and "{block}" in slot[1]:
+            slot = (slot[0], slot[1].format(block=family.moe.block if family.moe else "mlp"))
+        if slot is not None and slot[1].endswith("shared_expert_gate.weight") and arr.ndim == 1:
             arr = arr[None]  # llama.cpp stores the shared expert's gate as [d_model]
         name = names.get(slot) if slot is not None else None
         if name is None:

@@ -12,11 +12,14 @@ from mi_transformer.config import FAMILIES, UnknownKeysError, parse_config
 from mi_transformer.weights import check_tensors
 
 BACKEND = "transformer"
+#: the llama.cpp architectures mi_transformer.gguf reads (its GGUF_ARCHES; not imported here,
+#: the gguf package is optional)
+_GGUF = "llama, qwen2, qwen3, gemma, gemma2, phi3, starcoder2, olmo2, gpt2, qwen2moe, qwen3moe"
 
 
 @plugin_impl
 def mi_plugin_info() -> dict[str, Any]:
-    return {"provides": ["GGUF files (llama, qwen2, qwen3, gemma, gemma2, phi3, gpt2, qwen2moe, qwen3moe architectures)"]}
+    return {"provides": [f"GGUF files ({_GGUF})"]}
 
 
 @plugin_impl
@@ -36,7 +39,7 @@ def mi_detect_backend(source: ModelSource) -> Detection:
     path = source.path
     if source.is_file:
         if path.suffix.lower() == ".gguf":
-            return Detection(BACKEND, 0.9, "GGUF file (llama, qwen2, qwen3, gemma, gemma2, phi3, gpt2, qwen2moe, qwen3moe)")
+            return Detection(BACKEND, 0.9, f"GGUF file ({_GGUF})")
         return Detection(BACKEND, 0.0, f"{path.name}: single files must be .gguf")
     cfg = source.config
     if cfg is None:

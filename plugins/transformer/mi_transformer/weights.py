@@ -87,6 +87,9 @@ NAME_TABLES: dict[str, NameTable] = {
                            ln2_post="post_feedforward_layernorm",
                            ignore=(r"^vision_tower\.", r"^multi_modal_projector\.",
                                    r"rotary_emb\.inv_freq$")),
+    # StableLM-2-12B's per-head q/k LayerNorms: one tensor per head ({h})
+    "stablelm": NameTable(q_norm="self_attn.q_layernorm.norms.{h}",
+                          k_norm="self_attn.k_layernorm.norms.{h}"),
     "gpt2": NameTable(embed="transformer.wte", pos_embed="transformer.wpe",
                       final_norm="transformer.ln_f", layer="transformer.h.{i}.", ln1="ln_1",
                       ln2="ln_2", qkv="attn.c_attn", o="attn.c_proj", mlp_in="mlp.c_fc",
@@ -182,7 +185,11 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
         else:
             add(i, "qkv", t.qkv, _linear(t, (h + 2 * kv) * hd, d), cfg.qkv_bias)
         add(i, "o", t.o, _linear(t, d, h * hd), cfg.o_bias)
-        if cfg.qk_norm:
+        if cfg.qk_norm and "{h}" in t.q_norm:  # one tensor per head (StableLM), stacked on load
+            for which, n, name in (("q_norm", h, t.q_norm), ("k_norm", kv, t.k_norm)):
+                for j in range(n):
+                    add(i, f"{which}.{j}", name.format(h=j), (hd,), False)
+        elif cfg.qk_norm:
             add(i, "q_norm", t.q_norm, qn, False)
             add(i, "k_norm", t.k_norm, kn, False)
         for slot, name in norms.items():
@@ -401,6 +408,10 @@ def load_weights(cfg: TransformerConfig, src: TensorSource, device: torch.device
             wq, wk, wv = _unpack_qkv(cfg, slots[(i, "qkv.weight")])
             b = opt(i, "qkv.bias")
             bq, bk, bv = _unpack_qkv(cfg, b) if b is not None else (None,) * 3
+        if cfg.qk_norm and (i, "q_norm.weight") not in slots:  # per-head tensors -> [n, d_head]
+            for which, n in (("q_norm", cfg.num_heads), ("k_norm", cfg.num_kv_heads)):
+                slots[(i, which + ".weight")] = torch.stack(
+                    [slots.pop((i, f"{which}.{j}.weight")) for j in range(n)])
         qn = Norm(cfg.norm_type, cfg.norm_eps, slots[(i, "q_norm.weight")]) if cfg.qk_norm else None
         kn = Norm(cfg.norm_type, cfg.norm_eps, slots[(i, "k_norm.weight")]) if cfg.qk_norm else None
         attn = AttnWeights(wq, wk, wv, slots[(i, "o.weight")], bq, bk, bv, opt(i, "o.bias"),
