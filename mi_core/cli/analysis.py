@@ -113,7 +113,8 @@ def _common(p: argparse.ArgumentParser, prompt: bool = True, html: bool = True) 
                    "model a plugin provides; see `mi plugins`)")
     p.add_argument("--device", default="cpu", type=A.device,
                    help="torch device: cpu (default), cuda, cuda:N, mps")
-    p.add_argument("--dtype", default="float32", type=A.dtype, metavar="{" + ",".join(A.DTYPES) + "}",
+    p.add_argument("--dtype", default="float32", type=A.dtype,
+                   metavar="{" + ",".join(A.DTYPES) + "}",
                    help="dtype of the weights and activations (default: float32)")
     if prompt:
         p.add_argument("--prompt", default=DEFAULT_PROMPT, type=A.text, metavar="TEXT",
@@ -250,7 +251,8 @@ def format_demo(r: DemoResult) -> str:
                      f"the top prediction from L{r.answer_settles_at} on (layers L0-L{n - 1}):")
     else:
         lines.append(f"  {r.top_next[0].token!r} is not the lens' top-1; the last layers' top 3:")
-    lines += [f"  {row.label:>5}: " + ", ".join(tp(t) for t in row.top) for row in r.logit_lens_last]
+    lines += [f"  {row.label:>5}: " + ", ".join(tp(t) for t in row.top)
+              for row in r.logit_lens_last]
     lines += ["", f"attention knockout ({r.knockout_description}), knocked out - baseline:",
               f"  KL(baseline || knocked out) = {num(r.knockout_kl)} nats",
               f"  {a.token!r}: p {a.baseline_prob:.3f} -> {a.intervened_prob:.3f}, "
@@ -486,7 +488,8 @@ def _cmd_heads(args: argparse.Namespace) -> int:
     r = detect_heads(model, ids)
     lines = []
     for kind in r.scores:
-        lines.append(f"{kind}: " + ", ".join(f"L{a}H{b} {s:.3f}" for a, b, s in r.top(kind, args.k)))
+        lines.append(f"{kind}: " + ", ".join(f"L{a}H{b} {s:.3f}"
+                                             for a, b, s in r.top(kind, args.k)))
     console.say("\n".join(lines))
     _write_json(args.json_out, r, args.raw)
     kind = "induction" if "induction" in r.scores else next(iter(r.scores))

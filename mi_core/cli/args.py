@@ -83,7 +83,8 @@ def float_list(value: str) -> list[float]:
         try:
             x = float(part)
         except ValueError:
-            raise _bad(f"{part.strip()!r} is not a number (comma-separated, e.g. 0,0.5,1)") from None
+            raise _bad(f"{part.strip()!r} is not a number (comma-separated, "
+                       "e.g. 0,0.5,1)") from None
         if x != x or x in (float("inf"), float("-inf")):
             raise _bad(f"{part.strip()!r} is not a finite number")
         out.append(x)

@@ -229,7 +229,9 @@ def plot_knockout(result: Any, path: str | Path, k: int = 10,
     spec = getattr(result, "spec", None)
     sub = f"KL(baseline || knocked out) = {kl:.3f} nats; {n} most changed tokens"
     if spec is not None:
-        sub = f"layers {_fmt_list(spec.layers)}, heads {_fmt_list(spec.heads)}; " + sub
+        heads = "all heads" if spec.heads is None else f"heads {_fmt_list(spec.heads)}"
+        layers = "all layers" if spec.layers is None else f"layers {_fmt_list(spec.layers)}"
+        sub = f"{layers}, {heads}; " + sub
     ax.set_title(_shorten(f"{t}\n{sub}"), fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()

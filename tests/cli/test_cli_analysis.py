@@ -93,7 +93,8 @@ def test_knockout_reports_intervened_minus_baseline_and_small_json(fake, tmp_pat
     assert main(argv + ["--json", str(js)]) == 0
     text = capsys.readouterr().out
     assert "knocked out - baseline" in text and "-0.0000" not in text
-    ref = mi.interp.run_knockout(fake, "hello", mi.KnockoutSpec(layers=[0, 1, 2], edges=[(-1, 0), (-1, 1)]))
+    ref = mi.interp.run_knockout(fake, "hello",
+                                 mi.KnockoutSpec(layers=[0, 1, 2], edges=[(-1, 0), (-1, 1)]))
     r = mi.from_json(js, mi.AblationResult)
     assert r.baseline_logits is None and r.prompt == "hello" and r.spec == ref.spec
     assert r.kl_divergence() == pytest.approx(ref.kl_divergence(), abs=1e-6)

@@ -18,7 +18,7 @@ from tests.support.fake_backend import fake_model
 
 MI = str(Path(sys.executable).parent / "mi")
 CORE_COMMANDS = ["demo", "run", "logit-lens", "knockout", "patch", "attention", "steer", "heads",
-                 "plugins", "check"]
+                 "plugins", "check", "probe"]
 
 
 @pytest.fixture
@@ -74,6 +74,12 @@ USAGE = [
     (["heads", "--batch", "-3"], "argument --batch"),
     (["knockout", "--quiet", "--verbose"], "not allowed with argument"),
     (["knockout", "--no-such-flag"], "unrecognized arguments"),
+    (["probe", "--model", "./none.gguf", "--data", "d.jsonl", "--hook", "h", "--json", "o"],
+     "argument --model"),
+    (["probe", "--model", "m", "--data", "d.jsonl", "--hook", "h", "--json", "o", "--plot",
+      "c.jpg"], "argument --plot"),
+    (["probe", "--model", "m", "--data", "d.jsonl", "--hook", "h", "--json", "o", "--dtype",
+      "int8"], "argument --dtype"),
 ]
 
 

@@ -121,9 +121,11 @@ def test_steering_and_knockout_share_the_sign_convention(model):
     ids = model.to_tokens("steer me")
     st = apply_steering(model, ids, SteeringSpec.attention([0, 2], to_positions=[1, 2],
                                                            from_positions=[-1], scale=0.0))
-    ko = run_knockout(model, ids, KnockoutSpec(layers=[0, 2], from_positions=[-1], to_positions=[1, 2]))
+    ko = run_knockout(model, ids,
+                      KnockoutSpec(layers=[0, 2], from_positions=[-1], to_positions=[1, 2]))
     tok = ko.summary.top_changed[0].token_id
-    ref = float(torch.log_softmax(st.steered_logits, -1)[tok] - torch.log_softmax(st.baseline_logits, -1)[tok])
+    ref = float(torch.log_softmax(st.steered_logits, -1)[tok]
+                - torch.log_softmax(st.baseline_logits, -1)[tok])
     assert st.logprob_diff(tok) == pytest.approx(ref, abs=1e-6)
     assert ko.logprob_diff(tok) == pytest.approx(ref, abs=1e-4)
     assert st.logit_diff(tok) == pytest.approx(ko.logit_diff(tok), abs=1e-4)
@@ -139,6 +141,7 @@ def test_dose_response_points_carry_shift_invariant_target_effects(model):
     for p in curve.points:
         assert p.target_prob_diff == pytest.approx(p.target_prob - curve.baseline_prob, abs=1e-6)
         assert p.target_logprob_diff == pytest.approx(
-            float(torch.tensor(p.target_prob).log() - torch.tensor(curve.baseline_prob).log()), abs=1e-4)
+            float(torch.tensor(p.target_prob).log() - torch.tensor(curve.baseline_prob).log()),
+            abs=1e-4)
     back = from_json(to_json(curve), DoseResponseCurve)
     assert back.spec == spec and back.points == curve.points

@@ -10,34 +10,48 @@ POSITION_HELP = "token whose activation is probed: last, mean (over real tokens)
 
 
 def add_probe_parser(subparsers: "argparse._SubParsersAction[Any]") -> argparse.ArgumentParser:
+    from mi_core.cli import args as A
+
     p = subparsers.add_parser(
         "probe", help="train linear probes on a model's activations for a labelled dataset",
         description="Train a linear probe per hook point on a JSONL file of "
                     '{"text": ..., "label": ...} lines and report accuracy, balanced accuracy, '
                     "AUROC (classification) or R² (regression) beside shuffled-label baselines.")
-    p.add_argument("--model", required=True, help="model directory, .gguf file or hub id")
+    p.add_argument("--model", required=True, type=A.model_source, metavar="PATH",
+                   help="model directory, .gguf file or hub id")
     p.add_argument("--data", required=True, help="JSONL file, one {text, label} object a line")
     p.add_argument("--hook", action="append", required=True, metavar="NAME",
                    help="hook point to probe; repeat for several; shell wildcards sweep "
                         "layers, e.g. 'blocks.*.hook_resid_post'")
     p.add_argument("--position", default="last", help=POSITION_HELP + " (default: last)")
     p.add_argument("--json", required=True, metavar="OUT", help="write the results here (JSON)")
-    p.add_argument("--plot", metavar="OUT", help="also save the metric-vs-hook curve as PNG")
-    p.add_argument("--task", default="auto", choices=["auto", "classification", "regression"])
+    p.add_argument("--plot", metavar="OUT", type=A.picture_path,
+                   help="also save the metric-vs-hook curve (.png, .svg or .pdf)")
+    p.add_argument("--task", default="auto", choices=["auto", "classification", "regression"],
+                   help="probe kind; auto: regression when the labels are numbers with a "
+                        "non-integer among them, else classification (default: auto)")
     split = p.add_mutually_exclusive_group()
-    split.add_argument("--cv", type=int, default=None, help="k-fold cross-validation (default 5)")
+    split.add_argument("--cv", type=A.positive_int, default=None,
+                       help="k-fold cross-validation (default 5)")
     split.add_argument("--test-size", type=float, default=None,
                        help="one held-out split of this fraction instead of CV")
-    p.add_argument("--shuffles", type=int, default=5,
+    p.add_argument("--shuffles", type=A.nonneg_int, default=5,
                    help="shuffled-label baseline runs per probe (default 5)")
     p.add_argument("--reg", type=float, default=1.0,
                    help="L2: C for logistic regression, alpha for ridge (default 1.0)")
     p.add_argument("--no-standardize", action="store_true", help="probe raw activations")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=A.positive_int, default=16,
+                   help="prompts per forward pass (default 16)")
     p.add_argument("--save-activations", metavar="DIR",
                    help="stream the collected activations to DIR as safetensors shards")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the folds and the shuffled labels (default 0)")
+    p.add_argument("--device", default="cpu", type=A.device,
+                   help="torch device: cpu (default), cuda, cuda:N, mps")
+    p.add_argument("--dtype", default="float32", type=A.dtype,
+                   metavar="{" + ",".join(A.DTYPES) + "}",
+                   help="dtype of the weights and activations (default: float32)")
+    A.output_options(p)
     p.set_defaults(func=run_probe)
     return p
 
@@ -55,7 +69,7 @@ def run_probe(args: argparse.Namespace) -> int:
         raise ProbingError(f"--shuffles must be >= 0, got {args.shuffles}")
     dataset = load_jsonl(args.data)  # data errors before the (slow) model load
     check_dataset(dataset, task=args.task, cv=args.cv, test_size=args.test_size)
-    model = mi.MIModel.from_pretrained(args.model, device=args.device)
+    model = mi.MIModel.from_pretrained(args.model, device=args.device, dtype=args.dtype)
     hooks = expand_hooks(model, args.hook)
     result = probe_model(model, dataset, hooks, position=position, batch_size=args.batch_size,
                          out_dir=args.save_activations, task=args.task, cv=args.cv,

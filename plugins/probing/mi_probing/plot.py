@@ -11,7 +11,8 @@ from mi_probing.sweep import SweepResult, make_curve
 
 def plot_sweep(result: SweepResult, path: str | os.PathLike[str],
                metric: str | None = None) -> Path:
-    """Save a PNG: the probe's score per hook point (±1 std over folds), the shuffled-label
+    """Save a picture (.png, .svg or .pdf, by the extension; ConfigError for any other): the
+    probe's score per hook point (±1 std over folds), the shuffled-label
     baseline (±1 std over shuffles) and the chance level. The x axis is the layer when every
     point has a distinct layer, otherwise the hook points in order."""
     try:
@@ -19,6 +20,9 @@ def plot_sweep(result: SweepResult, path: str | os.PathLike[str],
     except ImportError:
         raise ProbingError("plotting needs matplotlib: pip install 'mi-core[plot]' "
                            "(or pip install matplotlib)") from None
+    from mi_core.util.plot import picture_format
+
+    fmt = picture_format(path)  # before any work: '.jpg' is an error, not PNG bytes
     name = metric or result.metric
     curve = make_curve(result.probes, name) if name != result.metric else result.curve
     layers = [c.layer for c in curve]
@@ -45,5 +49,5 @@ def plot_sweep(result: SweepResult, path: str | os.PathLike[str],
     ax.grid(alpha=0.3)
     fig.tight_layout()
     out = Path(path)
-    fig.savefig(out, format="png")
+    fig.savefig(out, format=fmt)
     return out
