@@ -182,7 +182,11 @@ class RwkvBackend:
     """An RWKV-6 or RWKV-7 model with hooks (the MIBackend protocol).
 
     Built by :func:`mi_rwkv.plugin.load_rwkv6` / ``load_rwkv7``; holds plain tensors.
+    Capabilities (mi_core.capabilities): hook shapes, a recurrent state (``new_past``), state
+    interventions, weight access, readout and gradients; no layer schedule.
     """
+
+    differentiable = True
 
     def __init__(self, name: str, config: RwkvConfig, layers: Sequence[RwkvLayer],
                  embed: torch.Tensor, ln0: tuple[torch.Tensor, torch.Tensor],
