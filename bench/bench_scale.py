@@ -113,8 +113,9 @@ def bench_cache(model: mi.MIModel, rows: int, ctx: int, bs: int, reps: int) -> d
     return median_round_robin({"bare": bare, "store": store}, reps)
 
 
-def bench_executors(path: str, n_jobs: int, skip_ray: bool) -> list[tuple[str, float, float, float]]:
-    """(executor, wall, start-up, jobs/s after start-up) per executor."""
+def bench_executors(path: str, n_jobs: int, skip_ray: bool
+                    ) -> list[tuple[str, float, float, float, dict[str, float]]]:
+    """(executor, wall, start-up, jobs/s after start-up, start-up parts) per executor."""
     from mi_core.scale import executors as ex_mod
 
     jobs = [{"prompt": prompt_of(i), "i": i} for i in range(n_jobs)]
@@ -126,10 +127,13 @@ def bench_executors(path: str, n_jobs: int, skip_ray: bool) -> list[tuple[str, f
                "ray": ex_mod.RayExecutor}[kind]
         real_start = cls.start
 
+        parts: dict[str, float] = {}
+
         def timed(self: Any, hooks: Any, real: Any = real_start) -> None:
             t = time.perf_counter()
             real(self, hooks)
             starts.append(time.perf_counter() - t)
+            parts.update(getattr(self, "timings", {}))
 
         cls.start = timed  # type: ignore[method-assign]
         ex_mod._WORKER_MODELS.clear()  # local loads its model inside start, like a worker
@@ -143,7 +147,7 @@ def bench_executors(path: str, n_jobs: int, skip_ray: bool) -> list[tuple[str, f
             cls.start = real_start  # type: ignore[method-assign]
             shutil.rmtree(d, ignore_errors=True)
         assert len(run.results()) == n_jobs
-        rows.append((kind, wall, starts[0], n_jobs / (wall - starts[0])))
+        rows.append((kind, wall, starts[0], n_jobs / (wall - starts[0]), parts))
     return rows
 
 
@@ -154,6 +158,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=32, help="rows of the activation benchmark")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the local runs")
     ap.add_argument("--timer", default="wall", choices=["wall", "cpu"])
+    ap.add_argument("--executor-jobs", type=int, default=60, help="jobs of the executor runs")
     ap.add_argument("--skip-ray", action="store_true")
     args = ap.parse_args()
     global CLOCK
@@ -182,13 +187,16 @@ def main() -> None:
     print(f"\ncache_activations / bare capture throughput: **{c['bare'] / c['store']:.3f}x** "
           f"(target >= 0.9x)\n")
 
-    rows = bench_executors(path, args.jobs, args.skip_ray)
+    rows = bench_executors(path, args.executor_jobs, args.skip_ray)
     local = rows[0]
     print("| executor (%d jobs) | wall | start-up | jobs/s after start-up | speed-up (wall) | "
-          "speed-up (jobs) |\n|---|---:|---:|---:|---:|---:|" % args.jobs)
-    for kind, wall, start, rate in rows:
+          "speed-up (jobs) |\n|---|---:|---:|---:|---:|---:|" % args.executor_jobs)
+    for kind, wall, start, rate, _ in rows:
         print(f"| {kind} | {wall:.1f} s | {start:.1f} s | {rate:.1f} | {local[1] / wall:.2f}x | "
               f"{rate / local[3]:.2f}x |")
+    print("\nstart-up: " + "; ".join(
+        f"{kind}: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in parts.items())
+        for kind, _, _, _, parts in rows))
     sys.stdout.flush()
 
 
