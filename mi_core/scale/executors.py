@@ -183,7 +183,8 @@ class ProcessExecutor:
 
 class RayExecutor:
     """One model per Ray actor: ``ray.init(address=...)`` when an address is given (argument
-    or ``RAY_ADDRESS``), a local Ray otherwise; an already initialised Ray is used as is.
+    or ``RAY_ADDRESS``), a new local Ray otherwise (``address="local"``: not a cluster found
+    on this machine); an already initialised Ray is used as is.
     Each actor takes ``num_gpus=1`` when the cluster has GPUs (and loads the model on
     ``cuda``), else ``num_cpus=1``. Ray is shut down at the end only if it was started here.
     """
@@ -206,7 +207,9 @@ class RayExecutor:
             raise ConfigError("executor='ray' needs Ray: pip install 'mi-core[ray]'") from None
         t0 = time.perf_counter()
         if not ray.is_initialized():
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            # "local": a new local Ray, never a cluster someone else started on this machine
+            ray.init(address=self.address or "local", include_dashboard=False,
+                     log_to_driver=False)
             self.started_ray = True
         t1 = time.perf_counter()
         res = ray.cluster_resources()
