@@ -98,17 +98,18 @@ def _tokenize_task(model: Any, texts: list[str]) -> list[list[int]]:
 
 
 def _probe_task(model: Any, payload: tuple[list[str], int]) -> dict[str, Any]:
-    """Per-token shape, dtype and layout of each hook, from a forward of one row."""
+    """Per-token shape, dtype and layout of each hook, from a forward of one short row (the
+    real batches are checked against it as they are written)."""
     hooks, context_len = payload
-    ids = torch.zeros(1, context_len, dtype=torch.long)
+    seq = min(context_len, 11)  # short: the probe costs a fraction of one batch
+    ids = torch.zeros(1, seq, dtype=torch.long)
     cache = model.forward(ids, HookSpec().capture_all(hooks))
     out = {}
     for h in hooks:
         t = cache.require(h)
-        layout = _layout(h, t.shape, context_len)
-        per = list(t.shape[3:] if layout == "query" else t.shape[2:])
-        if layout == "query":
-            per = [t.shape[1]] + per
+        layout = _layout(h, t.shape, seq)
+        # query-major points: [heads, keys], keys = the row length
+        per = [t.shape[1], context_len] if layout == "query" else list(t.shape[2:])
         out[h] = {"shape": per, "dtype": str(t.dtype).removeprefix("torch."), "layout": layout}
     return out
 
@@ -362,6 +363,11 @@ def _fill(directory: Path, manifest: dict[str, Any], rows: torch.Tensor, ex: Any
                 continue  # drain after an error
             si, r0, r1, acts = item
             try:
+                for h in names:  # the plan came from a probe: every batch must fit it
+                    want = [(r1 - r0) * ctx] + hooks[h]["shape"]
+                    if list(acts[h].shape) != want:
+                        raise StoreError(f"hook point {h!r}: a batch of rows {r0}..{r1} has "
+                                         f"shape {list(acts[h].shape)}, the store expects {want}")
                 f = files.get(si) or files.setdefault(si, open_shard(si))
                 tok0 = (r0 - manifest["shards"][si]["rows"][0]) * ctx
                 for h in names:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 import traceback
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -89,9 +90,11 @@ class LocalExecutor:
         self.device = device
 
     def start(self, hooks: Sequence[str]) -> None:
+        t0 = time.perf_counter()
         if self.model is None:
             self.model = _load(self.model_ref, self.device)  # type: ignore[arg-type]
         check_hooks(self.model, hooks)
+        self.timings = {"load_model": time.perf_counter() - t0}
 
     def run(self, task: Callable[[Any, Any], Any], tasks: Iterable[Task]) -> Iterator[Outcome]:
         for tid, payload in tasks:
@@ -132,10 +135,16 @@ class ProcessExecutor:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
+        t0 = time.perf_counter()
         self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
-        # one worker loads the model and checks the hook names before any job is sent
-        self.pool.submit(_process_check, self.model_ref, self.device, list(hooks),
-                         self.threads).result()
+        # every worker loads the model (one load each: they are busy, so the pool spreads
+        # them); the first also checks the hook names; all before any job is sent
+        futs = [self.pool.submit(_process_check, self.model_ref, self.device,
+                                 list(hooks) if i == 0 else [], self.threads)
+                for i in range(self.workers)]
+        for f in futs:
+            f.result()
+        self.timings = {"start_workers_and_load_models": time.perf_counter() - t0}
 
     def run(self, task: Callable[[Any, Any], Any], tasks: Iterable[Task]) -> Iterator[Outcome]:
         from concurrent.futures import FIRST_COMPLETED, wait
@@ -174,7 +183,8 @@ class ProcessExecutor:
 
 class RayExecutor:
     """One model per Ray actor: ``ray.init(address=...)`` when an address is given (argument
-    or ``RAY_ADDRESS``), a local Ray otherwise; an already initialised Ray is used as is.
+    or ``RAY_ADDRESS``), a new local Ray otherwise (``address="local"``: not a cluster found
+    on this machine); an already initialised Ray is used as is.
     Each actor takes ``num_gpus=1`` when the cluster has GPUs (and loads the model on
     ``cuda``), else ``num_cpus=1``. Ray is shut down at the end only if it was started here.
     """
@@ -195,9 +205,13 @@ class RayExecutor:
             import ray
         except ImportError:
             raise ConfigError("executor='ray' needs Ray: pip install 'mi-core[ray]'") from None
+        t0 = time.perf_counter()
         if not ray.is_initialized():
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            # "local": a new local Ray, never a cluster someone else started on this machine
+            ray.init(address=self.address or "local", include_dashboard=False,
+                     log_to_driver=False)
             self.started_ray = True
+        t1 = time.perf_counter()
         res = ray.cluster_resources()
         gpus = int(res.get("GPU", 0))
         n = int(self.workers or gpus or max(1, int(res.get("CPU", 1))))
@@ -212,6 +226,7 @@ class RayExecutor:
                 from mi_core import errors
 
                 raise getattr(errors, err[0], MIError)(err[1])
+        self.timings = {"ray_init": t1 - t0, "start_actors_and_load_models": time.perf_counter() - t1}
 
     def run(self, task: Callable[[Any, Any], Any], tasks: Iterable[Task]) -> Iterator[Outcome]:
         ray = self.ray
