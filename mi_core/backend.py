@@ -557,11 +557,8 @@ class MIModel(TransformerLensMixin):
         unembedding, fold the value biases into b_O. Logits are unchanged (centring the
         unembedding shifts every logit of a position equally). Hook values change where
         TransformerLens' do (e.g. ``attn.hook_in`` no longer includes the gain)."""
-        fn = getattr(self.backend, "process_weights", None)
-        if fn is None:
-            raise MIError(f"the {self.backend_name} backend cannot process its weights "
-                          f"(no process_weights capability)")
-        fn(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+        self.require(caps.WeightProcessing, "process_weights")
+        self.backend.process_weights(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
            center_unembed=center_unembed, fold_value_biases=fold_value_biases)
         self._norm_centres = None
         return self

@@ -13,6 +13,7 @@ capability, what needed it and the backend. No analysis probes a backend with ``
 | :class:`WeightAccess` | ``get_weight(name, layer)`` | decomposition, circuits |
 | :class:`Readout` | ``final_norm(x, scale)``, ``unembed(x)`` | direct logit attribution |
 | :class:`Gradients` | ``differentiable = True`` | attribution patching, gradient captures |
+| :class:`WeightProcessing` | ``process_weights(fold_ln=, ...)`` | ``MIModel.process_weights`` |
 """
 
 from __future__ import annotations
@@ -91,10 +92,21 @@ class Gradients(Protocol):
     differentiable: bool
 
 
+@runtime_checkable
+class WeightProcessing(Protocol):
+    """TransformerLens' weight processing in place (fold norms, centre writing weights and
+    the unembedding, fold value biases); logits unchanged."""
+
+    def process_weights(self, *, fold_ln: bool, center_writing_weights: bool,
+                        center_unembed: bool, fold_value_biases: bool) -> None:
+        """Rewrite the weights in place; an MIError for a step this model cannot take."""
+
+
 ALL: dict[str, type] = {
     "hook shapes": HookShapes, "KV-cached generation": KVCachedGeneration,
     "layer schedule": LayerSchedule, "state interventions": StateInterventions,
     "weight access": WeightAccess, "readout": Readout, "gradients": Gradients,
+    "weight processing": WeightProcessing,
 }
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import attrs
 import torch
 
+from mi_core import capabilities as caps
 from mi_core.errors import MIError, TokenizerError, WeightLoadError
 
 if TYPE_CHECKING:
@@ -57,11 +58,8 @@ class TransformerLensMixin:
 
     # -- weights ------------------------------------------------------------------------------
     def _get_weight(self, name: str, layer: int | None = None) -> torch.Tensor:
-        get = getattr(self.backend, "get_weight", None)
-        if get is None:
-            raise MIError(f"the {self.backend.name} backend does not expose its weights "
-                          f"(no get_weight): {name} is unavailable")
-        return get(name, layer)
+        caps.require(self.backend, caps.WeightAccess, f"the weight {name}")
+        return self.backend.get_weight(name, layer)
 
     def _has_weight(self, name: str, layer: int | None = None) -> bool:
         try:
@@ -111,7 +109,7 @@ class TransformerLensMixin:
         return w
 
     def _d_mlp(self) -> int:
-        return int(getattr(self.backend, "d_mlp", None) or self._get_weight("W_out", 0).shape[0])
+        return int(self._get_weight("W_out", 0).shape[0])
 
     def _stacked(self, name: str) -> torch.Tensor:
         return torch.stack([self.tl_weight(name, i) for i in range(self.num_layers)])

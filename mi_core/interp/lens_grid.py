@@ -69,7 +69,7 @@ def logit_lens_grid(model: MIModel, prompt: Any, k: int = 5, layers: Sequence[in
     empty = torch.zeros(len(pts), seq, 0)
     ids_seen = sorted(set(top_ids.flatten().tolist()) | set(tgt))
     vocab = {i: token_str(model, i) for i in ids_seen}
-    toks = (model.to_str_tokens(ids[0]) if getattr(model.backend, "tokenizer", None)
+    toks = (model.to_str_tokens(ids[0]) if model.has_tokenizer
             else [str(i) for i in ids[0].tolist()])
     return LogitLensGrid([lab for lab, _, _ in pts], toks, top_ids, top_probs, tgt,
                          torch.stack(t_p) if tgt else empty,

@@ -13,7 +13,7 @@ import mi_core as mi
 def test_the_transformer_declares_its_capabilities_and_no_state(llama_model) -> None:
     assert set(llama_model.capabilities()) == {
         "hook shapes", "KV-cached generation", "layer schedule", "weight access", "readout",
-        "gradients"}
+        "gradients", "weight processing"}
 
 
 @pytest.mark.parametrize("spec", [mi.StateKnockoutSpec().position(1), mi.StateSteeringSpec(0.0, [1])],
@@ -37,7 +37,8 @@ def test_a_state_spec_on_the_transformer_is_refused_before_compute(llama_model, 
 def test_every_hook_shape_matches_the_captured_activation(tiny, make_ids, name) -> None:
     model = tiny(name).load()
     ids = make_ids(2, 7)
-    _, cache = model.run_with_cache(ids, names_filter=lambda n: True)
+    # every point, opt-in ones included (a callable filter skips those, as TransformerLens)
+    _, cache = model.run_with_cache(ids, names_filter=[p.name for p in model.hook_points()])
     assert len(cache) == len(model.hook_points())
     for point in model.hook_points():
         want = model.backend.hook_shape(point, 2, 7)

@@ -19,6 +19,7 @@ import attrs
 import torch
 from tqdm import tqdm
 
+from mi_core import capabilities as caps
 from mi_core.dictionaries import CltFeatureId
 from mi_core.errors import DictionaryError, MIError
 from mi_core.hooks import HookSpec
@@ -251,10 +252,8 @@ def _through_final_gain(model: Any, vecs: torch.Tensor) -> torch.Tensor:
     """Unembedding directions vecs [k, d_model] (read after the final norm's gain and bias)
     as gradients at ``ln_final.hook_normalized`` (before the gain, as TransformerLens): the
     transpose of the norm's map with its divisor fixed to 1, whatever the family's gain is."""
-    final_norm = getattr(model.backend, "final_norm", None)
-    if final_norm is None:
-        raise MIError(f"backend {model.backend_name!r} has no final_norm(x, scale); attribution "
-                      "needs it to read logit directions at ln_final.hook_normalized")
+    model.require(caps.Readout, "attribution (logit directions at ln_final.hook_normalized)")
+    final_norm = model.backend.final_norm
     with torch.enable_grad():
         n = torch.zeros(vecs.shape, dtype=model.dtype, device=model.device, requires_grad=True)
         y = final_norm(n, scale=torch.ones(vecs.shape[0], 1, dtype=model.dtype, device=model.device))
@@ -274,10 +273,8 @@ def attribute(model: Any, clt: CrossLayerTranscoder, ids: torch.Tensor | Sequenc
     """
     ids = torch.as_tensor(ids, dtype=torch.long).reshape(1, -1).to(model.device)
     clt.check_model(model)
-    get_weight = getattr(model.backend, "get_weight", None)
-    if get_weight is None:
-        raise MIError(f"backend {model.backend_name!r} has no get_weight('W_U'); attribution "
-                      f"needs the unembedding matrix")
+    model.require(caps.WeightAccess, "attribution (the unembedding W_U)")
+    get_weight = model.backend.get_weight
     s = _setup(model, clt, ids, zero_positions)
     seq, L = ids.shape[1], clt.n_layers
     logit_ids, logit_p = select_logits(s.logits[-1], max_n_logits, desired_logit_prob)
@@ -326,7 +323,7 @@ def attribute(model: Any, clt: CrossLayerTranscoder, ids: torch.Tensor | Sequenc
     adj = torch.zeros(n, n)
     adj[:n_expand] = edges[:n_expand]
     adj[n - n_logit:] = edges[n_expand:]
-    tok = getattr(model.backend, "tokenizer", None)
+    tok = model.tokenizer if model.has_tokenizer else None
     to_str = (lambda t: tok.decode([int(t)])) if tok is not None else (lambda t: str(int(t)))
     return CircuitGraph(
         input_tokens=ids[0].tolist(), token_strings=[to_str(t) for t in ids[0]], n_layers=L,

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from mi_core import capabilities as caps
 from mi_core.dictionaries import CltFeatureId
 
 
@@ -16,8 +17,9 @@ def feature_top_tokens(g: Any, model: Any, clt: Any, k: int = 5
     """node index -> the `k` tokens each feature's decoder pushes up most directly: the sum
     of its decoder vectors over the layers it writes to, times the unembedding ``W_U``
     (no final norm; a direct-effect reading, as a viewer's "top tokens")."""
+    model.require(caps.WeightAccess, "the graph view's top tokens (W_U)")
     w_u = model.backend.get_weight("W_U").detach().float().cpu()  # [d_model, vocab]
-    tok = getattr(model.backend, "tokenizer", None)
+    tok = model.tokenizer if model.has_tokenizer else None
     out = {}
     for i in range(g.n_features):
         layer, _, idx = (int(v) for v in g.active_features[i].tolist())
