@@ -58,7 +58,7 @@ def knockout_batch(model: mi.MIModel, jobs: list[dict[str, Any]]) -> list[dict[s
             hooks.intervene(mi.HookPoint.attn_scores(jobs[i]["layer"]), mi.Knockout(mask))
         logits = model.forward(ids.expand(len(rows), -1), hooks).output[:, -1].float()
         for r, i in enumerate(rows):
-            out[i] = {"logit_drop": float(base[answer] - logits[r, answer]),
+            out[i] = {"logit_diff": float(logits[r, answer] - base[answer]),  # knocked out - baseline
                       "kl": mi.kl_divergence(base, logits[r])}
     return [out[i] for i in range(len(jobs))]
 
@@ -98,15 +98,15 @@ def main(model: Any = None, prompts: int = len(FACTS), out: str | None = None,
 
     per_prompt = [[0.0] * n_layers for _ in FACTS[:prompts]]
     for job, res in run.results():
-        per_prompt[[f[0] for f in FACTS].index(job["prompt"])][job["layer"]] = res["logit_drop"]
+        per_prompt[[f[0] for f in FACTS].index(job["prompt"])][job["layer"]] = res["logit_diff"]
     agg = aggregate("knockout", [{"layers": list(range(n_layers)), "heads": None,
-                                  "logit_drop": row, "kl": row} for row in per_prompt])
+                                  "logit_diff": row, "kl": row} for row in per_prompt])
     agg.pop("kl_mean"), agg.pop("kl_std")
-    agg["metric"] = "answer logit drop"
+    agg["metric"] = "answer logit change (knocked out - baseline)"
     (outdir / "aggregate.json").write_text(json.dumps(agg, indent=1))
     png = plot_aggregate(agg, outdir / "aggregate.png", title=f"knockout of last -> subject "
                          f"attention, one layer at a time ({prompts} prompts)")
-    peak = max(range(n_layers), key=lambda i: agg["mean"][i])
+    peak = min(range(n_layers), key=lambda i: agg["mean"][i])
     print(f"largest mean drop at layer {peak}: {agg['mean'][peak]:+.3f} "
           f"(std {agg['std'][peak]:.3f} over {prompts} prompts); picture: {png}")
     return {"conditions": len(jobs), "first_run": first, "resumed_batches": resumed_batches,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import queue
 import shutil
@@ -253,6 +254,8 @@ def cache_activations(model: Any, texts_or_token_batches: Any, hooks: Sequence[s
                 tmp.unlink()  # a shard a killed run was writing: recomputed
             atomic_write_text(old_path, json.dumps(manifest, indent=2) + "\n")
             report = _report(directory, manifest)
+            logging.getLogger("mi_core.scale").info("cache_activations %s: %s", directory,
+                                                    report.summary())
             if verbose:
                 print(f"mi: cache_activations: {report.summary()}", file=sys.stderr)
             if report.todo_bytes > report.free_bytes:

@@ -39,7 +39,8 @@ def _nan_to_zero(x: torch.Tensor, hook: HookPoint) -> torch.Tensor:
 def knockout_job(model: Any, job: dict[str, Any]) -> dict[str, Any]:
     """Knock out the last token's attention to earlier positions (``params.to``: list of
     positions, default all earlier ones), one layer (or one head of one layer with
-    ``params.per_head``) at a time; measure the answer's logit drop and the KL divergence.
+    ``params.per_head``) at a time; measure the answer's logit and log-probability change (knocked out − baseline, the
+    one sign convention of every effect) and the KL divergence.
 
     The conditions of one prompt run as batched forwards: row r carries the mask of
     condition r at its layer and zeros elsewhere.
@@ -58,7 +59,8 @@ def knockout_job(model: Any, job: dict[str, Any]) -> dict[str, Any]:
                                      model.num_heads, seq, model.device, model.dtype)
              for h in heads}
     chunk = int(p.get("batch", 32))
-    drops, kls = [], []
+    diffs, lp_diffs, kls = [], [], []
+    base_lp = torch.log_softmax(base, -1)[ans]
     for a in range(0, len(conds), chunk):
         part = conds[a:a + chunk]
         hooks = HookSpec()
@@ -71,13 +73,15 @@ def knockout_job(model: Any, job: dict[str, Any]) -> dict[str, Any]:
             hooks.intervene(HookPoint.attn_scores(layer), Knockout(m))
             hooks.intervene(HookPoint.attn_pattern(layer), _nan_to_zero)
         out = model.forward(ids.expand(len(part), -1), hooks).output[:, -1].float()
-        drops += (base[ans] - out[:, ans]).tolist()
+        diffs += (out[:, ans] - base[ans]).tolist()
+        lp_diffs += (torch.log_softmax(out, -1)[:, ans] - base_lp).tolist()
         kls += kl_rows(base.expand_as(out), out).tolist()
     shape = (len(layers), len(heads))
     return {"answer_id": ans, "baseline_logit": float(base[ans]),
             "baseline_prob": float(torch.softmax(base, -1)[ans]), "layers": layers,
             "heads": None if heads == [None] else heads,
-            "logit_drop": _grid(drops, shape, heads == [None]),
+            "logit_diff": _grid(diffs, shape, heads == [None]),
+            "logprob_diff": _grid(lp_diffs, shape, heads == [None]),
             "kl": _grid(kls, shape, heads == [None])}
 
 
@@ -160,7 +164,8 @@ def _mean_std(rows: list[list[float]]) -> tuple[list[float], list[float]]:
 
 def aggregate(analysis: str, results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Mean and spread (sample std) over prompts of each analysis' main metric:
-    knockout: answer logit drop per layer (x head); logit-lens: answer probability (and rank)
+    knockout: answer logit change (knocked out − baseline) per layer (x head), and the
+    log-prob change and KL beside it; logit-lens: answer probability (and rank)
     per layer; patching: normalised metric per (layer, head) for kind z, per layer at the
     last position otherwise; steering: answer probability (and KL) per strength."""
     if not results:
@@ -168,9 +173,11 @@ def aggregate(analysis: str, results: Sequence[dict[str, Any]]) -> dict[str, Any
     r0 = results[0]
     out: dict[str, Any] = {"analysis": analysis, "n": len(results)}
     if analysis == "knockout":
-        out.update(metric="answer logit drop (baseline - knocked out)", rows=r0["layers"],
+        out.update(metric="answer logit change (knocked out - baseline)", rows=r0["layers"],
                    row_label="layer", cols=r0["heads"], col_label="head" if r0["heads"] else None)
-        out["mean"], out["std"] = _mean_std([r["logit_drop"] for r in results])
+        out["mean"], out["std"] = _mean_std([r["logit_diff"] for r in results])
+        if all("logprob_diff" in r for r in results):
+            out["logprob_mean"], out["logprob_std"] = _mean_std([r["logprob_diff"] for r in results])
         out["kl_mean"], out["kl_std"] = _mean_std([r["kl"] for r in results])
     elif analysis == "logit-lens":
         out.update(metric="answer probability", rows=r0["layers"], row_label="layer", cols=None)

@@ -50,10 +50,11 @@ def test_knockout_sweep_matches_run_knockout_and_resumes(smollm2, smollm2_gguf_p
         for i, layer in enumerate(range(20, 24)):
             ref = run_knockout(smollm2, ids, KnockoutSpec(layers=[layer], from_positions=[-1],
                                                           to_positions=list(range(seq - 1))))
-            assert abs(row["result"]["logit_drop"][i] - ref.logit_diff(ans)) < 1e-4
+            assert abs(row["result"]["logit_diff"][i] - ref.logit_diff(ans)) < 1e-4
+            assert abs(row["result"]["logprob_diff"][i] - ref.logprob_diff(ans)) < 1e-4
             assert abs(row["result"]["kl"][i] - ref.kl_divergence()) < 1e-4
     agg = json.loads((out / "aggregate.json").read_text())
-    drops = torch.tensor([r["result"]["logit_drop"] for r in res], dtype=torch.float64)
+    drops = torch.tensor([r["result"]["logit_diff"] for r in res], dtype=torch.float64)
     assert agg["rows"] == [20, 21, 22, 23] and agg["n"] == 2
     assert torch.allclose(torch.tensor(agg["mean"], dtype=torch.float64), drops.mean(0))
     assert torch.allclose(torch.tensor(agg["std"], dtype=torch.float64), drops.std(0))
@@ -161,5 +162,5 @@ def test_sweep_with_the_processes_executor_gives_the_local_results(smollm2_gguf_
     ra = json.loads((a / "results.json").read_text())["results"]
     rb = json.loads((b / "results.json").read_text())["results"]
     for x, y in zip(ra, rb):
-        assert max(abs(u - v) for u, v in zip(x["result"]["logit_drop"],
-                                               y["result"]["logit_drop"])) < 1e-4
+        assert max(abs(u - v) for u, v in zip(x["result"]["logit_diff"],
+                                               y["result"]["logit_diff"])) < 1e-4

@@ -62,6 +62,14 @@ def test_results_match_the_reference_forward_in_job_order(toy, tmp_path):
     assert again.results() == res
 
 
+def test_equal_jobs_are_one_job_and_progress_shows_done_of_total(toy, tmp_path, capsys):
+    path, _ = toy
+    run = mi.run_sweep(toy_logits, TOY_JOBS[:6] + [dict(TOY_JOBS[0])], model=path,
+                       store=tmp_path / "s", progress=True)
+    assert run.total == 6 and len(run.results()) == 6
+    assert "6/6" in capsys.readouterr().err  # tqdm: done/total, rate and ETA
+
+
 def test_rerun_skips_finished_jobs_and_extends(toy, tmp_path):
     path, _ = toy
     calls = []

@@ -15,9 +15,11 @@ import pytest
 ROOT = Path(__file__).parents[2]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[str]:
-    """The address of a running 2-node cluster (1 CPU each, small object stores)."""
+    """The address of a running 2-node cluster (1 CPU each, small object stores). Module
+    scope: each module importing the fixture gets its own, shut down when the module ends,
+    so two clusters never run at once."""
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'mi-core[ray]')")
     from ray.cluster_utils import Cluster
 
