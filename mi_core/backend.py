@@ -305,6 +305,9 @@ class MIModel(TransformerLensMixin):
                 raise MIError(f"attention_mask shape {list(attention_mask.shape)} != ids shape "
                               f"{list(ids.shape)}")
         if hooks.needs_grad():  # gradients asked for: autograd on, whatever the caller's mode
+            if torch.is_inference_mode_enabled():
+                raise MIError("capture_grad / backward hooks inside torch.inference_mode(): "
+                              "no gradient can be recorded there; call outside it")
             with torch.enable_grad():
                 return self.backend.forward(ids, hooks, attention_mask=attention_mask, **kwargs)
         with torch.inference_mode(not torch.is_grad_enabled()):
