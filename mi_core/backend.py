@@ -454,6 +454,9 @@ class MIModel(TransformerLensMixin):
              options: Mapping[str, Any]) -> HookCache:
         """The backend's forward on checked inputs (no validation: callers did it)."""
         if hooks.needs_grad():  # gradients asked for: autograd on, whatever the caller's mode
+            if torch.is_inference_mode_enabled():
+                raise InputError("capture_grad / backward hooks inside torch.inference_mode(): "
+                                 "no gradient can be recorded there; call outside it")
             with torch.enable_grad():
                 return self.backend.forward(ids, hooks, attention_mask=mask, **options)
         with torch.inference_mode(not torch.is_grad_enabled()):

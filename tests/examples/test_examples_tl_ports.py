@@ -46,8 +46,8 @@ def _load(name: str, original: bool) -> dict:
             "the analysis must not use mi-core once the imports are swapped"
     ns: dict = {"__name__": f"{'tl' if original else 'mi'}_{name}"}
     exec(compile(src, str(EXAMPLES / f"{name}.py"), "exec"), ns)
-    if name == "tl_ioi_exploratory":  # runtime: one prompt template, patching three layers
-        ns["PROMPT_FORMAT"], ns["PATCH_LAYERS"] = ns["PROMPT_FORMAT"][:1], [4, 12, 20]
+    if name == "tl_ioi_exploratory":  # runtime: one prompt template, patching two layers
+        ns["PROMPT_FORMAT"], ns["PATCH_LAYERS"] = ns["PROMPT_FORMAT"][:1], [4, 20]
     return ns
 
 

@@ -305,6 +305,8 @@ def test_capture_grad_equals_autograd_of_an_explicit_computation(ours, ids):
         _close(cache.grad(p), g, 1e-5)
     with pytest.raises(HookError, match="capture_grad"):
         model.forward(ids).grad(points[0])
+    with torch.inference_mode(), pytest.raises(mi.MIError, match="inference_mode"):
+        model.forward(ids, mi.HookSpec().capture_grad(points[0]))
 
 
 def test_backward_hooks_equal_transformerlens_backward_hooks(ours, ht, ids):
