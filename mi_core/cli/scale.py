@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from mi_core.cli import args as A
 from mi_core.errors import ConfigError
 
 PROMPT_FIELDS = ("prompt", "answer", "incorrect", "corrupt")
@@ -27,24 +28,6 @@ def _parser(sub: "argparse._SubParsersAction[Any]", name: str, **kw: Any) -> arg
     p = sub.add_parser(name, **kw)
     p.error = lambda message: _usage_error(p, message)  # type: ignore[method-assign]
     return p
-
-
-def _int_list(text: str) -> list[int]:
-    """argparse type: "3", "1,4,7", "0-5" -> ints (a usage error otherwise)."""
-    from mi_core.cli.analysis import _ints as parse
-
-    try:
-        return parse(text) or []
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r} (e.g. 3, 1,4,7 "
-                                         f"or 0-5)") from None
-
-
-def _float_list(text: str) -> list[float]:
-    try:
-        return [float(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}") from None
 
 
 def read_prompts(path: str | Path, analysis: str) -> list[dict[str, Any]]:
@@ -106,6 +89,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                     executor=args.executor, retries=args.retries, overwrite=args.overwrite,
                     hooks=hooks_needed(args.analysis, layers=params.get("layers")),
                     workers=args.workers, address=args.address, device=args.device,
+                    model_dtype=str(args.dtype).removeprefix("torch."),
                     progress=None if not args.no_progress else False)
     done, failed = run.results(), run.failed()
     per_prompt = {"analysis": args.analysis, "model": str(model), "params": params,
@@ -179,15 +163,16 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 
 
 def _executor_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None,
+    p.add_argument("--model", default=None, type=A.model_source, metavar="PATH",
                    help="checkpoint: directory, hub id or .gguf (default: the embedded model); "
                    "each worker loads its own")
-    p.add_argument("--device", default="cpu", help="torch device of the model (default cpu; "
-                   "Ray actors use cuda when the cluster has GPUs)")
+    p.add_argument("--device", default="cpu", type=A.device,
+                   help="torch device of the model (default cpu; Ray actors use cuda when the "
+                   "cluster has GPUs)")
     p.add_argument("--executor", default="local", choices=["local", "processes", "ray"],
                    help="where the forwards run: this process (default), a pool of worker "
                    "processes, or Ray actors")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=A.positive_int, default=None,
                    help="worker processes / Ray actors (default: processes min(4, CPUs); Ray "
                    "one per GPU, else one per CPU)")
     p.add_argument("--address", default=None,
@@ -196,6 +181,7 @@ def _executor_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="discard an existing store written with another model / settings")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    A.output_options(p)
 
 
 def register(sub: "argparse._SubParsersAction[Any]") -> None:
@@ -213,20 +199,25 @@ def register(sub: "argparse._SubParsersAction[Any]") -> None:
     p.add_argument("prompts", help="JSONL file of prompts")
     p.add_argument("--analysis", required=True, choices=ANALYSES, help="which analysis to run")
     p.add_argument("--out", required=True, help="output directory (created)")
-    p.add_argument("--layers", type=_int_list, default=None, help="layers, e.g. 8, 4-10, 1,3 (default: all)")
+    p.add_argument("--layers", type=A.int_list, default=None, help="layers, e.g. 8, 4-10, 1,3 (default: all)")
     p.add_argument("--per-head", action="store_true",
                    help="knockout: one condition per (layer, head) instead of per layer")
-    p.add_argument("--to", type=_int_list, default=None,
+    p.add_argument("--to", type=A.int_list, default=None,
                    help="knockout: key positions the last token stops attending to (default: "
                    "all earlier); steering: positions it attends more to (default: 0)")
     p.add_argument("--kind", default="z",
                    choices=["z", "resid_pre", "resid_post", "attn_out", "mlp_out"],
                    help="patching: what to patch (z: per head; others per position, "
                    "aggregated at the last position)")
-    p.add_argument("--strengths", type=_float_list, default=[0.0, 0.5, 1.0, 2.0, 4.0],
+    p.add_argument("--strengths", type=A.float_list, default=[0.0, 0.5, 1.0, 2.0, 4.0],
                    help="steering: comma-separated attention scales")
-    p.add_argument("--retries", type=int, default=1, help="retries of a failing prompt")
-    p.add_argument("--plot", default=None, help="picture path (default OUT/aggregate.png)")
+    p.add_argument("--retries", type=A.nonneg_int, default=1,
+                   help="retries of a failing prompt (default: %(default)s)")
+    p.add_argument("--plot", default=None, type=A.picture_path,
+                   help="picture path, .png/.svg/.pdf (default OUT/aggregate.png)")
+    p.add_argument("--dtype", default="float32", type=A.dtype,
+                   metavar="{" + ",".join(A.DTYPES) + "}",
+                   help="dtype the model is loaded in (default: %(default)s)")
     _executor_args(p)
     p.set_defaults(func=_cmd_sweep)
 
@@ -241,9 +232,11 @@ def register(sub: "argparse._SubParsersAction[Any]") -> None:
     p.add_argument("--hooks", required=True,
                    help="comma-separated hook points, e.g. blocks.6.hook_resid_post")
     p.add_argument("--out", required=True, help="store directory (created)")
-    p.add_argument("--context-len", type=int, default=128, help="tokens per row (default 128)")
-    p.add_argument("--batch-size", type=int, default=32, help="rows per forward (default 32)")
-    p.add_argument("--tokens-per-shard", type=int, default=2**20,
+    p.add_argument("--context-len", type=A.positive_int, default=128,
+                   help="tokens per row (default 128)")
+    p.add_argument("--batch-size", type=A.positive_int, default=32,
+                   help="rows per forward (default 32)")
+    p.add_argument("--tokens-per-shard", type=A.positive_int, default=2**20,
                    help="tokens per safetensors shard (default 1048576)")
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
                    help="storage dtype (default: the model's)")

@@ -24,16 +24,19 @@ EXECUTORS = ("local", "processes", "ray")
 Task = tuple[int, Any]
 Outcome = tuple[int, bool, Any]
 
-_WORKER_MODELS: dict[tuple[str, str], Any] = {}
+_WORKER_MODELS: dict[tuple[str, str, str], Any] = {}
 
 
-def _load(model_ref: str, device: str) -> Any:
-    """The model of this worker process, loaded once per (source, device)."""
-    key = (model_ref, device)
+def _load(model_ref: str, device: str, dtype: str = "float32") -> Any:
+    """The model of this worker process, loaded once per (source, device, dtype)."""
+    key = (model_ref, device, dtype)
     if key not in _WORKER_MODELS:
+        import torch
+
         from mi_core.backend import MIModel
 
-        _WORKER_MODELS[key] = MIModel.from_pretrained(model_ref, device=device)
+        _WORKER_MODELS[key] = MIModel.from_pretrained(model_ref, device=device,
+                                                      dtype=getattr(torch, dtype))
     return _WORKER_MODELS[key]
 
 
@@ -54,16 +57,18 @@ def _run_task(task: Callable[[Any, Any], Any], model: Any, payload: Any) -> tupl
         return False, f"{text}\n{tb}" if not isinstance(exc, MIError) else text
 
 
-def _process_check(model_ref: str, device: str, hooks: Sequence[str], threads: int) -> None:
+def _process_check(model_ref: str, device: str, dtype: str, hooks: Sequence[str],
+                   threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    check_hooks(_load(model_ref, device), hooks)
+    check_hooks(_load(model_ref, device, dtype), hooks)
 
 
-def _process_task(model_ref: str, device: str, task: Callable[[Any, Any], Any], payload: Any
+def _process_task(model_ref: str, device: str, dtype: str, task: Callable[[Any, Any], Any],
+                  payload: Any
                   ) -> tuple[bool, Any]:
-    return _run_task(task, _load(model_ref, device), payload)
+    return _run_task(task, _load(model_ref, device, dtype), payload)
 
 
 def ensure_shippable(task: Callable[..., Any], what: str) -> None:
@@ -82,17 +87,17 @@ class LocalExecutor:
 
     name = "local"
 
-    def __init__(self, model: Any, device: str = "cpu", **_: Any) -> None:
+    def __init__(self, model: Any, device: str = "cpu", dtype: str = "float32", **_: Any) -> None:
         from mi_core.backend import MIModel
 
         self.model = model if isinstance(model, MIModel) else None
         self.model_ref = None if self.model is not None else os.fspath(model)
-        self.device = device
+        self.device, self.dtype = device, dtype
 
     def start(self, hooks: Sequence[str]) -> None:
         t0 = time.perf_counter()
         if self.model is None:
-            self.model = _load(self.model_ref, self.device)  # type: ignore[arg-type]
+            self.model = _load(self.model_ref, self.device, self.dtype)  # type: ignore[arg-type]
         check_hooks(self.model, hooks)
         self.timings = {"load_model": time.perf_counter() - t0}
 
@@ -123,10 +128,10 @@ class ProcessExecutor:
 
     name = "processes"
 
-    def __init__(self, model: Any, device: str = "cpu", workers: int | None = None, **_: Any
-                 ) -> None:
+    def __init__(self, model: Any, device: str = "cpu", workers: int | None = None,
+                 dtype: str = "float32", **_: Any) -> None:
         self.model_ref = _model_ref(model, self.name)
-        self.device = device
+        self.device, self.dtype = device, dtype
         self.workers = int(workers or max(1, min(4, os.cpu_count() or 1)))
         self.threads = max(1, (os.cpu_count() or 1) // self.workers)
         self.pool: Any = None
@@ -139,7 +144,7 @@ class ProcessExecutor:
         self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
         # every worker loads the model (one load each: they are busy, so the pool spreads
         # them); the first also checks the hook names; all before any job is sent
-        futs = [self.pool.submit(_process_check, self.model_ref, self.device,
+        futs = [self.pool.submit(_process_check, self.model_ref, self.device, self.dtype,
                                  list(hooks) if i == 0 else [], self.threads)
                 for i in range(self.workers)]
         for f in futs:
@@ -161,7 +166,8 @@ class ProcessExecutor:
                     exhausted = True
                     break
                 tid, payload = nxt
-                fut = self.pool.submit(_process_task, self.model_ref, self.device, task, payload)
+                fut = self.pool.submit(_process_task, self.model_ref, self.device, self.dtype, task,
+                                       payload)
                 pending[fut] = tid
             if not pending:
                 return
@@ -192,9 +198,9 @@ class RayExecutor:
     name = "ray"
 
     def __init__(self, model: Any, device: str = "cpu", workers: int | None = None,
-                 address: str | None = None, **_: Any) -> None:
+                 address: str | None = None, dtype: str = "float32", **_: Any) -> None:
         self.model_ref = _model_ref(model, self.name)
-        self.device = device
+        self.device, self.dtype = device, dtype
         self.workers = workers
         self.address = address or os.environ.get("RAY_ADDRESS") or None
         self.actors: list[Any] = []
@@ -218,7 +224,7 @@ class RayExecutor:
         opts = {"num_gpus": 1, "num_cpus": 0} if gpus else {"num_cpus": 1}
         device = "cuda" if gpus else self.device
         actor_cls = ray.remote(**opts)(_RayWorker)
-        self.actors = [actor_cls.remote(self.model_ref, device) for _ in range(n)]
+        self.actors = [actor_cls.remote(self.model_ref, device, self.dtype) for _ in range(n)]
         self.ray = ray
         for err in ray.get([a.check.remote(list(hooks) if i == 0 else [])
                             for i, a in enumerate(self.actors)]):
@@ -270,27 +276,28 @@ class RayExecutor:
 class _RayWorker:
     """The actor body (decorated with ``ray.remote`` by RayExecutor.start)."""
 
-    def __init__(self, model_ref: str, device: str) -> None:
-        self.model_ref, self.device = model_ref, device
+    def __init__(self, model_ref: str, device: str, dtype: str = "float32") -> None:
+        self.model_ref, self.device, self.dtype = model_ref, device, dtype
 
     def check(self, hooks: Sequence[str]) -> tuple[str, str] | None:
         """Load the model, check `hooks`; an MIError comes back as (class name, message)."""
         try:
-            check_hooks(_load(self.model_ref, self.device), hooks)
+            check_hooks(_load(self.model_ref, self.device, self.dtype), hooks)
         except MIError as exc:
             return type(exc).__name__, str(exc)
         return None
 
     def run(self, task: Callable[[Any, Any], Any], payload: Any) -> tuple[bool, Any]:
-        return _run_task(task, _load(self.model_ref, self.device), payload)
+        return _run_task(task, _load(self.model_ref, self.device, self.dtype), payload)
 
 
 def make_executor(executor: str, model: Any, device: str = "cpu", workers: int | None = None,
-                  address: str | None = None) -> Any:
+                  address: str | None = None, dtype: str = "float32") -> Any:
+    """`dtype`: the dtype name workers load a model given by path in (e.g. "bfloat16")."""
     if executor == "local":
-        return LocalExecutor(model, device)
+        return LocalExecutor(model, device, dtype=dtype)
     if executor == "processes":
-        return ProcessExecutor(model, device, workers)
+        return ProcessExecutor(model, device, workers, dtype=dtype)
     if executor == "ray":
-        return RayExecutor(model, device, workers, address)
+        return RayExecutor(model, device, workers, address, dtype=dtype)
     raise ConfigError(f"unknown executor {executor!r}; one of {', '.join(EXECUTORS)}")

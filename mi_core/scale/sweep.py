@@ -151,7 +151,7 @@ def run_sweep(fn: Callable[..., Any], jobs: Iterable[Any], model: Any, store: st
               executor: str = "local", batch_size: int | None = None, retries: int = 1,
               overwrite: bool = False, hooks: Sequence[str | HookPoint] | None = None,
               workers: int | None = None, address: str | None = None, device: str = "cpu",
-              progress: bool | None = None) -> SweepRun:
+              progress: bool | None = None, model_dtype: str = "float32") -> SweepRun:
     """Run ``fn(model, job) -> result`` over `jobs`, each result recorded once in `store`.
 
     - `jobs`: JSON-able values (dicts, usually); a job's key is the hash of its canonical
@@ -201,7 +201,7 @@ def run_sweep(fn: Callable[..., Any], jobs: Iterable[Any], model: Any, store: st
         run = SweepRun(st, keyed)
         try:
             _execute(run, fn, model, executor, batch_size, int(retries), hook_names, workers,
-                     address, device, progress)
+                     address, device, progress, model_dtype)
         finally:
             st.close()
     return run
@@ -209,7 +209,8 @@ def run_sweep(fn: Callable[..., Any], jobs: Iterable[Any], model: Any, store: st
 
 def _execute(run: SweepRun, fn: Callable[..., Any], model: Any, executor: str,
              batch_size: int | None, retries: int, hooks: list[str], workers: int | None,
-             address: str | None, device: str, progress: bool | None) -> None:
+             address: str | None, device: str, progress: bool | None,
+             model_dtype: str = "float32") -> None:
     st = run.store
     done = st.done_keys()
     todo = [(i, k, job) for i, (k, job) in enumerate(run._jobs) if k not in done]
@@ -218,7 +219,7 @@ def _execute(run: SweepRun, fn: Callable[..., Any], model: Any, executor: str,
     bs = batch_size or 1
     batches = [todo[i:i + bs] for i in range(0, len(todo), bs)]
     attempts = [0] * len(batches)
-    ex = make_executor(executor, model, device, workers, address)
+    ex = make_executor(executor, model, device, workers, address, dtype=model_dtype)
     task = functools.partial(_sweep_task, fn, batch_size is not None)
     if executor == "processes":  # before any worker starts: fn must be importable by name
         ensure_shippable(fn, "the job function")

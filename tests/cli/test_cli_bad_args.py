@@ -18,6 +18,7 @@ from tests.support.fake_backend import fake_model
 
 MI = str(Path(sys.executable).parent / "mi")
 CORE_COMMANDS = ["demo", "run", "logit-lens", "knockout", "patch", "attention", "steer", "heads",
+                 "sweep", "cache-activations",
                  "plugins", "check", "probe"]
 
 
