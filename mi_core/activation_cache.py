@@ -244,18 +244,15 @@ class ActivationCache(HookCache):
         ps = _slice(pos_slice)
         layer = self._layer(layer)
         n = self._n_layers()
-        comps, labels = [], []
+        items: list[tuple[HookPoint, str]] = []
         for i in range(layer + 1):
             if i == n:
-                comps.append(self["resid_post", n - 1])
-                labels.append("final_post")
+                items.append((HookPoint.resid_post(n - 1), "final_post"))
                 continue
-            comps.append(self["resid_pre", i])
-            labels.append(f"{i}_pre")
+            items.append((HookPoint.resid_pre(i), f"{i}_pre"))
             if (incl_mid and i < layer) or (mlp_input and i == layer):
-                comps.append(self["resid_mid", i])
-                labels.append(f"{i}_mid")
-        stack = torch.stack([ps.apply(c, dim=-2) for c in comps])
+                items.append((HookPoint.resid_mid(i), f"{i}_mid"))
+        stack, labels = stack_points(self, items, ps)
         if apply_ln:
             stack = self.apply_ln_to_stack(stack, layer, pos_slice=ps, mlp_input=mlp_input,
                                            has_batch_dim=self.has_batch_dim,
@@ -273,23 +270,14 @@ class ActivationCache(HookCache):
         ps = _slice(pos_slice)
         layer = self._layer(layer)
         incl_attn, incl_mlp = mode != "mlp", mode != "attn" and not self._attn_only()
-        comps, labels = [], []
+        items: list[tuple[HookPoint, str]] = []
         if incl_embeds:
-            for key, label in (("hook_embed", "embed"), ("hook_pos_embed", "pos_embed")):
-                if key in self._captures:
-                    comps.append(self._captures[key])
-                    labels.append(label)
-        for i in range(layer):
-            if incl_attn:
-                comps.append(self["attn_out", i])
-                labels.append(f"{i}_attn_out")
-            if incl_mlp:
-                comps.append(self["mlp_out", i])
-                labels.append(f"{i}_mlp_out")
+            items += [(HookPoint.parse(key), label) for key, label in (
+                ("hook_embed", "embed"), ("hook_pos_embed", "pos_embed")) if key in self._captures]
+        items += layer_outputs(layer, incl_attn, incl_mlp, "_attn_out", "_mlp_out")
         if mlp_input and incl_attn:
-            comps.append(self["attn_out", layer])
-            labels.append(f"{layer}_attn_out")
-        stack = torch.stack([ps.apply(c, dim=-2) for c in comps])
+            items.append((HookPoint.attn_out(layer), f"{layer}_attn_out"))
+        stack, labels = stack_points(self, items, ps)
         if apply_ln:
             stack = self.apply_ln_to_stack(stack, layer, pos_slice=ps, mlp_input=mlp_input)
         return (stack, labels) if return_labels else stack
@@ -498,6 +486,26 @@ class ActivationCache(HookCache):
 
 
 # -- helpers shared with mi_core.interp.decomposition ------------------------------------------
+def stack_points(cache: HookCache, items: list[tuple[HookPoint, str]], pos_slice: SliceInput = None
+                 ) -> tuple[torch.Tensor, list[str]]:
+    """The captured tensors at `items`' points, pos-sliced and stacked: ([n, ...], labels)."""
+    ps = _slice(pos_slice)
+    return (torch.stack([ps.apply(cache.require(hp), dim=-2) for hp, _ in items]),
+            [label for _, label in items])
+
+
+def layer_outputs(layers: int, attn: bool = True, mlp: bool = True, attn_label: str = "_attn",
+                  mlp_label: str = "_mlp") -> list[tuple[HookPoint, str]]:
+    """(point, label) of each layer's attention / MLP output before `layers`, in order."""
+    out: list[tuple[HookPoint, str]] = []
+    for i in range(layers):
+        if attn:
+            out.append((HookPoint.attn_out(i), f"{i}{attn_label}"))
+        if mlp:
+            out.append((HookPoint.mlp_out(i), f"{i}{mlp_label}"))
+    return out
+
+
 def model_weight(model: "MIModel", name: str, layer: int | None = None) -> torch.Tensor:
     """One weight in TransformerLens layout through the backend's ``get_weight``."""
     return model.tl_weight(name, layer)

@@ -18,7 +18,7 @@ import attrs
 import torch
 
 from mi_core import capabilities as caps
-from mi_core.activation_cache import head_results
+from mi_core.activation_cache import head_results, layer_outputs, stack_points
 from mi_core.backend import MIModel, require_points
 from mi_core.errors import HookError, MIError
 from mi_core.hooks import HookCache, HookPoint, HookSpec
@@ -51,24 +51,18 @@ def accumulated_resid(cache: HookCache, num_layers: int, incl_mid: bool = False
 
     Labels: "0_pre", then "i_mid" (when `incl_mid`) and "i_post" per layer.
     """
-    parts, labels = [cache.require(HookPoint.resid_pre(0))], ["0_pre"]
+    items = [(HookPoint.resid_pre(0), "0_pre")]
     for i in range(num_layers):
         if incl_mid:
-            parts.append(cache.require(HookPoint.resid_mid(i)))
-            labels.append(f"{i}_mid")
-        parts.append(cache.require(HookPoint.resid_post(i)))
-        labels.append(f"{i}_post")
-    return torch.stack(parts), labels
+            items.append((HookPoint.resid_mid(i), f"{i}_mid"))
+        items.append((HookPoint.resid_post(i), f"{i}_post"))
+    return stack_points(cache, items)  # shared with ActivationCache.accumulated_resid
 
 
 def decompose_resid(cache: HookCache, num_layers: int) -> tuple[torch.Tensor, list[str]]:
     """The final residual split into "embed" (resid_pre 0), "{i}_attn" and "{i}_mlp":
     [2 * num_layers + 1, batch, seq, d_model]; the components sum to ``resid_post[L-1]``."""
-    parts, labels = [cache.require(HookPoint.resid_pre(0))], ["embed"]
-    for i in range(num_layers):
-        parts += [cache.require(HookPoint.attn_out(i)), cache.require(HookPoint.mlp_out(i))]
-        labels += [f"{i}_attn", f"{i}_mlp"]
-    return torch.stack(parts), labels
+    return stack_points(cache, [(HookPoint.resid_pre(0), "embed")] + layer_outputs(num_layers))
 
 
 def stack_head_results(model: MIModel, cache: HookCache, layers: Sequence[int] | None = None,

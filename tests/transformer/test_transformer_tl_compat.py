@@ -18,6 +18,7 @@ import torch
 import mi_core as mi
 from mi_core.errors import HookError
 
+from tests.support.tiny_families import FAMILIES
 from tests.support.tl_hooked import hooked_llama
 
 pytest.importorskip("transformer_lens")
@@ -366,3 +367,29 @@ def test_layernorm_processing_equals_transformerlens_on_gpt2(tiny, ids):
     with torch.no_grad():
         b = tc.get_full_resid_decomposition(apply_ln=True, pos_slice=-1, expand_neurons=False)
     _close(a, b)
+
+
+_MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"}
+
+
+@pytest.mark.parametrize("name", [n for n in FAMILIES if n not in _MOE])
+def test_process_weights_keeps_every_familys_predictions(tiny, name):
+    """Every non-MoE family: after fold_ln, centring and value-bias folding the log-probs are
+    the unprocessed model's (< 1e-4); the unembedding's centring shifts logits only by a
+    per-position constant, so it is left out where a final soft-cap follows it."""
+    t = tiny(name)
+    ids = torch.randint(3, 128, (2, 8), generator=torch.Generator().manual_seed(5))
+    base = t.load().forward(ids).output
+    model = t.load()
+    capped = getattr(model.config, "final_softcap", None) is not None
+    model.process_weights(**dict(FLAGS, center_unembed=not capped))
+    out = model.forward(ids).output
+    _close(torch.log_softmax(out, -1), torch.log_softmax(base, -1))
+
+
+@pytest.mark.parametrize("name", sorted(_MOE))
+def test_process_weights_refuses_to_fold_moe_models(tiny, name):
+    model = tiny(name).load()
+    with pytest.raises(mi.MIError, match="mixture-of-experts"):
+        model.process_weights()
+    model.process_weights(fold_ln=False, center_writing_weights=False)  # the rest is fine
