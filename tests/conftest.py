@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 
 torch.manual_seed(0)
+# Property-based tests draw the same examples on every run (a CI failure is reproducible;
+# widen locally with HYPOTHESIS_PROFILE=explore) and write no example database.
+settings.register_profile("repeatable", derandomize=True, database=None)
+settings.register_profile("explore", database=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One torch thread per xdist worker: two workers on a 2-core machine, no oversubscription.
     torch.set_num_threads(1)
