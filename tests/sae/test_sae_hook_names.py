@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 import mi_core as mi
 from mi_sae.hooknames import hf_to_hook_point, tl_to_hook_point
+from tests.support.hf_reference import assert_matches_hf_with_hook
 
 transformers = pytest.importorskip("transformers")
 
@@ -77,13 +78,5 @@ def test_sparsify_mlp_transcoder_reads_the_mlp_module_input(llama, tmp_path: Pat
     assert (str(tc.hook_point), str(tc.hook_point_out)) == ("blocks.1.mlp.hook_in", "blocks.1.hook_mlp_out")
     ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
     ours = model(ids, tc.splice(mi.HookSpec(), model=model)).output
-    handle = hf.model.layers[1].mlp.register_forward_hook(lambda m, inp, out: tc.reconstruct(inp[0]))
-    try:
-        with torch.no_grad():
-            ref = hf(ids).logits
-    finally:
-        handle.remove()
-    with torch.no_grad():
-        clean = hf(ids).logits
-    assert (ref - clean).abs().max() > 1e-3
-    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)
+    assert_matches_hf_with_hook(ours, hf, ids, hf.model.layers[1].mlp,
+                                lambda m, inp, out: tc.reconstruct(inp[0]))

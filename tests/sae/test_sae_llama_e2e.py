@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import mi_core as mi
+from tests.support.hf_reference import assert_matches_hf_with_hook
 from tests.support.sae_tiny_backend import write_saelens_sae
 
 transformers = pytest.importorskip("transformers")
@@ -48,16 +49,7 @@ def test_spliced_resid_sae_matches_hf_model_with_replacing_hook(llama, ids, tmp_
         r = sae.reconstruct(h)
         return (r,) + tuple(out[1:]) if isinstance(out, tuple) else r
 
-    handle = hf.model.layers[0].register_forward_hook(replace)
-    try:
-        with torch.no_grad():
-            ref = hf(ids).logits
-    finally:
-        handle.remove()
-    with torch.no_grad():
-        clean = hf(ids).logits
-    assert (ref - clean).abs().max() > 1e-3
-    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)
+    assert_matches_hf_with_hook(ours, hf, ids, hf.model.layers[0], replace)
 
 
 @pytest.mark.parametrize("kind", ["resid", "hook_z", "transcoder"])
