@@ -132,20 +132,18 @@ class ConfigFields:
 
     def mapping(self, key: str, default: Any = None) -> Any:
         """A JSON object; `default` when absent or null."""
-        v = self.get(key)
-        if v is None:
-            return default
-        if not isinstance(v, Mapping):
-            raise self.type_error(key, v, "a JSON object")
-        return v
+        return self._container(key, default, Mapping, "a JSON object")
 
     def sequence(self, key: str, default: Any = None) -> Any:
         """A JSON list; `default` when absent or null."""
+        return self._container(key, default, list, "a JSON list")
+
+    def _container(self, key: str, default: Any, kind: type, expected: str) -> Any:
         v = self.get(key)
         if v is None:
             return default
-        if not isinstance(v, list):
-            raise self.type_error(key, v, "a JSON list")
+        if not isinstance(v, kind):
+            raise self.type_error(key, v, expected)
         return v
 
     def unread(self, harmless: Iterable[str] = ()) -> list[str]:
