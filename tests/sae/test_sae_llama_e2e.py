@@ -12,21 +12,16 @@ import pytest
 import torch
 
 import mi_core as mi
-from tests.support.hf_reference import assert_matches_hf_with_hook
+from tests.support.hf_reference import assert_matches_hf_with_hook, save_tiny_hf_llama
 from tests.support.sae_tiny_backend import write_saelens_sae
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory):
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     path = tmp_path_factory.mktemp("llama")
-    hf.save_pretrained(path)
+    hf = save_tiny_hf_llama(path)
     try:
         model = mi.MIModel.from_pretrained(path)
     except mi.UnsupportedModelError as exc:  # the transformer backend is not installed
