@@ -108,6 +108,10 @@ class _Keys(ConfigFields):
     def __init__(self, cfg: Mapping[str, Any], where: str) -> None:
         super().__init__(cfg, where, error=ConfigError)
 
+    def number(self, key: str, default: float) -> float:  # type: ignore[override]
+        """A finite number > 0 (int or float in JSON); `default` when absent or null."""
+        return super().number(key, default, gt=0)
+
     def token_id(self, key: str, default: int | None) -> int | None:
         return self.integer(key, default, minimum=0)
 
@@ -158,7 +162,7 @@ def parse_v6(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
     head = k.integer("head_size", 64)
     if hidden % head:
         raise k.fail("head_size", f"head size {head} does not divide hidden size {hidden}")
-    divisor = k.number("head_size_divisor", 8.0, gt=0)
+    divisor = k.number("head_size_divisor", 8.0)
     try:
         group_norm_eps = 1e-5 * divisor ** 2
     except OverflowError:
@@ -172,7 +176,7 @@ def parse_v6(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
         version=6, vocab_size=k.integer("vocab_size"), hidden_size=hidden,
         num_layers=k.integer("num_hidden_layers"), head_dim=head, num_heads=hidden // head,
         intermediate_size=k.integer("intermediate_size", int((hidden * 3.5) // 32 * 32)),
-        norm_eps=k.number("layer_norm_epsilon", 1e-5, gt=0),
+        norm_eps=k.number("layer_norm_epsilon", 1e-5),
         group_norm_eps=group_norm_eps, head_size_divisor=divisor,
         time_mix_rank=_shape_rank(shapes, a + "time_maa_w2", 1) or tm_default,
         time_decay_rank=_shape_rank(shapes, a + "time_decay_w1", 1) or td_default,
@@ -220,11 +224,11 @@ def parse_v7(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
         raise k.fail("value_dim", f"value_dim must equal hidden_size {hidden} in every layer")
     inter = k.integer("intermediate_size", None)
     if inter is None:
-        width = hidden * k.number("hidden_ratio", 4.0, gt=0)
+        width = hidden * k.number("hidden_ratio", 4.0)
         if not 1 <= width < 2 ** 31:
             raise k.fail("hidden_ratio", f"gives an MLP width of {width} for hidden size {hidden}")
         inter = int(round(width))
-    eps = k.number("norm_eps", 1e-5, gt=0)
+    eps = k.number("norm_eps", 1e-5)
     if head * eps == math.inf:
         raise k.fail("norm_eps", "too large (the GroupNorm eps head_dim * norm_eps overflows)")
     p = "model.layers.0.attn."
