@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -35,20 +34,9 @@ import torch
 
 import mi_core as mi
 
+from _timing import round_robin  # bench/ is on sys.path when run as a script
+
 BATCH, SEQ = 4, 128
-
-
-def _round_robin(fns: dict[str, Callable[[], object]], reps: int,
-                 clock: Callable[[], float]) -> dict[str, float]:
-    for fn in fns.values():  # warm-up
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(reps):
-        for k, fn in fns.items():
-            t0 = clock()
-            fn()
-            times[k].append(clock() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _hf_model(kind: str) -> Any:
@@ -141,7 +129,7 @@ def bench(kind: str, reps: int, clock: Callable[[], float], tmp: Path) -> list[s
                 return tl.run_with_cache(ids)
 
         fns.update(ours_cache=ours_cache, tl_cache=tl_cache)
-    t = _round_robin(fns, reps, clock)
+    t = round_robin(fns, reps, clock)
     label = {"gpt2": "GPT-2 small", "pythia": "Pythia-160m", "moe": "Mixtral-style MoE"}[kind]
     rows.append(f"| {label} | ours empty HookSpec / transformers SDPA | "
                 f"**{t['ours'] / t['hf']:.3f}×** ({t['ours'] * 1e3:.0f} / {t['hf'] * 1e3:.0f} ms) "

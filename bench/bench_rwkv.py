@@ -12,33 +12,26 @@ runs of each, taken alternately.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "rwkv"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, for tests.support
 
-import rwkv_ckpt  # noqa: E402
+from tests.support import rwkv_ckpt  # noqa: E402
 
 import mi_core as mi  # noqa: E402
+from _timing import round_robin  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 LAYERS, HIDDEN, HEAD, VOCAB, BATCH, SEQ = 6, 512, 64, 8192, 4, 256
 
 
 def _time_pair(a, b, reps: int) -> tuple[float, float]:
     """Median seconds of `a` and of `b`, measured alternately (a loaded machine drifts)."""
-    a(), b()  # warm-up (TorchScript compilation, allocator)
-    ta, tb = [], []
-    for _ in range(reps):
-        for fn, acc in ((a, ta), (b, tb)):
-            t0 = time.perf_counter()
-            fn()
-            acc.append(time.perf_counter() - t0)
-    return statistics.median(ta), statistics.median(tb)
+    t = round_robin({"a": a, "b": b}, reps)  # one warm-up each: TorchScript, allocator
+    return t["a"], t["b"]
 
 
 def bench(version: int, reps: int, workdir: Path) -> dict[str, float]:

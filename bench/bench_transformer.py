@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,8 @@ import torch
 import mi_core as mi
 from mi_transformer.gguf import default_model_path, read_gguf
 
+from _timing import round_robin  # bench/ is on sys.path when run as a script
+
 BATCH, SEQ = 4, 128
 
 _RSS_PROBE = r"""
@@ -47,19 +48,6 @@ with open("/proc/self/status") as f:
     peak = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM"))
 print(before, peak, proc.memory_info().rss)
 """
-
-
-def _round_robin(fns: dict[str, Callable[[], object]], reps: int,
-                 clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
-    for fn in fns.values():  # warm-up: allocator, lazy init, first-touch of mmapped weights
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(reps):
-        for k, fn in fns.items():
-            t0 = clock()
-            fn()
-            times[k].append(clock() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _peak_rss(directory: Path) -> tuple[float, float, float]:
@@ -140,7 +128,7 @@ def main() -> None:
         with torch.inference_mode():  # same numbers before timing anything
             diff = (ours_empty() - hf_sdpa()).abs().max().item()
         clock = time.process_time if args.timer == "cpu" else time.perf_counter
-        t = _round_robin(fns, args.reps, clock)
+        t = round_robin(fns, args.reps, clock)
         before, peak, after = _peak_rss(d)
 
     ms = {k: v * 1e3 for k, v in t.items()}

@@ -30,3 +30,11 @@ def gguf_parser(description: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--gguf", default=str(default_gguf()))
     return ap
+
+
+def tl_processed_gguf(description: str) -> mi.MIModel:
+    """``--gguf`` (default: the embedded SmolLM2) with the weight processing TransformerLens'
+    ``from_pretrained`` applies (fold_ln, centring), as the TransformerLens ports expect."""
+    args = gguf_parser(description).parse_args()
+    return mi.MIModel.from_pretrained(args.gguf, fold_ln=True, center_writing_weights=True,
+                                      center_unembed=True)

@@ -95,11 +95,10 @@ def analysis(model) -> dict:
 
 def main(model=None) -> dict:
     if model is None:
-        from _load import gguf_parser
+        from _load import tl_processed_gguf
 
-        args = gguf_parser(__doc__.splitlines()[0]).parse_args()
-        model = mi.MIModel.from_pretrained(  # TL: HookedTransformer.from_pretrained(name)
-            args.gguf, fold_ln=True, center_writing_weights=True, center_unembed=True)
+        # TL: model = HookedTransformer.from_pretrained(name)
+        model = tl_processed_gguf(__doc__.splitlines()[0])
     return analysis(model)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 import mi_core as mi
 from mi_clt.attribution import attribute
+from tests.support.bad_files import write_pickle_payload
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -181,22 +181,12 @@ def test_integer_tensor_is_refused_by_name(tmp_path: Path) -> None:
 
 # -- pickles: refused without unpickling -------------------------------------------------
 
-class _Marker:
-    """Unpickling this object creates the file `path` (a stand-in for arbitrary code)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Path.touch, (self.path,))
-
-
 def test_pickle_files_are_refused_by_name_and_never_unpickled(tmp_path: Path) -> None:
     marker = tmp_path / "unpickled"
     d = tmp_path / "clt"
     d.mkdir()
     for name in ("W_enc_0.pt", "W_dec_0.pth", "transcoder.pkl"):
-        (d / name).write_bytes(pickle.dumps(_Marker(marker)))
+        write_pickle_payload(d / name, marker)
     with pytest.raises(mi.DictionaryError, match=r"refusing pickle file\(s\) W_dec_0\.pth, W_enc_0\.pt, transcoder\.pkl"):
         mi.load_dictionary(d)
     (d / "config.yaml").write_text("model_kind: transcoder_set\ntranscoders: [transcoder.pkl]\n")

@@ -7,7 +7,6 @@ the file and the culprit key / tensor / line.
 from __future__ import annotations
 
 import json
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from safetensors.torch import load_file, save_file
 import mi_core as mi
 from mi_probing import ActivationSet, ProbingError, load_jsonl
 from mi_probing.collect import Position
+from tests.support.bad_files import write_pickle_payload
 
 HOOK = "blocks.0.hook_resid_post"
 
@@ -95,19 +95,9 @@ def test_shard_without_the_hook_tensor_is_named(saved: Path) -> None:
         ActivationSet.load(saved)[HOOK]
 
 
-class _Marker:
-    """Unpickling this object creates the file `path` (a stand-in for arbitrary code)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Path.touch, (self.path,))
-
-
 def test_pickle_shard_is_refused_without_unpickling(saved: Path, tmp_path: Path) -> None:
     marker = tmp_path / "unpickled"
-    (saved / "shard_00000.pt").write_bytes(pickle.dumps(_Marker(marker)))
+    write_pickle_payload(saved / "shard_00000.pt", marker)
     _manifest(saved, shards=[{"file": "shard_00000.pt", "rows": 6}])
     with pytest.raises(ProbingError, match=r"'shards\[0\]\.file' = 'shard_00000\.pt'.*never opened"):
         ActivationSet.load(saved)

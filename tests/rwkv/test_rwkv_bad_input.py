@@ -7,7 +7,6 @@ every tensor is accounted for (leftovers, missing, integer and non-finite tensor
 from __future__ import annotations
 
 import json
-import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from tests.support import rwkv_ckpt
+from tests.support.bad_files import write_pickle_payload
 from tests.support.rwkv_ckpt import HEAD, HIDDEN, LAYERS, VOCAB
 
 import mi_core as mi
@@ -209,23 +209,13 @@ def test_tied_config_with_a_different_stored_head_is_refused(v6_dir: Path, tmp_p
         mi.MIModel.from_pretrained(d)
 
 
-class _Marker:
-    """Unpickling this object creates the file `path` (a stand-in for arbitrary code)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Path.touch, (self.path,))
-
-
 def test_pickled_checkpoint_is_refused_without_unpickling(tmp_path: Path) -> None:
     d = tmp_path / "m"
     d.mkdir()
     marker = tmp_path / "unpickled"
     (d / "config.json").write_text(json.dumps(rwkv_ckpt.v6_config(LAYERS, HIDDEN, HEAD, VOCAB)))
     for name in ("pytorch_model.bin", "model.pth"):
-        (d / name).write_bytes(pickle.dumps(_Marker(marker)))
+        write_pickle_payload(d / name, marker)
     # the core refuses pickle-only checkpoints before any plugin looks at them
     for backend in (None, "rwkv6"):
         with pytest.raises(mi.WeightLoadError, match=r"pickle.*refused"):

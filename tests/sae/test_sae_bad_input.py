@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import pickle
 import re
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 import mi_core as mi
+from tests.support.bad_files import write_pickle_payload
 from tests.support.sae_tiny_backend import tiny_model, write_saelens_sae
 
 
@@ -204,22 +204,12 @@ def test_decoder_norm_rescaling_with_a_zero_decoder_row_is_refused(tmp_path: Pat
 
 # -- pickles: refused without unpickling -------------------------------------------------
 
-class _Marker:
-    """Unpickling this object creates the file `path` (a stand-in for arbitrary code)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Path.touch, (self.path,))
-
-
 @pytest.mark.parametrize("name", ["sae_weights.pt", "sae_weights.pth", "params.pkl", "pytorch_model.bin"])
 def test_pickle_weights_are_refused_by_name_and_never_unpickled(tmp_path: Path, name: str) -> None:
     d = write_saelens_sae(tmp_path / "sae", "blocks.0.hook_resid_post", 16, 32)
     (d / "sae_weights.safetensors").unlink()
     marker = tmp_path / "unpickled"
-    (d / name).write_bytes(pickle.dumps(_Marker(marker)))
+    write_pickle_payload(d / name, marker)
     with pytest.raises(mi.DictionaryError, match=rf"refusing pickle file\(s\) {name.replace('.', chr(92) + '.')}"):
         mi.load_dictionary(d)
     with pytest.raises(mi.DictionaryError, match=rf"{name.replace('.', chr(92) + '.')}"):

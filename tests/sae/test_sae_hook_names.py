@@ -19,8 +19,9 @@ from safetensors.torch import save_file
 
 import mi_core as mi
 from mi_sae.hooknames import hf_to_hook_point, tl_to_hook_point
+from tests.support.hf_reference import assert_matches_hf_with_hook, save_tiny_hf_llama
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 
 @pytest.mark.parametrize("name, post_norms, expected", [
@@ -49,16 +50,9 @@ def test_transformerlens_names_are_ours(name: str, expected: str) -> None:
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory):
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-    with torch.no_grad():
-        for layer in hf.model.layers:  # gains far from 1: before / after the gain differ
-            layer.post_attention_layernorm.weight.uniform_(0.2, 3.0)
     path = tmp_path_factory.mktemp("llama_gain")
-    hf.save_pretrained(path)
+    # gains far from 1: before / after the gain differ
+    hf = save_tiny_hf_llama(path, mlp_norm_gain=(0.2, 3.0))
     return hf, mi.MIModel.from_pretrained(path)
 
 
@@ -77,13 +71,5 @@ def test_sparsify_mlp_transcoder_reads_the_mlp_module_input(llama, tmp_path: Pat
     assert (str(tc.hook_point), str(tc.hook_point_out)) == ("blocks.1.mlp.hook_in", "blocks.1.hook_mlp_out")
     ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
     ours = model(ids, tc.splice(mi.HookSpec(), model=model)).output
-    handle = hf.model.layers[1].mlp.register_forward_hook(lambda m, inp, out: tc.reconstruct(inp[0]))
-    try:
-        with torch.no_grad():
-            ref = hf(ids).logits
-    finally:
-        handle.remove()
-    with torch.no_grad():
-        clean = hf(ids).logits
-    assert (ref - clean).abs().max() > 1e-3
-    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)
+    assert_matches_hf_with_hook(ours, hf, ids, hf.model.layers[1].mlp,
+                                lambda m, inp, out: tc.reconstruct(inp[0]))

@@ -12,20 +12,16 @@ import pytest
 import torch
 
 import mi_core as mi
+from tests.support.hf_reference import assert_matches_hf_with_hook, save_tiny_hf_llama
 from tests.support.sae_tiny_backend import write_saelens_sae
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory):
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     path = tmp_path_factory.mktemp("llama")
-    hf.save_pretrained(path)
+    hf = save_tiny_hf_llama(path)
     try:
         model = mi.MIModel.from_pretrained(path)
     except mi.UnsupportedModelError as exc:  # the transformer backend is not installed
@@ -48,16 +44,7 @@ def test_spliced_resid_sae_matches_hf_model_with_replacing_hook(llama, ids, tmp_
         r = sae.reconstruct(h)
         return (r,) + tuple(out[1:]) if isinstance(out, tuple) else r
 
-    handle = hf.model.layers[0].register_forward_hook(replace)
-    try:
-        with torch.no_grad():
-            ref = hf(ids).logits
-    finally:
-        handle.remove()
-    with torch.no_grad():
-        clean = hf(ids).logits
-    assert (ref - clean).abs().max() > 1e-3
-    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)
+    assert_matches_hf_with_hook(ours, hf, ids, hf.model.layers[0], replace)
 
 
 @pytest.mark.parametrize("kind", ["resid", "hook_z", "transcoder"])

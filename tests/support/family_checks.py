@@ -4,17 +4,31 @@
 and every attention pattern against ``t.hf`` (eager attention, output_hidden_states /
 output_attentions), max abs diff < 1e-4. `assert_left_padding_rows_alone(model, rows)`: a
 left-padded batch gives each row the numbers it has alone (< 1e-4).
+`loaded_models(tiny)`: a name -> loaded MIModel function that loads each tiny checkpoint once.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 import mi_core as mi
 
 TOL = 1e-4
+
+
+def loaded_models(tiny: Callable[[str], Any]) -> Callable[[str], mi.MIModel]:
+    """`get(name)`: our model of tiny checkpoint `name`, loaded on first use and then reused
+    (the body of the ``loaded`` fixture of tests/transformer/conftest.py)."""
+    cache: dict[str, mi.MIModel] = {}
+
+    def get(name: str) -> mi.MIModel:
+        if name not in cache:
+            cache[name] = tiny(name).load()
+        return cache[name]
+
+    return get
 
 
 def assert_matches_transformers(t: Any, ids: torch.Tensor, tol: float = TOL,

@@ -17,6 +17,7 @@ import torch
 
 import mi_core as mi
 
+from tests.support.family_checks import loaded_models
 from tests.support.tiny_families import _COMMON, FAMILIES, GPT_FAMILIES, VOCAB  # noqa: E402
 
 
@@ -95,6 +96,12 @@ def tiny_llama(tiny) -> Tiny:
 @pytest.fixture(scope="session")
 def llama_model(tiny_llama: Tiny) -> mi.MIModel:
     return tiny_llama.load()
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny):
+    """name -> our model of that tiny checkpoint, loaded once per test module."""
+    return loaded_models(tiny)
 
 
 @pytest.fixture(scope="session")

@@ -11,24 +11,20 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from safetensors.torch import load_file, save_file
 
 import mi_core as mi
 from mi_core.errors import ConfigError, MIError, WeightLoadError
-from mi_core.loading import read_config, tensor_names_of
-from mi_core.registry import ModelSource
 from mi_transformer import plugin
 from mi_transformer.config import FAMILIES, UnknownKeysError, parse_config
-from mi_transformer.loader import from_tensors, load_backend
+from mi_transformer.loader import from_tensors
 from mi_transformer.weights import tensor_table
+from tests.support.checkpoint_variants import load_direct, source_of, variant
 
 SRC = "ckpt/config.json"
 
@@ -171,31 +167,6 @@ def test_null_valued_and_generic_keys_are_harmless(tiny):
     assert parse_config(cfg, SRC) == parse_config(tiny("llama").config, SRC)
 
 
-def _source(path: Path) -> ModelSource:
-    names, shapes = tensor_names_of(path)
-    return ModelSource(path=path, config=read_config(path), tensor_names=names,
-                       tensor_shapes=shapes)
-
-
-def _variant(src: Path, dst: Path, config_edit: Callable[[dict], None] | None = None,
-             tensor_edit: Callable[[dict], None] | None = None) -> Path:
-    shutil.copytree(src, dst)
-    if config_edit is not None:
-        cfg = json.loads((dst / "config.json").read_text())
-        config_edit(cfg)
-        (dst / "config.json").write_text(json.dumps(cfg))
-    if tensor_edit is not None:
-        f = dst / "model.safetensors"
-        ts = load_file(f)
-        tensor_edit(ts)
-        save_file(ts, f)
-    return dst
-
-
-def _load(path: Path, dtype: torch.dtype = torch.float32) -> mi.MIModel:
-    return mi.MIModel(load_backend(_source(path), torch.device("cpu"), dtype))
-
-
 @pytest.mark.parametrize("model_type, extra", [
     ("granite", {"embedding_multiplier": 12.0, "residual_multiplier": 0.22,
                  "attention_multiplier": 0.015625, "logits_scaling": 8.0}),
@@ -205,21 +176,21 @@ def test_unknown_model_type_with_keys_that_change_the_numbers_is_unsupported(tin
                                                                              model_type, extra):
     """Auto-config would have run these as LLaMA; the report names the keys it refused.
     (model_type renamed so that no family claims it.)"""
-    path = _variant(tiny("llama").path, tmp_path / model_type,
+    path = variant(tiny("llama").path, tmp_path / model_type,
                     lambda c: c.update(model_type=f"my_{model_type}", **extra))
-    d = plugin.mi_detect_backend(source=_source(path))
+    d = plugin.mi_detect_backend(source=source_of(path))
     assert d.score == 0 and sorted(d.config_keys) == sorted(extra)
     report = mi.check_compatibility(path)
     assert not report.supported
     for key in extra:
         assert key in report.summary()
     with pytest.raises(UnknownKeysError, match=next(iter(extra))):
-        _load(path)
+        load_direct(path)
 
 
 def test_known_family_with_an_unknown_key_is_not_detected_as_supported(tiny, tmp_path):
-    path = _variant(tiny("gpt2").path, tmp_path / "g", lambda c: c.update(magic_scale=2.0))
-    d = plugin.mi_detect_backend(source=_source(path))
+    path = variant(tiny("gpt2").path, tmp_path / "g", lambda c: c.update(magic_scale=2.0))
+    d = plugin.mi_detect_backend(source=source_of(path))
     assert d.score == 0 and d.config_keys == ["magic_scale"]
 
 
@@ -267,9 +238,9 @@ WEIGHT_CASES: list[tuple[str, str, Callable[[dict], None] | None, Callable[[dict
                          ids=[c[0] for c in WEIGHT_CASES])
 def test_weights_are_accounted_for_and_checked(tiny, tmp_path, what, name, config_edit,
                                                tensor_edit, expect):
-    path = _variant(tiny(name).path, tmp_path / "m", config_edit, tensor_edit)
+    path = variant(tiny(name).path, tmp_path / "m", config_edit, tensor_edit)
     with pytest.raises(WeightLoadError) as e:
-        _load(path)
+        load_direct(path)
     for pattern in [str(path), *expect]:
         assert pattern in str(e.value), (pattern, str(e.value))
 
@@ -278,18 +249,18 @@ def test_f32_weight_overflowing_float16_is_named_when_loading_in_float16(tiny, t
     def big(ts: dict) -> None:
         ts["model.layers.0.mlp.up_proj.weight"][0, 0] = 1e6  # > float16's max 65504
 
-    path = _variant(tiny("llama").path, tmp_path / "big", tensor_edit=big)
-    assert _load(path).num_layers == 3  # fine in F32
+    path = variant(tiny("llama").path, tmp_path / "big", tensor_edit=big)
+    assert load_direct(path).num_layers == 3  # fine in F32
     with pytest.raises(WeightLoadError, match=r"torch.float16\): model.layers.0.mlp.up_proj"):
-        _load(path, torch.float16)
+        load_direct(path, torch.float16)
 
 
 def test_rotary_buffers_of_old_checkpoints_are_ignorable(tiny, tmp_path):
-    path = _variant(tiny("gpt_neox").path, tmp_path / "buf", tensor_edit=lambda ts: ts.update({
+    path = variant(tiny("gpt_neox").path, tmp_path / "buf", tensor_edit=lambda ts: ts.update({
         "gpt_neox.layers.0.attention.rotary_emb.inv_freq": torch.ones(4),
         "gpt_neox.layers.0.attention.bias": torch.ones(1, 1, 8, 8, dtype=torch.bool),
         "gpt_neox.layers.0.attention.masked_bias": torch.tensor(-1e9)}))
-    assert _load(path).num_layers == 3
+    assert load_direct(path).num_layers == 3
 
 
 # -- fuzzing ---------------------------------------------------------------------------

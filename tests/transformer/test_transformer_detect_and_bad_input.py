@@ -4,59 +4,32 @@ each a typed error naming the culprit, or a warning where the result is merely d
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 import mi_core as mi
 from mi_core.errors import ConfigError, TokenizerError, UnsupportedModelError, WeightLoadError
-from mi_core.loading import read_config, tensor_names_of
 from mi_core.registry import ModelSource
 from mi_transformer import plugin
-from mi_transformer.loader import load_backend
-
-
-def _source(path: Path) -> ModelSource:
-    names, shapes = tensor_names_of(path)
-    return ModelSource(path=path, config=read_config(path), tensor_names=names, tensor_shapes=shapes)
-
-
-def _variant(src: Path, dst: Path, config_edit=None, tensor_edit=None) -> Path:
-    shutil.copytree(src, dst)
-    if config_edit is not None:
-        cfg = json.loads((dst / "config.json").read_text())
-        config_edit(cfg)
-        (dst / "config.json").write_text(json.dumps(cfg))
-    if tensor_edit is not None:
-        f = dst / "model.safetensors"
-        tensors = load_file(f)
-        tensor_edit(tensors)
-        save_file(tensors, f, metadata={"format": "pt"})
-    return dst
-
-
-def _load(path: Path) -> mi.MIModel:
-    return mi.MIModel(load_backend(_source(path), torch.device("cpu"), torch.float32))
+from tests.support.checkpoint_variants import load_direct, source_of, variant
 
 
 def test_known_family_is_detected_with_a_high_score(tiny):
-    d = plugin.mi_detect_backend(source=_source(tiny("qwen3").path))
+    d = plugin.mi_detect_backend(source=source_of(tiny("qwen3").path))
     assert d.score >= 0.9 and "qwen3" in d.reason
 
 
 def test_llama_like_unknown_model_type_loads_by_auto_config_and_matches(tiny, make_ids,
                                                                         tmp_path):
     t = tiny("llama")
-    path = _variant(t.path, tmp_path / "mine", lambda c: c.update(model_type="my_llama"))
-    d = plugin.mi_detect_backend(source=_source(path))
+    path = variant(t.path, tmp_path / "mine", lambda c: c.update(model_type="my_llama"))
+    d = plugin.mi_detect_backend(source=source_of(path))
     assert 0 < d.score < 0.9 and "auto-config" in d.reason
     ids = make_ids(2, 10)
     with torch.no_grad():
         ref = t.hf(ids).logits
-    assert (_load(path).forward(ids).output - ref).abs().max().item() < 1e-4
+    assert (load_direct(path).forward(ids).output - ref).abs().max().item() < 1e-4
 
 
 def test_incompatible_unknown_checkpoint_lists_missing_and_unexpected_tensors(tiny, tmp_path):
@@ -64,14 +37,14 @@ def test_incompatible_unknown_checkpoint_lists_missing_and_unexpected_tensors(ti
         for k in [k for k in ts if "mlp.gate_proj" in k]:
             ts[k.replace("mlp.gate_proj", "mlp.w1")] = ts.pop(k)
 
-    path = _variant(tiny("llama").path, tmp_path / "odd",
+    path = variant(tiny("llama").path, tmp_path / "odd",
                     lambda c: c.update(model_type="oddformer"), rename)
-    d = plugin.mi_detect_backend(source=_source(path))
+    d = plugin.mi_detect_backend(source=source_of(path))
     assert d.score == 0
     assert "model.layers.0.mlp.gate_proj.weight" in d.missing
     assert "model.layers.0.mlp.w1.weight" in d.unexpected
     with pytest.raises(UnsupportedModelError, match="mlp.w1"):
-        _load(path)
+        load_direct(path)
 
 
 def test_from_pretrained_and_check_compatibility_go_through_the_plugin(tiny, make_ids):
@@ -93,9 +66,9 @@ def test_gguf_file_is_claimed_and_other_single_files_are_not(tmp_path):
 
 
 def test_missing_config_field_names_field_and_file(tiny, tmp_path):
-    path = _variant(tiny("llama").path, tmp_path / "nofield", lambda c: c.pop("hidden_size"))
+    path = variant(tiny("llama").path, tmp_path / "nofield", lambda c: c.pop("hidden_size"))
     with pytest.raises(ConfigError, match="hidden_size") as e:
-        _load(path)
+        load_direct(path)
     assert "config.json" in str(e.value)
 
 
@@ -103,24 +76,24 @@ def test_wrongly_shaped_tensor_names_tensor_and_shapes(tiny, tmp_path):
     def shrink(ts: dict) -> None:
         ts["model.layers.1.self_attn.k_proj.weight"] = torch.zeros(16, 64)
 
-    path = _variant(tiny("llama").path, tmp_path / "shape", tensor_edit=shrink)
+    path = variant(tiny("llama").path, tmp_path / "shape", tensor_edit=shrink)
     with pytest.raises(WeightLoadError, match=r"model.layers.1.self_attn.k_proj.weight: \[16, 64\]"):
-        _load(path)
+        load_direct(path)
 
 
 def test_missing_tensor_is_named(tiny, tmp_path):
-    path = _variant(tiny("qwen2_untied").path, tmp_path / "nohead",
+    path = variant(tiny("qwen2_untied").path, tmp_path / "nohead",
                     tensor_edit=lambda ts: ts.pop("lm_head.weight"))
     with pytest.raises(WeightLoadError, match="lm_head.weight"):
-        _load(path)
+        load_direct(path)
 
 
 def test_truncated_safetensors_is_a_weight_load_error(tiny, tmp_path):
-    path = _variant(tiny("llama").path, tmp_path / "trunc")
+    path = variant(tiny("llama").path, tmp_path / "trunc")
     f = path / "model.safetensors"
     f.write_bytes(f.read_bytes()[:-1000])
     with pytest.raises(WeightLoadError, match="truncated"):
-        _load(path)
+        load_direct(path)
 
 
 def test_ids_out_of_vocabulary_are_a_tokenizer_error(llama_model):

@@ -23,18 +23,6 @@ FAMILIES = ["olmo", "olmo2", "granite", "smollm3", "smollm3_interval", "cohere",
             "cohere_qk_norm"]
 
 
-@pytest.fixture(scope="module")
-def loaded(tiny):
-    cache: dict[str, mi.MIModel] = {}
-
-    def get(name: str) -> mi.MIModel:
-        if name not in cache:
-            cache[name] = tiny(name).load()
-        return cache[name]
-
-    return get
-
-
 @pytest.mark.parametrize("name", FAMILIES)
 def test_family_matches_transformers(tiny, make_ids, name):
     assert_matches_transformers(tiny(name), make_ids(2, 16, seed=31))

@@ -20,6 +20,7 @@ import mi_core as mi
 from mi_core.errors import UnsupportedModelError, WeightLoadError
 from mi_transformer.gguf import (GgufCheckpoint, default_model_path, read_gguf,
                                  read_gguf_header, unpermute_qk)
+from tests.support.byte_tokens import gpt2_byte_tokens
 from tests.support.smollm2_hf import smollm2_hf_dir
 
 gguf = pytest.importorskip("gguf")
@@ -35,19 +36,6 @@ def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's LlamaModel.permute (convert_hf_to_gguf.py), reimplemented independently."""
     return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
             .swapaxes(1, 2).reshape(w.shape))
-
-
-def _byte_vocab() -> list[str]:
-    """256 single-byte tokens in GPT-2's byte alphabet (a valid byte-level BPE, no merges)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for _, c in sorted(zip(bs, cs))]
 
 
 def _tiny_hf_llama(directory: Path, rope_scaling: dict | None = None, tied: bool = False) -> Path:
@@ -92,7 +80,7 @@ def _write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", arch: str = "llama"
     w.add_vocab_size(cfg.vocab_size)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
-    w.add_token_list(_byte_vocab())
+    w.add_token_list(gpt2_byte_tokens())
     w.add_token_types([1] * 256)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)

@@ -22,6 +22,7 @@ import torch
 import mi_core as mi
 from mi_core.errors import ConfigError, MIError
 from mi_transformer.gguf import read_gguf
+from tests.support.byte_tokens import gpt2_byte_tokens
 from tests.support.tiny_families import FAMILIES, GPT_FAMILIES, WINDOW
 from tests.transformer.conftest import make_tiny
 
@@ -56,19 +57,6 @@ def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's LlamaModel.permute (convert_hf_to_gguf.py), reimplemented independently."""
     return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
             .swapaxes(1, 2).reshape(w.shape))
-
-
-def _byte_tokens(n: int) -> list[str]:
-    """The first n of GPT-2's 256 byte tokens (a valid byte-level BPE vocabulary, no merges)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    cs, k = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + k)
-            k += 1
-    return [chr(c) for _, c in sorted(zip(bs, cs))][:n]
 
 
 def write_gguf(t: Any, arch: str, out: Path, meta: dict[str, Any] | None = None,
@@ -125,7 +113,7 @@ def write_gguf(t: Any, arch: str, out: Path, meta: dict[str, Any] | None = None,
         if key not in drop_meta:
             w.add_key_value(key, value, gguf.GGUFValueType[vtype])
     w.add_tokenizer_model("gpt2")
-    w.add_token_list(_byte_tokens(cfg.vocab_size))
+    w.add_token_list(gpt2_byte_tokens(cfg.vocab_size))
     w.add_token_types([1] * cfg.vocab_size)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg.num_hidden_layers)
     if rp.get("rope_type") == "longrope":
@@ -180,7 +168,7 @@ def _write_gpt2(t: Any, out: Path, meta: dict[str, Any] | None) -> Path:
     for key, (value, vtype) in kv.items():
         w.add_key_value(key, value, gguf.GGUFValueType[vtype])
     w.add_tokenizer_model("gpt2")
-    w.add_token_list(_byte_tokens(cfg.vocab_size))
+    w.add_token_list(gpt2_byte_tokens(cfg.vocab_size))
     w.add_token_types([1] * cfg.vocab_size)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2, cfg.n_layer)
     for hf, tensor in sd.items():

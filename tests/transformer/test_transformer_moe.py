@@ -21,18 +21,6 @@ TOL = 1e-4
 MOE = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"]
 
 
-@pytest.fixture(scope="module")
-def loaded(tiny):
-    cache: dict[str, mi.MIModel] = {}
-
-    def get(name: str) -> mi.MIModel:
-        if name not in cache:
-            cache[name] = tiny(name).load()
-        return cache[name]
-
-    return get
-
-
 @pytest.mark.parametrize("name", MOE)
 def test_moe_family_matches_transformers(tiny, make_ids, name):
     assert_matches_transformers(tiny(name), make_ids(2, 16, seed=21))

@@ -11,11 +11,11 @@ read nor known to be harmless is refused (the lists are below and in docs/RWKV.m
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Mapping
 
 import attrs
 
+from mi_core.configread import ConfigFields, is_generic_harmless
 from mi_core.errors import ConfigError, UnsupportedModelError
 
 #: model_type values of RWKV generations mi-rwkv does not implement, with their names.
@@ -72,35 +72,10 @@ class RwkvConfig:
                               f"{self.head_dim} != hidden_size {self.hidden_size}")
 
 
-#: Keys any transformers ``config.json`` may carry that never change an eval forward
-#: (bookkeeping, token ids, generation defaults, training flags); dropouts match a pattern.
-GENERIC_HARMLESS = frozenset({
-    "_name_or_path", "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype",
-    "model_type", "pad_token_id", "sep_token_id", "decoder_start_token_id", "use_cache",
-    "initializer_range", "init_std", "initializer_factor", "return_dict", "output_hidden_states",
-    "output_attentions", "torchscript", "use_bfloat16", "tf_legacy_loss", "id2label", "label2id",
-    "num_labels", "problem_type", "finetuning_task", "tokenizer_class", "prefix",
-    "task_specific_params", "is_decoder", "max_length", "min_length", "do_sample",
-    "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty", "temperature", "top_k",
-    "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
-    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
-    "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
-    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
-    "begin_suppress_tokens", "chunk_size_feed_forward", "gradient_checkpointing",
-    "_attn_implementation", "attn_implementation", "_attn_implementation_autoset",
-    "keys_to_ignore_at_inference",
-})
-#: Generic keys harmless only at their default (other values need weights we do not have).
-GENERIC_AT_DEFAULT: dict[str, Any] = {"is_encoder_decoder": False, "add_cross_attention": False,
-                                      "pruned_heads": {}, "tie_encoder_decoder": False}
-_DROPOUT = re.compile(r"dropout|_pdrop$|^layerdrop$")
-
-
-def is_generic_harmless(key: str, value: Any) -> bool:
-    """Whether `key` = `value` is a generic config entry that cannot change the numbers."""
-    if key in GENERIC_HARMLESS or _DROPOUT.search(key):
-        return True
-    return key in GENERIC_AT_DEFAULT and value == GENERIC_AT_DEFAULT[key]
+#: Keys beyond :data:`mi_core.configread.GENERIC_HARMLESS` any RWKV ``config.json`` may
+#: carry without changing the numbers: ``auto_map`` names the custom modeling code of the
+#: flash-linear-attention / RWKV checkpoints, which mi-rwkv implements itself.
+RWKV_HARMLESS = frozenset({"auto_map"})
 
 
 #: RWKV-6 (HF ``Rwkv6Config``) keys mi-rwkv reads (each typed and range-checked).
@@ -124,62 +99,31 @@ V7_READ = ("vocab_size", "hidden_size", "num_hidden_layers", "head_dim", "num_he
 V7_HARMLESS = ("attn_mode", "fuse_norm", "fuse_cross_entropy", "fuse_linear_cross_entropy",
                "use_l2warp", "max_position_embeddings")
 
-_MISSING = object()
 
-
-class _Keys:
+class _Keys(ConfigFields):
     """Typed, strict access to one config.json: no coercion, errors name key, value, file."""
 
+    required_word = "key"
+
     def __init__(self, cfg: Mapping[str, Any], where: str) -> None:
-        self.cfg, self.where = cfg, where
+        super().__init__(cfg, where, error=ConfigError)
 
-    def fail(self, key: str, why: str) -> ConfigError:
-        return ConfigError(f"{self.where}: key {key!r} = {self.cfg.get(key)!r}: {why}")
-
-    def integer(self, key: str, default: Any = _MISSING, minimum: int = 1) -> Any:
-        """An integer >= `minimum`; `default` when absent or null (required without one)."""
-        v = self.cfg.get(key)
-        if v is None:
-            if default is _MISSING:
-                raise ConfigError(f"{self.where}: required key {key!r} is missing")
-            return default
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise self.fail(key, f"expected an integer, got {type(v).__name__}")
-        if v < minimum:
-            raise self.fail(key, f"must be >= {minimum}")
-        return v
-
-    def number(self, key: str, default: float) -> float:
+    def number(self, key: str, default: float) -> float:  # type: ignore[override]
         """A finite number > 0 (int or float in JSON); `default` when absent or null."""
-        v = self.cfg.get(key)
-        if v is None:
-            return default
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise self.fail(key, f"expected a number, got {type(v).__name__}")
-        if not math.isfinite(v) or v <= 0:
-            raise self.fail(key, "must be a finite number > 0")
-        return float(v)
-
-    def flag(self, key: str, default: bool) -> bool:
-        v = self.cfg.get(key)
-        if v is None:
-            return default
-        if not isinstance(v, bool):
-            raise self.fail(key, f"expected true or false, got {type(v).__name__}")
-        return v
+        return super().number(key, default, gt=0)
 
     def token_id(self, key: str, default: int | None) -> int | None:
         return self.integer(key, default, minimum=0)
 
     def only(self, key: str, allowed: Any, why: str) -> None:
         """Refuse `key` unless absent, null or equal to `allowed` (a value we implement)."""
-        v = self.cfg.get(key)
+        v = self.get(key)
         if v is not None and (type(v) is not type(allowed) or v != allowed):
             raise self.fail(key, why)
 
     def check_known(self, version: int, read: tuple[str, ...], harmless: tuple[str, ...]) -> None:
         unknown = sorted(k for k, v in self.cfg.items() if k not in read and k not in harmless
-                         and not is_generic_harmless(k, v))
+                         and k not in RWKV_HARMLESS and not is_generic_harmless(k, v))
         if unknown:
             raise ConfigError(f"{self.where}: unknown RWKV-{version} key(s) {unknown}: mi-rwkv "
                               "cannot tell whether they change the numbers (docs/RWKV.md lists "

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import enum
 import math
-import re
 from typing import Any, Callable, Iterable, Mapping
 
 import attrs
 
+from mi_core.configread import REQUIRED, ConfigFields
 from mi_core.errors import ConfigError
 
 
@@ -239,14 +239,16 @@ class TransformerConfig:
 # Strict, typed access to config.json
 # ----------------------------------------------------------------------------------------
 
-_REQUIRED: Any = object()
+_REQUIRED: Any = REQUIRED
 
 
-class ConfigReader:
+class ConfigReader(ConfigFields):
     """Typed access to one config dict; remembers every key it was asked for.
 
     No coercion: an int field takes a JSON integer (not a bool, not 2.0), a float field a
     finite JSON number, a bool field ``true``/``false``. A JSON ``null`` is the default.
+    The core :class:`~mi_core.configread.ConfigFields` with the transformer's method names
+    and message wording (``{src}: {key} = {value!r} ({type}): expected ...``).
     """
 
     def __init__(self, cfg: Any, src: str) -> None:
@@ -255,129 +257,53 @@ class ConfigReader:
         bad = [k for k in cfg if not isinstance(k, str)]
         if bad:
             raise ConfigError(f"{src}: keys must be strings, got {bad[:5]}")
-        self.cfg, self.src = cfg, src
-        self.read: set[str] = set()
+        super().__init__(cfg, src, error=ConfigError)
+        self.src = src
 
     def bad(self, key: str, value: Any, expected: str) -> ConfigError:
         return ConfigError(f"{self.src}: {key} = {value!r} ({type(value).__name__}): "
                            f"expected {expected}")
 
-    def has(self, key: str) -> bool:
-        self.read.add(key)
-        return self.cfg.get(key) is not None
+    def type_error(self, key: str, value: Any, expected: str) -> ConfigError:
+        return self.bad(key, value, "a finite number" if expected == "a number" else expected)
 
-    def _get(self, key: str, default: Any) -> Any:
-        self.read.add(key)
-        v = self.cfg.get(key)
-        if v is None and default is _REQUIRED:
-            raise ConfigError(f"{self.src}: required field {key!r} is missing")
-        return v
+    def min_error(self, key: str, value: Any, minimum: Any) -> ConfigError:
+        return self.bad(key, value, f"an integer >= {minimum}")
+
+    def number_error(self, key: str, value: Any, broken: Any, bounds: Any) -> ConfigError:
+        if broken is None:
+            return self.bad(key, value, "a finite number")
+        return self.bad(key, value, f"a number {broken[0]} {broken[1]}")
+
+    def choice_error(self, key: str, value: Any, choices: Iterable[str]) -> ConfigError:
+        return self.bad(key, value, f"one of {sorted(choices)}")
 
     def int(self, key: str, default: Any = _REQUIRED, *, min: int | None = 1) -> Any:
-        v = self._get(key, default)
-        if v is None:
-            return default
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise self.bad(key, v, "an integer")
-        if min is not None and v < min:
-            raise self.bad(key, v, f"an integer >= {min}")
-        return v
+        return self.integer(key, default, min)
 
     def float(self, key: str, default: Any = _REQUIRED, *, gt: float | None = None,
               ge: float | None = None, le: float | None = None) -> Any:
-        v = self._get(key, default)
-        if v is None:
-            return default
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise self.bad(key, v, "a finite number")
-        if gt is not None and not v > gt:
-            raise self.bad(key, v, f"a number > {gt}")
-        if ge is not None and not v >= ge:
-            raise self.bad(key, v, f"a number >= {ge}")
-        if le is not None and not v <= le:
-            raise self.bad(key, v, f"a number <= {le}")
-        return float(v)
+        return self.number(key, default, gt=gt, ge=ge, le=le)
 
     def bool(self, key: str, default: Any = _REQUIRED) -> Any:
-        v = self._get(key, default)
-        if v is None:
-            return default
-        if not isinstance(v, bool):
-            raise self.bad(key, v, "true or false")
-        return v
+        return self.flag(key, default)
 
     def str(self, key: str, default: Any = _REQUIRED, choices: Iterable[str] | None = None
             ) -> Any:
-        v = self._get(key, default)
-        if v is None:
-            return default
-        if not isinstance(v, str):
-            raise self.bad(key, v, "a string")
-        if choices is not None and v not in choices:
-            raise self.bad(key, v, f"one of {sorted(choices)}")
-        return v
+        return self.text(key, default, choices)
 
-    def mapping(self, key: str) -> Mapping[str, Any] | None:
-        v = self._get(key, None)
-        if v is not None and not isinstance(v, Mapping):
-            raise self.bad(key, v, "a JSON object")
-        return v
-
-    def list(self, key: str) -> list[Any] | None:
-        v = self._get(key, None)
-        if v is not None and not isinstance(v, list):
-            raise self.bad(key, v, "a JSON list")
-        return v
+    def list(self, key: str) -> Any:
+        return self.sequence(key)
 
     def refuse_unless(self, key: str, allowed: Any, why: str) -> None:
         """A key whose other values change the numbers in a way not implemented."""
-        v = self._get(key, None)
+        v = self.get(key)
         if v is not None and v != allowed:
             raise ConfigError(f"{self.src}: {key} = {v!r} is not supported ({why}); only "
                               f"{allowed!r} is")
 
     def sub(self, key: str, value: Mapping[str, Any]) -> "ConfigReader":
         return ConfigReader(value, f"{self.src} [{key}]")
-
-    def unread(self, harmless: Iterable[str] = ()) -> list[str]:
-        """Present (non-null) keys neither read nor known to be harmless."""
-        ok = set(harmless) | self.read
-        return sorted(k for k, v in self.cfg.items()
-                      if v is not None and k not in ok and not is_generic_harmless(k, v))
-
-
-#: Keys every transformers config may carry that do not change a forward pass in eval
-#: (training, generation defaults, token ids, dtype, bookkeeping). Dropouts match a pattern.
-GENERIC_HARMLESS: frozenset[str] = frozenset({
-    "_name_or_path", "architectures", "transformers_version", "torch_dtype", "dtype",
-    "model_type", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
-    "decoder_start_token_id", "use_cache", "initializer_range", "init_std", "initializer_factor",
-    "_num_labels",
-    "return_dict", "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16",
-    "tf_legacy_loss", "id2label", "label2id", "num_labels", "problem_type", "finetuning_task",
-    "tokenizer_class", "prefix", "task_specific_params", "is_decoder", "max_length",
-    "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
-    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
-    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
-    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
-    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
-    "suppress_tokens", "begin_suppress_tokens", "chunk_size_feed_forward",
-    "cross_attention_hidden_size", "gradient_checkpointing", "_attn_implementation",
-    "attn_implementation", "pretraining_tp", "tie_encoder_decoder", "keys_to_ignore_at_inference",
-})
-
-#: Generic keys that are harmless only at their default (e.g. encoder-decoder or cross
-#: attention would need weights and a forward we do not have).
-GENERIC_AT_DEFAULT: dict[str, Any] = {"is_encoder_decoder": False, "add_cross_attention": False,
-                                      "pruned_heads": {}}
-
-_DROPOUT = re.compile(r"(^|_)(dropout|pdrop)$|dropout|_pdrop$|^layerdrop$")
-
-
-def is_generic_harmless(key: str, value: Any) -> bool:
-    if key in GENERIC_HARMLESS or _DROPOUT.search(key):
-        return True
-    return key in GENERIC_AT_DEFAULT and value == GENERIC_AT_DEFAULT[key]
 
 
 # ----------------------------------------------------------------------------------------
@@ -1123,7 +1049,7 @@ class Family:
 
     `reads`: every config key the parser looks at (implemented, or refused for values it
     cannot honour). `harmless`: family keys known not to change the numbers. Any other
-    non-null key (beyond :data:`GENERIC_HARMLESS`) makes the config a ``ConfigError``.
+    non-null key (beyond :data:`mi_core.configread.GENERIC_HARMLESS`) makes the config a ``ConfigError``.
     """
 
     model_type: str

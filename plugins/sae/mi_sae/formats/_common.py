@@ -7,13 +7,13 @@ by name.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import torch
 
+from mi_core.configread import REQUIRED, ConfigFields
 from mi_core.errors import ConfigError, DictionaryError, MIError
 from mi_core.hooks import HookPoint
 from mi_core.loading import SafetensorsCheckpoint, read_json
@@ -50,10 +50,7 @@ def detection(name: str, folder: Path, required: list[str], score: float) -> Det
     return Detection(backend=name, score=score, reason=f"found {', '.join(required)}")
 
 
-_MISSING = object()
-
-
-class Fields:
+class Fields(ConfigFields):
     """Typed, strict access to a dictionary's JSON config: no coercion ("false" is not
     True, 2.7 is not 2); every DictionaryError names the file, the key and the value.
 
@@ -62,64 +59,18 @@ class Fields:
 
     def __init__(self, raw: Mapping[str, Any], where: Path | str,
                  fallback: Mapping[str, Any] | None = None) -> None:
-        self.raw, self.where, self.fallback = raw, where, fallback or {}
+        super().__init__(raw, where, error=DictionaryError, fallback=fallback)
 
-    def get(self, key: str) -> Any:
-        v = self.raw.get(key)
-        return self.fallback.get(key) if v is None else v
+    def number(self, key: str, default: Any = REQUIRED, positive: bool = True) -> Any:
+        """A finite number (> 0 if `positive`), as a float."""
+        return super().number(key, default, gt=0 if positive else None)
 
-    def fail(self, key: str, why: str) -> DictionaryError:
-        return DictionaryError(f"{self.where}: key {key!r} = {self.get(key)!r}: {why}")
+    def text(self, key: str, default: Any = None, choices: Iterable[str] | None = None) -> Any:
+        return super().text(key, default, choices)
 
-    def integer(self, key: str, default: Any = _MISSING, minimum: int = 1) -> Any:
-        v = self.get(key)
-        if v is None:
-            if default is _MISSING:
-                raise DictionaryError(f"{self.where}: required field {key!r} is missing")
-            return default
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise self.fail(key, f"expected an integer, got {type(v).__name__}")
-        if v < minimum:
-            raise self.fail(key, f"must be >= {minimum}")
-        return v
-
-    def number(self, key: str, default: Any = _MISSING, positive: bool = True) -> Any:
-        v = self.get(key)
-        if v is None:
-            if default is _MISSING:
-                raise DictionaryError(f"{self.where}: required field {key!r} is missing")
-            return default
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise self.fail(key, f"expected a number, got {type(v).__name__}")
-        if not math.isfinite(v) or (positive and v <= 0):
-            raise self.fail(key, "must be a finite number" + (" > 0" if positive else ""))
-        return float(v)
-
-    def flag(self, key: str, default: bool) -> bool:
-        v = self.get(key)
-        if v is None:
-            return default
-        if not isinstance(v, bool):
-            raise self.fail(key, f"expected true or false, got {type(v).__name__}")
-        return v
-
-    def text(self, key: str, default: Any = None, choices: tuple[str, ...] | None = None) -> Any:
-        v = self.get(key)
-        if v is None:
-            return default
-        if not isinstance(v, str):
-            raise self.fail(key, f"expected a string, got {type(v).__name__}")
-        if choices is not None and v not in choices:
-            raise self.fail(key, f"expected one of {', '.join(choices)}")
-        return v
-
-    def mapping(self, key: str) -> dict[str, Any]:
-        v = self.get(key)
-        if v is None:
-            return {}
-        if not isinstance(v, dict):
-            raise self.fail(key, f"expected a JSON object, got {type(v).__name__}")
-        return v
+    def mapping(self, key: str, default: Any = None) -> Any:
+        """A JSON object; {} when absent or null."""
+        return super().mapping(key, {} if default is None else default)
 
     def hook(self, key: str) -> HookPoint | None:
         """A TransformerLens-spelled hook name (``blocks.3.hook_resid_post``) or None."""
