@@ -540,19 +540,8 @@ def accumulated_bias(model: "MIModel", layer: int, mlp_input: bool = False,
 
 def norm_centres(model: "MIModel") -> bool:
     """Whether the model's norms centre their input (LayerNorm) rather than only rescale
-    (RMSNorm): probed once through the final norm with a fixed scale, so it holds for any
-    backend with ``final_norm(x, scale=...)``."""
-    cached = getattr(model, "_norm_centres", None)
-    if cached is None:
-        be = model.backend
-        d = model.hidden_size
-        one = torch.ones(1, d, dtype=model.dtype, device=model.device)
-        s = torch.ones(1, 1, dtype=model.dtype, device=model.device)
-        with torch.no_grad():
-            diff = be.final_norm(one, scale=s) - be.final_norm(torch.zeros_like(one), scale=s)
-        cached = bool(diff.abs().max() < 1e-6)
-        model._norm_centres = cached
-    return cached
+    (RMSNorm); see :attr:`MIModel.norm_centres`."""
+    return model.norm_centres
 
 
 def _projection_2d(p: torch.Tensor | None) -> tuple[torch.Tensor | None, bool]:

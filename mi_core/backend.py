@@ -178,7 +178,7 @@ class MIModel(TransformerLensMixin):
         self.source = source
         self._points: list[HookPoint] | None = None
         self._names: set[str] | None = None
-        self._norm_centres: bool | None = None  # mi_core.activation_cache.norm_centres
+        self._norm_centres: bool | None = None  # see norm_centres
         self._gated: bool | None = None
         #: opt-in points that name filters select (TransformerLens' set_use_attn_result, ...)
         self._opt_in_on: set[str] = set()
@@ -256,6 +256,21 @@ class MIModel(TransformerLensMixin):
     @property
     def has_tokenizer(self) -> bool:
         return self.backend.tokenizer is not None
+
+    @property
+    def norm_centres(self) -> bool:
+        """Whether the norms centre their input (LayerNorm) rather than only rescale it
+        (RMSNorm): probed once through the final norm with a fixed divisor (the readout
+        capability), so it holds for any backend; reset by :meth:`process_weights`."""
+        if self._norm_centres is None:
+            self.require(caps.Readout, "telling a LayerNorm from an RMSNorm")
+            one = torch.ones(1, self.hidden_size, dtype=self.dtype, device=self.device)
+            s = torch.ones(1, 1, dtype=self.dtype, device=self.device)
+            with torch.no_grad():
+                diff = (self.backend.final_norm(one, scale=s)
+                        - self.backend.final_norm(torch.zeros_like(one), scale=s))
+            self._norm_centres = bool(diff.abs().max() < 1e-6)
+        return self._norm_centres
 
     def capabilities(self) -> list[str]:
         """The capabilities the backend declares (see :mod:`mi_core.capabilities`)."""
@@ -561,8 +576,10 @@ class MIModel(TransformerLensMixin):
         unembedding shifts every logit of a position equally). Hook values change where
         TransformerLens' do (e.g. ``attn.hook_in`` no longer includes the gain)."""
         self.require(caps.WeightProcessing, "process_weights")
-        self.backend.process_weights(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-           center_unembed=center_unembed, fold_value_biases=fold_value_biases)
+        self.backend.process_weights(fold_ln=fold_ln,
+                                     center_writing_weights=center_writing_weights,
+                                     center_unembed=center_unembed,
+                                     fold_value_biases=fold_value_biases)
         self._norm_centres = None
         return self
 
