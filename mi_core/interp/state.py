@@ -4,14 +4,14 @@ runners: backend-agnostic, for any backend with the state-interventions capabili
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import attrs
 import torch
 
 from mi_core.capabilities import StateInterventions
 from mi_core.hooks import HookSpec
-from mi_core.interp.knockout import kl_rows
+from mi_core.interp.effects import TokenEffect, kl_rows, token_effects
 from mi_core.state import StateKnockoutSpec, StateSteeringSpec
 
 
@@ -36,6 +36,23 @@ class _StateResult:
 
     def max_abs_logit_diff(self) -> float:
         return float((self.baseline_logits - self.intervened_logits).abs().max())
+
+    # The one metric convention of every effect: intervened − baseline.
+    def token_effects(self, tokens: Sequence[int], position: int = -1, row: int = 0
+                      ) -> list[TokenEffect]:
+        """Probability, log-probability (nats) and raw logit change of each of `tokens` at
+        `position` of batch row `row`, intervened − baseline."""
+        return token_effects(self.baseline_logits[row, position],
+                             self.intervened_logits[row, position], tokens, str)
+
+    def logit_diff(self, token: int, position: int = -1, row: int = 0) -> float:
+        return self.token_effects([token], position, row)[0].logit_diff
+
+    def logprob_diff(self, token: int, position: int = -1, row: int = 0) -> float:
+        return self.token_effects([token], position, row)[0].logprob_diff
+
+    def prob_diff(self, token: int, position: int = -1, row: int = 0) -> float:
+        return self.token_effects([token], position, row)[0].prob_diff
 
 
 @attrs.define

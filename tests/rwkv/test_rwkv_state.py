@@ -110,6 +110,12 @@ def test_state_results_report_kl_and_round_trip_json(model: mi.MIModel) -> None:
     assert torch.allclose(back.intervened_logits, ab.intervened_logits) and back.positions == [1]
     st = run_state_steering(model, ids, mi.StateSteeringSpec(2.0, positions=[1]).layer(0))
     assert st.kl_divergence() > 0
+    # the one metric convention (intervened - baseline), against the logits themselves
+    t = int(ab.baseline_logits[0, -1].argmax())
+    b, a = ab.baseline_logits[0, -1].double(), ab.intervened_logits[0, -1].double()
+    assert abs(ab.logit_diff(t) - float(a[t] - b[t])) < 1e-5
+    assert abs(ab.logprob_diff(t) - float(a.log_softmax(-1)[t] - b.log_softmax(-1)[t])) < 1e-5
+    assert abs(ab.prob_diff(t) - float(a.softmax(-1)[t] - b.softmax(-1)[t])) < 1e-6
     assert from_json(to_json(st), StateSteeringResult).scale == 2.0
 
 
