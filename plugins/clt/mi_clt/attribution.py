@@ -61,7 +61,7 @@ class AttributionGraph:
 
 def extract_decoder_vectors(clt: CrossLayerTranscoder, features: Sequence[CltFeatureId],
                             target_layer: int) -> torch.Tensor:
-    """[n, d_model]: each feature's decoder vector at `target_layer` (reads only those rows)."""
+    """Each feature's decoder vector [n, d_model] at `target_layer` (reads only those rows)."""
     return torch.stack([clt.decoder_vector(f, target_layer) for f in features]) if features \
         else torch.zeros(0, clt.d_model, dtype=clt.dtype)
 

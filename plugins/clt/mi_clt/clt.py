@@ -140,7 +140,7 @@ class CrossLayerTranscoder:
         return _finite(w.to(device=self.device, dtype=self.dtype), f.dec_files[layer].path, name)
 
     def decoder_vectors(self, feature: CltFeatureId) -> torch.Tensor:
-        """[n_targets, d_model]: the feature's decoder vector at each layer it writes to
+        """The feature's decoder vector [n_targets, d_model] at each layer it writes to
         (``target_layers(feature.layer)``, in order)."""
         self._layer(feature.layer)
         if not 0 <= feature.index < self.d_features:
@@ -149,7 +149,7 @@ class CrossLayerTranscoder:
         return self.decoder_rows(feature.layer, [feature.index])[0]
 
     def decoder_vector(self, feature: CltFeatureId, target_layer: int) -> torch.Tensor:
-        """[d_model]: the feature's decoder vector at `target_layer` (>= its layer)."""
+        """The feature's decoder vector [d_model] at `target_layer` (>= its layer)."""
         targets = self.target_layers(feature.layer)
         if target_layer not in targets:
             raise DictionaryError(f"feature {feature} does not write to layer {target_layer} "
