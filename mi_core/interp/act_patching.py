@@ -202,7 +202,8 @@ def _pad_heads(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def get_act_patch_attn_head_all_pos_every(model, corrupted_tokens, clean_cache, metric,
                                           **kw: Any) -> torch.Tensor:
-    """Patching scores [5, n_layers, n_heads] of z, q, k, v (KV heads zero-padded), pattern; all positions."""
+    """Patching scores [5, n_layers, n_heads] of z, q, k, v (KV heads zero-padded) and
+    pattern; all positions."""
     out = get_act_patch_attn_head_out_all_pos(model, corrupted_tokens, clean_cache, metric, **kw)
     res = [out, get_act_patch_attn_head_q_all_pos(model, corrupted_tokens, clean_cache, metric,
                                                   **kw)]
@@ -215,7 +216,8 @@ def get_act_patch_attn_head_all_pos_every(model, corrupted_tokens, clean_cache, 
 
 def get_act_patch_attn_head_by_pos_every(model, corrupted_tokens, clean_cache, metric,
                                          **kw: Any) -> torch.Tensor:
-    """Patching scores [5, n_layers, pos, n_heads] of z, q, k, v (KV heads zero-padded), pattern; by position."""
+    """Patching scores [5, n_layers, pos, n_heads] of z, q, k, v (KV heads zero-padded) and
+    pattern; by position."""
     out = get_act_patch_attn_head_out_by_pos(model, corrupted_tokens, clean_cache, metric, **kw)
     res = [out, get_act_patch_attn_head_q_by_pos(model, corrupted_tokens, clean_cache, metric,
                                                  **kw)]
