@@ -34,24 +34,22 @@ def text(value: str) -> str:
     return value
 
 
-def positive_int(value: str) -> int:
+def _int_at_least(value: str, low: int, what: str) -> int:
     try:
         n = int(value)
     except ValueError:
         raise _bad(f"{value!r} is not an integer") from None
-    if n < 1:
-        raise _bad(f"must be at least 1, got {n}")
+    if n < low:
+        raise _bad(f"must be {what}, got {n}")
     return n
+
+
+def positive_int(value: str) -> int:
+    return _int_at_least(value, 1, "at least 1")
 
 
 def nonneg_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise _bad(f"{value!r} is not an integer") from None
-    if n < 0:
-        raise _bad(f"must be 0 or more, got {n}")
-    return n
+    return _int_at_least(value, 0, "0 or more")
 
 
 def int_list(value: str) -> list[int]:

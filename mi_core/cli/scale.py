@@ -10,24 +10,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from mi_core.cli import args as A
 from mi_core.errors import ConfigError
 
 PROMPT_FIELDS = ("prompt", "answer", "incorrect", "corrupt")
-
-
-def _usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
-    parser.print_usage(sys.stderr)
-    print(f"mi: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def _parser(sub: "argparse._SubParsersAction[Any]", name: str, **kw: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, **kw)
-    p.error = lambda message: _usage_error(p, message)  # type: ignore[method-assign]
-    return p
 
 
 def read_prompts(path: str | Path, analysis: str) -> list[dict[str, Any]]:
@@ -188,7 +176,7 @@ def register(sub: "argparse._SubParsersAction[Any]") -> None:
     """Add ``mi sweep`` and ``mi cache-activations`` to the ``mi`` parser."""
     from mi_core.scale.analyses import ANALYSES
 
-    p = _parser(sub, "sweep", help="run knockout / patching / logit-lens / steering over a "
+    p = sub.add_parser("sweep", help="run knockout / patching / logit-lens / steering over a "
                 "JSONL file of prompts as a resumable sweep; per-prompt results, aggregates "
                 "and a picture",
                 description="Each line of PROMPTS is {\"prompt\": ..., \"answer\": ..., "
@@ -221,7 +209,7 @@ def register(sub: "argparse._SubParsersAction[Any]") -> None:
     _executor_args(p)
     p.set_defaults(func=_cmd_sweep)
 
-    p = _parser(sub, "cache-activations", help="store the activations of hook points over a "
+    p = sub.add_parser("cache-activations", help="store the activations of hook points over a "
                 "text corpus in safetensors shards (resumable)",
                 description="Texts are tokenized, concatenated and cut into rows of "
                 "--context-len tokens; activations are stored per token. Re-running the same "

@@ -200,33 +200,34 @@ def _pad_heads(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, like.size(-1) - t.size(-1)))
 
 
+def _heads_every(fns: tuple[Any, ...], pattern_axes_swapped: bool, model: Any,
+                 corrupted_tokens: Any, clean_cache: Any, metric: Any, **kw: Any) -> torch.Tensor:
+    """Stack the z, q, k, v, pattern patching scores (`fns` in that order); k and v (KV heads)
+    zero-padded to the query heads; the pattern's last two axes swapped when it is by
+    position (it comes as [.., head, pos])."""
+    z, q, k, v, pattern = (fn(model, corrupted_tokens, clean_cache, metric, **kw) for fn in fns)
+    return torch.stack([z, q, _pad_heads(k, z), _pad_heads(v, z),
+                        pattern.transpose(-1, -2) if pattern_axes_swapped else pattern])
+
+
 def get_act_patch_attn_head_all_pos_every(model, corrupted_tokens, clean_cache, metric,
                                           **kw: Any) -> torch.Tensor:
     """Patching scores [5, n_layers, n_heads] of z, q, k, v (KV heads zero-padded) and
     pattern; all positions."""
-    out = get_act_patch_attn_head_out_all_pos(model, corrupted_tokens, clean_cache, metric, **kw)
-    res = [out, get_act_patch_attn_head_q_all_pos(model, corrupted_tokens, clean_cache, metric,
-                                                  **kw)]
-    for fn in (get_act_patch_attn_head_k_all_pos, get_act_patch_attn_head_v_all_pos):
-        res.append(_pad_heads(fn(model, corrupted_tokens, clean_cache, metric, **kw), out))
-    res.append(get_act_patch_attn_head_pattern_all_pos(model, corrupted_tokens, clean_cache,
-                                                       metric, **kw))
-    return torch.stack(res)
+    return _heads_every((get_act_patch_attn_head_out_all_pos, get_act_patch_attn_head_q_all_pos,
+                         get_act_patch_attn_head_k_all_pos, get_act_patch_attn_head_v_all_pos,
+                         get_act_patch_attn_head_pattern_all_pos), False,
+                        model, corrupted_tokens, clean_cache, metric, **kw)
 
 
 def get_act_patch_attn_head_by_pos_every(model, corrupted_tokens, clean_cache, metric,
                                          **kw: Any) -> torch.Tensor:
     """Patching scores [5, n_layers, pos, n_heads] of z, q, k, v (KV heads zero-padded) and
     pattern; by position."""
-    out = get_act_patch_attn_head_out_by_pos(model, corrupted_tokens, clean_cache, metric, **kw)
-    res = [out, get_act_patch_attn_head_q_by_pos(model, corrupted_tokens, clean_cache, metric,
-                                                 **kw)]
-    for fn in (get_act_patch_attn_head_k_by_pos, get_act_patch_attn_head_v_by_pos):
-        res.append(_pad_heads(fn(model, corrupted_tokens, clean_cache, metric, **kw), out))
-    pattern = get_act_patch_attn_head_pattern_by_pos(model, corrupted_tokens, clean_cache,
-                                                     metric, **kw)
-    res.append(pattern.transpose(-1, -2))
-    return torch.stack(res)
+    return _heads_every((get_act_patch_attn_head_out_by_pos, get_act_patch_attn_head_q_by_pos,
+                         get_act_patch_attn_head_k_by_pos, get_act_patch_attn_head_v_by_pos,
+                         get_act_patch_attn_head_pattern_by_pos), True,
+                        model, corrupted_tokens, clean_cache, metric, **kw)
 
 
 def get_act_patch_block_every(model, corrupted_tokens, clean_cache, metric,
