@@ -18,15 +18,13 @@ capability, what needed it and the backend. No analysis probes a backend with ``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
 
 from mi_core.errors import CapabilityError
-
-if TYPE_CHECKING:
-    from mi_core.hooks import HookPoint
-    from mi_core.state import StateKnockoutSpec, StateSteeringSpec
+from mi_core.points import HookPoint
+from mi_core.state import StateKnockoutSpec, StateSteeringSpec
 
 
 @runtime_checkable

@@ -14,8 +14,9 @@ import torch
 
 from mi_core import plugins
 from mi_core.errors import DictionaryError
-from mi_core.hooks import HookPoint, HookSpec
+from mi_core.hooks import HookSpec
 from mi_core.loading import resolve_source
+from mi_core.points import HookPoint
 
 
 @attrs.define
@@ -40,10 +41,9 @@ class SparseActivations:
 
     def to_html(self, path: str | os.PathLike[str], tokens: Sequence[str], **kw: Any) -> Any:
         """An interactive page highlighting each feature over `tokens` (indices / values
-        [seq, k]); see :func:`mi_core.viz.feature_activations_html` for `kw`."""
-        from mi_core.viz.features import sparse_activations_html
-
-        return sparse_activations_html(self, tokens, path, **kw)
+        [seq, k]); the ``sparse_activations`` view (mi-core's views:
+        :func:`mi_core.viz.feature_activations_html` lists `kw`)."""
+        return plugins.view("sparse_activations")(self, tokens, path, **kw)
 
 
 @attrs.frozen

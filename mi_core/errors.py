@@ -47,3 +47,7 @@ class CapabilityError(MIError):
 class InputError(MIError):
     """A call argument is invalid (token ids, attention mask, generation settings, device);
     the message names the argument."""
+
+
+class MetricError(MIError):
+    """A metric cannot be normalised (clean and corrupted values are equal) or is not a scalar."""

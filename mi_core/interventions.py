@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import attrs
 import torch
 
 from mi_core.errors import InterventionError, MIError
-
-if TYPE_CHECKING:
-    from mi_core.hooks import HookPoint
+from mi_core.points import HookPoint
 
 
 class Intervention:

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import os
-from typing import Any
-
 import warnings
+from typing import Any, Callable
 
 import attrs
 import pluggy
 
 from mi_core import hookspecs
 from mi_core.errors import MIError, PluginError
-from mi_core.hooks import declare_layer_points
-from mi_core.registry import BackendSpec, DictionaryFormat, TokenizerSpec
+from mi_core.points import declare_layer_points
+from mi_core.registry import BackendSpec, DictionaryFormat, TokenizerSpec, ViewSpec
 
 ENTRY_POINT_GROUP = "mi_core"
 ENV_VAR = "MI_CORE_PLUGINS"
@@ -41,6 +40,9 @@ class PluginLoadWarning(UserWarning):
 
 _pm: pluggy.PluginManager | None = None
 _infos: list[PluginInfo] = []
+#: what mi_model_attributes / mi_register_views returned, gathered once (None: not yet)
+_attributes: dict[str, Any] | None = None
+_views: dict[str, ViewSpec] | None = None
 
 
 def _allowed() -> set[str] | None:
@@ -102,6 +104,7 @@ def register_plugin(plugin: Any, name: str) -> None:
         _declare(name, declare())
     _infos.append(PluginInfo(name=name, distribution="(in-process)", version="-",
                              module=getattr(plugin, "__name__", repr(plugin))))
+    _forget_gathered()
 
 
 def unregister_plugin(name: str) -> None:
@@ -110,6 +113,7 @@ def unregister_plugin(name: str) -> None:
     if plugin is not None:
         pm.unregister(plugin)
     _infos[:] = [i for i in _infos if i.name != name]
+    _forget_gathered()
 
 
 def reset_plugins() -> None:
@@ -117,6 +121,12 @@ def reset_plugins() -> None:
     global _pm
     _pm = None
     _infos.clear()
+    _forget_gathered()
+
+
+def _forget_gathered() -> None:
+    global _attributes, _views
+    _attributes = _views = None
 
 
 def _collect(results: list[Any]) -> list[Any]:
@@ -154,6 +164,48 @@ def hub_file_patterns() -> list[str]:
     return _collect(get_plugin_manager().hook.mi_hub_file_patterns())
 
 
+def model_attributes() -> dict[str, Any]:
+    """{name: function or property} of every ``mi_model_attributes`` hook (gathered once); a
+    name two plugins claim is a PluginError naming both."""
+    global _attributes
+    if _attributes is None:
+        found: dict[str, tuple[str, Any]] = {}
+        for plugin_name, result in call_per_plugin("mi_model_attributes"):
+            if not isinstance(result, dict):
+                raise PluginError(f"plugin {plugin_name!r}: mi_model_attributes must return a "
+                                  f"dict {{name: function or property}}, got "
+                                  f"{type(result).__name__}")
+            for name, attr in result.items():
+                if not (isinstance(name, str) and name.isidentifier()
+                        and (callable(attr) or isinstance(attr, property))):
+                    raise PluginError(f"plugin {plugin_name!r}: model attribute {name!r} must be "
+                                      f"an identifier mapped to a function or a property")
+                if name in found and found[name][1] is not attr:
+                    raise PluginError(f"model attribute {name!r} is claimed by plugins "
+                                      f"{found[name][0]!r} and {plugin_name!r}")
+                found[name] = (plugin_name, attr)
+        _attributes = {name: attr for name, (_, attr) in found.items()}
+    return _attributes
+
+
+def views() -> dict[str, ViewSpec]:
+    """Every view the plugins register (``mi_register_views``), by name (gathered once)."""
+    global _views
+    if _views is None:
+        _views = {v.name: v for v in _collect(get_plugin_manager().hook.mi_register_views())}
+    return _views
+
+
+def view(name: str) -> Callable[..., Any]:
+    """The render function of view `name`; a PluginError when no installed plugin draws it."""
+    spec = views().get(name)
+    if spec is None:
+        have = ", ".join(sorted(views())) or "none"
+        raise PluginError(f"no installed plugin provides the view {name!r} (views: {have}); "
+                          f"the built-in views come with mi-core's 'viz' plugin")
+    return spec.render
+
+
 def call_per_plugin(hookname: str, catch: bool = False, **kwargs: Any) -> list[tuple[str, Any]]:
     """Call hook `hookname` on each plugin separately: [(plugin name, result)].
 
@@ -185,14 +237,18 @@ def plugin_infos() -> list[PluginInfo]:
         if plugin is not None:
             for hookname, label in (("mi_register_backends", "backend"),
                                     ("mi_register_dictionary_formats", "dictionary format"),
-                                    ("mi_register_tokenizers", "tokenizer")):
+                                    ("mi_register_tokenizers", "tokenizer"),
+                                    ("mi_register_views", "view")):
                 fn = getattr(plugin, hookname, None)
                 if fn is not None:
                     for x in _collect([fn()]):
                         what = getattr(x, "description", "") or getattr(x, "looks_for", "")
                         provides.append(f"{label} {x.name}" + (f": {what}" if what else ""))
-            if getattr(plugin, "mi_register_commands", None) is not None:
-                provides.append("cli commands")
+            attributes = getattr(plugin, "mi_model_attributes", None)
+            if attributes is not None:
+                names = sorted(attributes() or {}, key=lambda n: (n.startswith("_"), n.lower()))
+                more = f", ... ({len(names)} in all)" if len(names) > 8 else ""
+                provides.append(f"model attributes: {', '.join(names[:8])}{more}")
             if getattr(plugin, "mi_default_model", None) is not None:
                 provides.append("default model")
             extra = getattr(plugin, "mi_plugin_info", None)

@@ -1,17 +1,15 @@
-"""The records plugins register: backends, detections, dictionary formats, tokenizers."""
+"""The records plugins register: backends, detections, dictionary formats, tokenizers, views."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import attrs
+import torch
 
-if TYPE_CHECKING:
-    import torch
-
-    from mi_core.backend import MIBackend
-    from mi_core.tokenizer import MITokenizer
+from mi_core.protocol import MIBackend
+from mi_core.tokenizer import MITokenizer
 
 
 @attrs.define
@@ -79,6 +77,17 @@ class TokenizerSpec:
     name: str
     detect: "Callable[[Path], bool]"
     load: "Callable[[Path], MITokenizer]"
+
+
+@attrs.define
+class ViewSpec:
+    """A view a plugin provides: `render(data, path, **options)` writes a picture or a page
+    and returns its path. Results find views by name (``mi_core.plugins.view(name)``), so an
+    analysis never imports the package that draws it."""
+
+    name: str
+    render: Callable[..., Any]
+    description: str = ""
 
 
 @attrs.define
