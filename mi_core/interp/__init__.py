@@ -5,9 +5,10 @@ for any backend that provides the hook points an analysis needs (a HookError nam
 first missing one)."""
 
 from mi_core.interp._common import MetricError
-from mi_core.interp import act_patching  # TransformerLens' patching functions
+from mi_core.interp import act_patching  # TransformerLens' patching functions (mi_core.tl.patching)
+from mi_core.tl.factored_matrix import FactoredMatrix
 from mi_core.interp.circuits import (
-    CompositionScores, FactoredMatrix, HeadDetectionResult, composition_scores, detect_heads,
+    CompositionScores, HeadDetectionResult, composition_scores, detect_heads,
     detection_pattern, head_scores, ov_circuit, qk_circuit, repeated_random_tokens,
 )
 from mi_core.interp.decomposition import (

@@ -1,19 +1,16 @@
-"""Small helpers shared by the analyses: inputs, positions, progress bars."""
+"""Small helpers shared by the analyses: inputs, positions, layers and heads."""
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Iterable, Sequence, TypeVar
 
 import torch
 
-from mi_core.errors import InterventionError, MIError
+from mi_core.plugin import (  # noqa: F401  (MetricError and progress are re-exported)
+    HookError, InterventionError, MetricError, MIError, TokenizerError, progress,
+)
 
 T = TypeVar("T")
-
-
-class MetricError(MIError):
-    """A metric cannot be normalised (clean and corrupted values are equal) or is not a scalar."""
 
 
 def as_ids(model: Any, prompt: "str | torch.Tensor | Sequence[int]") -> torch.Tensor:
@@ -39,8 +36,6 @@ def norm_positions(positions: Iterable[int] | None, seq: int, what: str = "posit
 
 
 def check_layers(layers: Iterable[int] | None, n_layers: int) -> list[int]:
-    from mi_core.errors import HookError
-
     if layers is None:
         return list(range(n_layers))
     out = []
@@ -64,18 +59,6 @@ def check_heads(heads: Iterable[int] | None, n_heads: int) -> list[int]:
     return out
 
 
-def progress(it: Iterable[T], desc: str, total: int | None = None, enabled: bool | None = None
-             ) -> Iterable[T]:
-    """tqdm over `it` when stderr is a terminal (or `enabled`), else `it` unchanged."""
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    if not enabled:
-        return it
-    from tqdm.auto import tqdm
-
-    return tqdm(it, desc=desc, total=total, leave=False)
-
-
 def token_str(model: Any, token_id: int) -> str:
     if not model.has_tokenizer:
         return f"<{token_id}>"
@@ -87,8 +70,6 @@ def token_str(model: Any, token_id: int) -> str:
 
 def resolve_token(model: Any, token: "int | str") -> int:
     """A token id, or the single token a string encodes to (TokenizerError otherwise)."""
-    from mi_core.errors import TokenizerError
-
     if isinstance(token, int):
         if not 0 <= token < model.vocab_size:
             raise TokenizerError(f"token id {token} out of vocabulary range [0, {model.vocab_size})")

@@ -17,11 +17,11 @@ from typing import Any, Sequence
 import attrs
 import torch
 
-from mi_core import capabilities as caps
-from mi_core.activation_cache import head_results, layer_outputs, stack_points
-from mi_core.backend import MIModel, require_points
-from mi_core.errors import HookError, MIError
-from mi_core.hooks import HookCache, HookPoint, HookSpec
+from mi_core.plugin import (
+    HookCache, HookPoint, HookSpec, MIError, MIModel, Readout, WeightAccess,
+    has_capability, require_points,
+)
+from mi_core.tl.activation_cache import head_results, layer_outputs, stack_points
 from mi_core.interp._common import as_ids, norm_position, resolve_token, token_str
 
 
@@ -92,9 +92,9 @@ def stack_head_results(model: MIModel, cache: HookCache, layers: Sequence[int] |
 
 def _weight(model: MIModel, name: str, layer: int | None, optional: bool = False
             ) -> torch.Tensor | None:
-    if optional and not caps.has(model.backend, caps.WeightAccess):
+    if optional and not has_capability(model.backend, WeightAccess):
         return None
-    model.require(caps.WeightAccess, f"weight {name}")
+    model.require(WeightAccess, f"weight {name}")
     try:
         return model.backend.get_weight(name, layer)
     except MIError:
@@ -114,7 +114,7 @@ def apply_ln_to_stack(model: MIModel, stack: torch.Tensor, cache: HookCache,
     scale = cache.require(HookPoint.ln_final_scale())
     if position is not None:
         scale = scale[:, position]
-    model.require(caps.Readout, "apply_ln_to_stack (the final norm as a function)")
+    model.require(Readout, "apply_ln_to_stack (the final norm as a function)")
     norm = model.backend.final_norm
     return norm(stack, scale=scale) - norm(torch.zeros_like(stack[:1]), scale=scale)
 
@@ -151,7 +151,7 @@ def logit_attrs(model: MIModel, stack: torch.Tensor, cache: HookCache, token: in
         cols = [token] + ([incorrect] if incorrect is not None else [])
         lg = normed @ w_u[:, cols].to(normed.dtype)
         return lg[..., 0] - (lg[..., 1] if incorrect is not None else 0.0)
-    model.require(caps.Readout, "logit attribution without W_U (the unembedding as a function)")
+    model.require(Readout, "logit attribution without W_U (the unembedding as a function)")
     logits = model.backend.unembed(normed) - model.backend.unembed(torch.zeros_like(normed[:1]))
     out = logits[..., token]
     if incorrect is not None:

@@ -16,16 +16,15 @@ from typing import Any, ClassVar, Sequence
 import attrs
 import torch
 
-from mi_core.backend import MIModel, require_points
-from mi_core.errors import InterventionError
-from mi_core.hooks import HookLike, HookPoint, HookSpec
+from mi_core.plugin import (
+    HookLike, HookPoint, HookSpec, InterventionError, Knockout, MIModel, Replace, require_points, view,
+)
 from mi_core.interp._common import (
     as_ids, check_heads, check_layers, norm_position, norm_positions, token_str,
 )
 from mi_core.interp.effects import (  # noqa: F401  (kl_rows re-exported for mi_core.interp.state)
     EffectSummary, TokenEffect, effect_summary, kl_divergence, kl_rows, token_effects, top_changed,
 )
-from mi_core.interventions import Knockout, Replace
 
 
 def _tuple(v: Sequence[int] | None) -> tuple[int, ...] | None:
@@ -211,9 +210,7 @@ class AblationResult:
     def to_html(self, path: str | Path, title: str = "attention knockout") -> Path:
         """An interactive page: baseline vs ablated next-token probabilities, sortable, with
         every effect as ablated − baseline (needs the raw logits)."""
-        from mi_core.viz.effects import ablation_html
-
-        return ablation_html(self, path, title=title)
+        return view("ablation")(self, path, title=title)
 
 
 def ablation_result(model: MIModel, baseline: torch.Tensor, ablated: torch.Tensor,

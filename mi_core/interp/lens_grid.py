@@ -10,8 +10,7 @@ from typing import Any, Sequence
 import attrs
 import torch
 
-from mi_core.backend import MIModel, require_points
-from mi_core.hooks import HookSpec
+from mi_core.plugin import HookSpec, MIModel, require_points, view
 from mi_core.interp._common import as_ids, resolve_token, token_str
 from mi_core.interp.logit_lens import LogitLensAnalysis
 
@@ -39,9 +38,7 @@ class LogitLensGrid:
 
     def to_html(self, path: str | Path, title: str | None = None) -> Path:
         """The interactive layers x positions page (see docs/VIEWS.md)."""
-        from mi_core.viz.lens import logit_lens_html
-
-        return logit_lens_html(self, path, title=title)
+        return view("logit_lens")(self, path, title=title)
 
 
 def logit_lens_grid(model: MIModel, prompt: Any, k: int = 5, layers: Sequence[int] | None = None,

@@ -9,8 +9,7 @@ from typing import Any, Sequence
 import attrs
 import torch
 
-from mi_core.backend import MIModel, require_points
-from mi_core.hooks import HookPoint, HookSpec
+from mi_core.plugin import HookPoint, HookSpec, MIModel, require_points, view
 from mi_core.interp._common import as_ids, check_layers, norm_position, resolve_token, token_str
 
 
@@ -71,9 +70,7 @@ class LogitLensResult:
     def to_html(self, path: str | Path, title: str | None = None) -> Path:
         """An interactive page of this position's lens (hover for top-k and probabilities);
         :func:`mi_core.interp.logit_lens_grid` gives every position at once."""
-        from mi_core.viz.lens import logit_lens_html
-
-        return logit_lens_html(self, path, title=title)
+        return view("logit_lens")(self, path, title=title)
 
 
 @attrs.define

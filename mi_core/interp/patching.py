@@ -20,10 +20,9 @@ from typing import Any, Callable, Sequence
 import attrs
 import torch
 
-from mi_core import capabilities as caps
-from mi_core.backend import MIModel, require_points
-from mi_core.errors import InterventionError
-from mi_core.hooks import HookPoint, HookSpec
+from mi_core.plugin import (
+    Gradients, HookPoint, HookSpec, InterventionError, MIModel, require_points, view,
+)
 from mi_core.interp._common import MetricError, as_ids, check_layers, norm_position, progress
 
 #: patch kind -> hook suffix
@@ -92,9 +91,7 @@ class PatchingResult:
 
     def to_html(self, path: str | Path, title: str | None = None) -> Path:
         """An interactive page of the grid (hover a cell for its value)."""
-        from mi_core.viz.patching import patching_html
-
-        return patching_html(self, path, title=title)
+        return view("patching")(self, path, title=title)
 
 
 def _pair(model: MIModel, clean: Any, corrupted: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,7 +149,7 @@ def _setup(model: MIModel, clean: Any, corrupted: Any, kind: str,
 
 
 def patching_grid(model: MIModel, clean: Any, corrupted: Any, metric: Metric,
-                  kind: str = "resid_pre", layers: Sequence[int] | None = None,
+                  kind: str = "resid_pre", *, layers: Sequence[int] | None = None,
                   positions: Sequence[int] | None = None, batch_size: int = 64,
                   show_progress: bool | None = None, raw: bool = False) -> PatchingResult:
     """Exact activation patching over (layer x position), or (layer x head) for the per-head
@@ -204,7 +201,7 @@ def attribution_patching(model: MIModel, clean: Any, corrupted: Any, metric: Met
 
     Needs a backend whose forward is differentiable (gradients flow through hook points).
     """
-    model.require(caps.Gradients, "attribution_patching")
+    model.require(Gradients, "attribution_patching")
     c_ids, k_ids, layers, pos, points = _setup(model, clean, corrupted, kind, layers, positions)
     clean_cache = model.forward(c_ids, HookSpec().capture_all(points))
     spec = HookSpec().capture_all(points)

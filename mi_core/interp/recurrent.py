@@ -15,10 +15,9 @@ from typing import Any, Callable
 import attrs
 import torch
 
-from mi_core.backend import GenerationResult, MIModel
-from mi_core.capabilities import LayerSchedule
-from mi_core.errors import InterventionError
-from mi_core.hooks import HookCache, HookSpec
+from mi_core.plugin import (
+    GenerationResult, HookCache, HookSpec, InterventionError, LayerSchedule, MIModel,
+)
 from mi_core.interp._common import as_ids, check_layers, norm_position
 
 

@@ -9,10 +9,8 @@ from typing import Any, Sequence
 import attrs
 import torch
 
-from mi_core.capabilities import StateInterventions
-from mi_core.hooks import HookSpec
+from mi_core.plugin import HookSpec, StateInterventions, StateKnockoutSpec, StateSteeringSpec
 from mi_core.interp.effects import TokenEffect, kl_rows, token_effects
-from mi_core.state import StateKnockoutSpec, StateSteeringSpec
 
 
 @attrs.define

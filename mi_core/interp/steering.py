@@ -15,9 +15,9 @@ from typing import Any, ClassVar, Sequence
 import attrs
 import torch
 
-from mi_core.backend import MIModel, require_points
-from mi_core.errors import InterventionError
-from mi_core.hooks import HookPoint, HookSpec
+from mi_core.plugin import (
+    Add, HookPoint, HookSpec, InterventionError, MIModel, Steer, require_points, view,
+)
 from mi_core.interp._common import (
     as_ids, check_heads, check_layers, norm_position, norm_positions, progress, resolve_token,
     token_str,
@@ -26,7 +26,6 @@ from mi_core.interp.effects import (
     EffectSummary, TokenEffect, effect_summary, kl_divergence, token_effects,
 )
 from mi_core.interp.knockout import _prompt_text
-from mi_core.interventions import Add, Steer
 
 
 def _tuple(v: Sequence[int] | None) -> tuple[int, ...] | None:
@@ -171,9 +170,7 @@ class SteeringResult:
     def to_html(self, path: str | Path, token_names: Any = None, title: str = "steering") -> Path:
         """An interactive page: baseline vs steered next-token probabilities (steered −
         baseline). `token_names`: id -> text, a dict or e.g. ``lambda i: model.to_string([i])``."""
-        from mi_core.viz.effects import steering_html
-
-        return steering_html(self, path, title=title, token_names=token_names)
+        return view("steering")(self, path, title=title, token_names=token_names)
 
 
 def _attention_to_targets(model: MIModel, cache: Any, spec: SteeringSpec, seq: int) -> float:
@@ -287,9 +284,7 @@ class DoseResponseCurve:
 
     def to_html(self, path: str | Path, token_names: Any = None, title: str | None = None) -> Path:
         """An interactive chart of KL and the target's probability against strength."""
-        from mi_core.viz.effects import dose_response_html
-
-        return dose_response_html(self, path, token_names=token_names, title=title)
+        return view("dose_response")(self, path, token_names=token_names, title=title)
 
 
 def dose_response(model: MIModel, prompt: Any, spec: SteeringSpec, strengths: Sequence[float],

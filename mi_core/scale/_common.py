@@ -8,10 +8,13 @@ import hashlib
 import inspect
 import json
 import os
+import struct
 from pathlib import Path
 from typing import Any, Callable
 
-from mi_core.errors import MIError
+from mi_core.plugin import (
+    DEFAULT_HUB_PATTERNS, MIError, MIModel, looks_like_hub_id, resolve_source,
+)
 
 #: bytes hashed at the start, at the end, and at each of `_SAMPLES` evenly spaced places of a
 #: weight file for its fingerprint (content-sampled: cheap for multi-GB checkpoints)
@@ -75,8 +78,6 @@ def model_identity(model: Any) -> dict[str, str]:
     can be resumed with another executor; an MIModel with no file behind it (built in
     memory) by the hash of its logits on a fixed probe input.
     """
-    from mi_core.backend import MIModel
-
     source = os.fspath(model.source) if isinstance(model, MIModel) else os.fspath(model)
     path = _local_path(source)
     if path is not None:
@@ -88,7 +89,8 @@ def model_identity(model: Any) -> dict[str, str]:
 
     ids = torch.arange(min(8, model.vocab_size))[None]
     logits = model.forward(ids).output.float().cpu()
-    digest = hashlib.sha256(logits.round(decimals=4).numpy().tobytes()).hexdigest()[:32]
+    values = logits.round(decimals=4).flatten().tolist()
+    digest = hashlib.sha256(struct.pack(f"<{len(values)}f", *values)).hexdigest()[:32]
     return {"source": source, "fingerprint": "probe:" + digest}
 
 
@@ -96,13 +98,9 @@ def _local_path(source: str) -> Path | None:
     p = Path(source).expanduser()
     if p.exists():
         return p
-    from mi_core.loading import looks_like_hub_id
-
     if looks_like_hub_id(source):
         try:
-            from mi_core.backend import _source_of
-
-            return _source_of(source).path
+            return resolve_source(source, DEFAULT_HUB_PATTERNS)
         except MIError:
             return None
     return None

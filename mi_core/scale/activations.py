@@ -21,9 +21,11 @@ the absent ones. No pickle anywhere.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
+import math
 import os
 import queue
 import shutil
@@ -35,11 +37,9 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 import attrs
-import numpy as np
 import torch
 
-from mi_core.errors import ConfigError, HookError
-from mi_core.hooks import HookPoint, HookSpec
+from mi_core.plugin import ConfigError, HookError, HookPoint, HookSpec, Progress
 from mi_core.scale._common import (
     StoreError, StoreLock, atomic_write_text, disk_error, model_identity,
 )
@@ -148,7 +148,8 @@ def _rows_from(inputs: Any, context_len: int, ex: Any) -> tuple[torch.Tensor, in
 
 
 def _inputs_hash(rows: torch.Tensor) -> str:
-    return hashlib.sha256(rows.numpy().astype("<i8").tobytes()).hexdigest()[:32]
+    ids = rows.reshape(-1).tolist()
+    return hashlib.sha256(struct.pack(f"<{len(ids)}q", *ids)).hexdigest()[:32]
 
 
 # -- safetensors writing at known offsets -----------------------------------------------------
@@ -178,9 +179,10 @@ class _ShardFile:
         self.left = n_batches
         os.pwrite(self.fd, header, 0)
 
-    def write(self, name: str, token_offset: int, bytes_per_token: int, arr: np.ndarray) -> None:
+    def write(self, name: str, token_offset: int, bytes_per_token: int, t: torch.Tensor) -> None:
         pos = self.offsets[name] + token_offset * bytes_per_token
-        view = memoryview(arr).cast("B")
+        t = t.contiguous()  # kept alive while its bytes are written
+        view = _as_bytes(t)
         while view:
             n = os.pwrite(self.fd, view, pos)
             view, pos = view[n:], pos + n
@@ -196,14 +198,19 @@ class _ShardFile:
         self.tmp.unlink(missing_ok=True)
 
 
-def _as_bytes(t: torch.Tensor) -> np.ndarray:
-    return t.reshape(-1).view(torch.uint8).numpy()
+def _as_bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy (the tensor must outlive the view)."""
+    assert t.is_contiguous()
+    if not t.numel():
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * (t.numel() * t.element_size())).from_address(
+        t.data_ptr())).cast("B")
 
 
 # -- the public function ----------------------------------------------------------------------
 
 def cache_activations(model: Any, texts_or_token_batches: Any, hooks: Sequence[str | HookPoint],
-                      out: str | os.PathLike[str], context_len: int = 128, batch_size: int = 32,
+                      out: str | os.PathLike[str], *, context_len: int = 128, batch_size: int = 32,
                       tokens_per_shard: int = 2**20, executor: str = "local",
                       dtype: torch.dtype | None = None, overwrite: bool = False,
                       workers: int | None = None, address: str | None = None,
@@ -281,7 +288,7 @@ def _plan(model: Any, names: list[str], probe: dict[str, Any], rows: torch.Tenso
         if dt not in _ST_DTYPES:
             raise ConfigError(f"cannot store dtype {dt} (one of {sorted(map(str, _ST_DTYPES))})")
         per = probe[h]["shape"]
-        nbytes = int(np.prod(per, dtype=np.int64)) * torch.tensor([], dtype=dt).element_size()
+        nbytes = math.prod(per) * torch.tensor([], dtype=dt).element_size()
         hooks[h] = {"dtype": str(dt).removeprefix("torch."), "shape": per,
                     "bytes_per_token": nbytes, "layout": probe[h]["layout"]}
     n = rows.shape[0]
@@ -325,11 +332,66 @@ def _report(directory: Path, manifest: dict[str, Any]) -> CacheReport:
                        shutil.disk_usage(directory).free)
 
 
+class _Writer:
+    """The writer thread of :func:`_fill`: puts each captured batch at its offsets in its
+    shard file, finishing a shard when its last batch is in; the first error stops it."""
+
+    def __init__(self, directory: Path, manifest: dict[str, Any], rows: torch.Tensor,
+                 n_batches: dict[int, int]) -> None:
+        self.directory, self.manifest, self.rows, self.n_batches = (directory, manifest, rows,
+                                                                    n_batches)
+        self.hooks = manifest["hooks"]
+        self.files: dict[int, _ShardFile] = {}
+        self.queue: queue.Queue[Any] = queue.Queue(maxsize=4)
+        self.failure: list[BaseException] = []
+
+    def open_shard(self, si: int) -> _ShardFile:
+        s = self.manifest["shards"][si]
+        t = s["tokens"]
+        tensors = {h: (_ST_DTYPES[getattr(torch, v["dtype"])], [t] + v["shape"],
+                       t * v["bytes_per_token"]) for h, v in self.hooks.items()}
+        tensors["tokens"] = ("I32", [t], 4 * t)
+        return _ShardFile(self.directory / s["file"], tensors, self.n_batches[si])
+
+    def run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            if self.failure:
+                continue  # drain after an error
+            si, r0, r1, acts = item
+            try:
+                self.write(si, r0, r1, acts)
+            except OSError as exc:
+                shards = self.manifest["shards"]
+                saved = sum(1 for s in shards if (self.directory / s["file"]).exists())
+                self.failure.append(disk_error(exc, self.directory / shards[si]["file"],
+                                               f"the {saved} complete shards are intact"))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the driver
+                self.failure.append(exc)
+
+    def write(self, si: int, r0: int, r1: int, acts: dict[str, torch.Tensor]) -> None:
+        ctx = self.manifest["context_len"]
+        for h, v in self.hooks.items():  # the plan came from a probe: every batch must fit it
+            want = [(r1 - r0) * ctx] + v["shape"]
+            if list(acts[h].shape) != want:
+                raise StoreError(f"hook point {h!r}: a batch of rows {r0}..{r1} has "
+                                 f"shape {list(acts[h].shape)}, the store expects {want}")
+        f = self.files.get(si) or self.files.setdefault(si, self.open_shard(si))
+        tok0 = (r0 - self.manifest["shards"][si]["rows"][0]) * ctx
+        for h, v in self.hooks.items():
+            f.write(h, tok0, v["bytes_per_token"], acts[h])
+        f.write("tokens", tok0, 4, self.rows[r0:r1].reshape(-1).to(torch.int32))
+        f.left -= 1
+        if f.left == 0:
+            f.finish()
+            del self.files[si]
+
+
 def _fill(directory: Path, manifest: dict[str, Any], rows: torch.Tensor, ex: Any,
           progress: bool | None) -> None:
     """Compute the missing shards; a writer thread puts each batch at its offsets."""
-    from tqdm.auto import tqdm
-
     hooks = manifest["hooks"]
     names = list(hooks)
     layouts = {h: v["layout"] for h, v in hooks.items()}
@@ -345,73 +407,30 @@ def _fill(directory: Path, manifest: dict[str, Any], rows: torch.Tensor, ex: Any
     n_batches = {si: 0 for si, _ in todo}
     for si, _, _ in batches:
         n_batches[si] += 1
-    files: dict[int, _ShardFile] = {}
-    q: queue.Queue[Any] = queue.Queue(maxsize=4)
-    failure: list[BaseException] = []
-
-    def open_shard(si: int) -> _ShardFile:
-        s = manifest["shards"][si]
-        t = s["tokens"]
-        tensors = {h: (_ST_DTYPES[getattr(torch, dtypes[h])], [t] + hooks[h]["shape"],
-                       t * hooks[h]["bytes_per_token"]) for h in names}
-        tensors["tokens"] = ("I32", [t], 4 * t)
-        return _ShardFile(directory / s["file"], tensors, n_batches[si])
-
-    def writer() -> None:
-        while True:
-            item = q.get()
-            if item is None:
-                return
-            if failure:
-                continue  # drain after an error
-            si, r0, r1, acts = item
-            try:
-                for h in names:  # the plan came from a probe: every batch must fit it
-                    want = [(r1 - r0) * ctx] + hooks[h]["shape"]
-                    if list(acts[h].shape) != want:
-                        raise StoreError(f"hook point {h!r}: a batch of rows {r0}..{r1} has "
-                                         f"shape {list(acts[h].shape)}, the store expects {want}")
-                f = files.get(si) or files.setdefault(si, open_shard(si))
-                tok0 = (r0 - manifest["shards"][si]["rows"][0]) * ctx
-                for h in names:
-                    f.write(h, tok0, hooks[h]["bytes_per_token"], _as_bytes(acts[h]))
-                ids = rows[r0:r1].reshape(-1).to(torch.int32).numpy()
-                f.write("tokens", tok0, 4, ids)
-                f.left -= 1
-                if f.left == 0:
-                    f.finish()
-                    del files[si]
-            except OSError as exc:
-                saved = sum(1 for s in manifest["shards"] if (directory / s["file"]).exists())
-                failure.append(disk_error(exc, directory / manifest["shards"][si]["file"],
-                                          f"the {saved} complete shards are intact"))
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the driver
-                failure.append(exc)
-
-    th = threading.Thread(target=writer, name="mi-activation-writer", daemon=True)
+    w = _Writer(directory, manifest, rows, n_batches)
+    th = threading.Thread(target=w.run, name="mi-activation-writer", daemon=True)
     th.start()
-    bar = tqdm(total=manifest["tokens"], initial=manifest["tokens"] - sum(s["tokens"] for _, s in todo),
-               unit="tok", unit_scale=True, desc="cache activations", dynamic_ncols=True,
-               disable=not (sys.stderr.isatty() if progress is None else progress))
+    bar = Progress(manifest["tokens"], "cache activations", unit="tok", enabled=progress,
+                   initial=manifest["tokens"] - sum(s["tokens"] for _, s in todo))
     try:
         payloads = ((i, (names, layouts, rows[r0:r1], dtypes))
                     for i, (_, r0, r1) in enumerate(batches))
         for i, ok, value in ex.run(_capture_task, payloads):
             if not ok:
                 raise StoreError(f"capturing rows {batches[i][1]}..{batches[i][2]} failed: {value}")
-            if failure:
+            if w.failure:
                 break
             si, r0, r1 = batches[i]
-            q.put((si, r0, r1, value))
+            w.queue.put((si, r0, r1, value))
             bar.update((r1 - r0) * ctx)
     finally:
-        q.put(None)
+        w.queue.put(None)
         th.join()
         bar.close()
-        for f in files.values():
+        for f in w.files.values():
             f.abort()
-    if failure:
-        raise failure[0]
+    if w.failure:
+        raise w.failure[0]
 
 
 def _capture_task(model: Any, payload: tuple[list[str], dict[str, str], torch.Tensor,
@@ -432,6 +451,8 @@ def _mmap_tensors(path: Path) -> dict[str, torch.Tensor]:
         header = json.loads(f.read(n))
     header.pop("__metadata__", None)
     base = 8 + n
+    mapped = torch.from_file(str(path), shared=False, size=path.stat().st_size,
+                             dtype=torch.uint8)  # a private (copy-on-write) memory map
     out = {}
     for name, info in header.items():
         a, b = info["data_offsets"]
@@ -439,8 +460,10 @@ def _mmap_tensors(path: Path) -> dict[str, torch.Tensor]:
         if b == a:
             out[name] = torch.empty(info["shape"], dtype=dt)
             continue
-        raw = np.memmap(path, dtype=np.uint8, mode="c", offset=base + a, shape=(b - a,))
-        out[name] = torch.from_numpy(raw).view(dt).reshape(info["shape"])
+        raw = mapped[base + a:base + b]
+        if (base + a) % dt.itemsize:  # a misaligned tensor (odd sizes before it): a copy
+            raw = raw.clone()
+        out[name] = raw.view(dt).reshape(info["shape"])
     return out
 
 

@@ -13,11 +13,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from mi_core.errors import ConfigError
-from mi_core.hooks import HookPoint, HookSpec
+from mi_core.plugin import ConfigError, HookPoint, HookSpec, Knockout
 from mi_core.interp._common import check_heads, check_layers, resolve_token
 from mi_core.interp.knockout import create_knockout_mask, kl_rows, KnockoutSpec
-from mi_core.interventions import Knockout
 
 ANALYSES = ("knockout", "patching", "logit-lens", "steering")
 #: job fields each analysis requires beyond "prompt"

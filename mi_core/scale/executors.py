@@ -15,7 +15,8 @@ import time
 import traceback
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from mi_core.errors import ConfigError, MIError
+from mi_core import plugin as sdk
+from mi_core.plugin import ConfigError, MIError, MIModel, require_points
 from mi_core.scale._common import SweepError
 
 EXECUTORS = ("local", "processes", "ray")
@@ -33,8 +34,6 @@ def _load(model_ref: str, device: str, dtype: str = "float32") -> Any:
     if key not in _WORKER_MODELS:
         import torch
 
-        from mi_core.backend import MIModel
-
         _WORKER_MODELS[key] = MIModel.from_pretrained(model_ref, device=device,
                                                       dtype=getattr(torch, dtype))
     return _WORKER_MODELS[key]
@@ -42,8 +41,6 @@ def _load(model_ref: str, device: str, dtype: str = "float32") -> Any:
 
 def check_hooks(model: Any, hooks: Sequence[str]) -> None:
     """HookError naming the first of `hooks` the model lacks (before any job runs)."""
-    from mi_core.backend import require_points
-
     if hooks:
         require_points(model, hooks)
 
@@ -88,8 +85,6 @@ class LocalExecutor:
     name = "local"
 
     def __init__(self, model: Any, device: str = "cpu", dtype: str = "float32", **_: Any) -> None:
-        from mi_core.backend import MIModel
-
         self.model = model if isinstance(model, MIModel) else None
         self.model_ref = None if self.model is not None else os.fspath(model)
         self.device, self.dtype = device, dtype
@@ -111,8 +106,6 @@ class LocalExecutor:
 
 
 def _model_ref(model: Any, executor: str) -> str:
-    from mi_core.backend import MIModel
-
     if isinstance(model, MIModel):
         raise ConfigError(f"executor={executor!r} loads one model per worker: pass the model "
                           f"as a path or hub id (e.g. {model.source!r}), not a loaded MIModel")
@@ -229,9 +222,9 @@ class RayExecutor:
         for err in ray.get([a.check.remote(list(hooks) if i == 0 else [])
                             for i, a in enumerate(self.actors)]):
             if err is not None:  # (error class name, message) of an MIError in the actor
-                from mi_core import errors
-
-                raise getattr(errors, err[0], MIError)(err[1])
+                cls = getattr(sdk, err[0], None)
+                raise (cls if isinstance(cls, type) and issubclass(cls, MIError) else MIError)(
+                    err[1])
         self.timings = {"ray_init": t1 - t0, "start_actors_and_load_models": time.perf_counter() - t1}
 
     def run(self, task: Callable[[Any, Any], Any], tasks: Iterable[Task]) -> Iterator[Outcome]:

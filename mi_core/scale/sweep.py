@@ -7,13 +7,11 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
-from mi_core.errors import ConfigError
-from mi_core.hooks import HookPoint
+from mi_core.plugin import ConfigError, HookPoint, converter, Progress
 from mi_core.scale._common import (
     StoreError, StoreLock, SweepError, canonical_json, fn_identity, job_key, model_identity,
 )
@@ -56,8 +54,6 @@ class SweepRun:
             if r is not None and r.ok:
                 res = r.result
                 if as_type is not None:
-                    from mi_core.serialize import converter
-
                     res = converter.structure(res, as_type)
                 out.append((job, res))
         return out
@@ -118,8 +114,6 @@ def _check_same(directory: Path, old: dict[str, Any], new: dict[str, Any]) -> No
 def _sweep_task(fn: Callable[..., Any], batched: bool, model: Any, jobs: list[Any]) -> list[str]:
     """Run `fn` on one job (or a batch of them); each result as JSON text (cattrs unstructures
     attrs results; tensors become lists)."""
-    from mi_core.serialize import converter
-
     if batched:
         out = fn(model, jobs)
         if not isinstance(out, (list, tuple)) or len(out) != len(jobs):
@@ -138,17 +132,8 @@ def _sweep_task(fn: Callable[..., Any], batched: bool, model: Any, jobs: list[An
     return texts
 
 
-def _progress(total: int, initial: int, enabled: bool | None, desc: str) -> Any:
-    from tqdm.auto import tqdm
-
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    return tqdm(total=total, initial=initial, disable=not enabled, desc=desc, unit="job",
-                dynamic_ncols=True)
-
-
 def run_sweep(fn: Callable[..., Any], jobs: Iterable[Any], model: Any, store: str | os.PathLike[str],
-              executor: str = "local", batch_size: int | None = None, retries: int = 1,
+              *, executor: str = "local", batch_size: int | None = None, retries: int = 1,
               overwrite: bool = False, hooks: Sequence[str | HookPoint] | None = None,
               workers: int | None = None, address: str | None = None, device: str = "cpu",
               progress: bool | None = None, model_dtype: str = "float32") -> SweepRun:
@@ -169,7 +154,8 @@ def run_sweep(fn: Callable[..., Any], jobs: Iterable[Any], model: Any, store: st
     - `retries`: a job (or batch) that raises is tried again up to this many times; then
       its error text is recorded (``run.failed()``) and the sweep goes on.
     - `hooks`: hook points `fn` uses, checked against the model before any job (HookError).
-    - `progress`: a tqdm bar (done/total, rate, ETA); default when stderr is a terminal.
+    - `progress`: done/total and rate on stderr (a bar on a terminal, lines when piped);
+      None: as ``mi_core.plugin.set_progress`` says (default: on a terminal only).
 
     Results are whatever cattrs can unstructure to JSON (dicts, lists, numbers, attrs
     classes, tensors as lists); read them back with ``run.results(as_type=...)``.
@@ -223,7 +209,8 @@ def _execute(run: SweepRun, fn: Callable[..., Any], model: Any, executor: str,
     task = functools.partial(_sweep_task, fn, batch_size is not None)
     if executor == "processes":  # before any worker starts: fn must be importable by name
         ensure_shippable(fn, "the job function")
-    bar = _progress(run.total, run.total - len(todo), progress, f"sweep {st.directory.name}")
+    bar = Progress(run.total, f"sweep {st.directory.name}", unit="job", enabled=progress,
+                   initial=run.total - len(todo))
     try:
         ex.start(hooks)
         queue = list(range(len(batches)))
@@ -254,8 +241,8 @@ def _execute(run: SweepRun, fn: Callable[..., Any], model: Any, executor: str,
                     line += f'"attempts":{attempts[b]},"seconds":{rec.seconds}}}'
                     st.append(rec, line)
                     bar.update(1 if ok else 0)
-                if not ok:  # failed jobs stay in the total; counted in a postfix
-                    bar.set_postfix(failed=len(run.failed()), refresh=False)
+                if not ok:  # failed jobs stay in the total; counted beside it
+                    bar.note = f"{len(run.failed())} failed"
             queue = retry
     finally:
         bar.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from mi_core.errors import MIError
+from mi_core.plugin import MIError
 
 
 @attrs.define

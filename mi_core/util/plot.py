@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from mi_core.errors import ConfigError, MIError
+from mi_core.plugin import ConfigError, MIError
 
 DPI = 100
 #: extension -> matplotlib format
@@ -139,7 +139,7 @@ def plot_attention(pattern: torch.Tensor, tokens: Sequence[str], path: str | Pat
 
 
 def plot_grid(grid: torch.Tensor, rows: Sequence[str], cols: Sequence[str], path: str | Path,
-              title: str = "", xlabel: str = "", ylabel: str = "",
+              title: str = "", *, xlabel: str = "", ylabel: str = "",
               figsize: tuple[float, float] | None = None, signed: bool = True,
               vmin: float | None = None, vmax: float | None = None,
               colorbar_label: str = "") -> Path:

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import attrs
 
-from mi_core.errors import TokenizerError
+from mi_core.plugin import TokenizerError
 
 
 @attrs.define

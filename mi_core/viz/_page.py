@@ -5,6 +5,7 @@ from ``file://`` with no network."""
 from __future__ import annotations
 
 import base64
+import ctypes
 import html
 import json
 import math
@@ -14,7 +15,7 @@ from typing import Any, Sequence
 
 import torch
 
-from mi_core.errors import ConfigError
+from mi_core.plugin import ConfigError
 
 
 def _asset(name: str) -> str:
@@ -46,7 +47,7 @@ def f32(t: torch.Tensor) -> dict[str, Any]:
     """A tensor as {"b64": little-endian float32 bytes, "shape": [...]}: compact and exact
     (to float32) for the large arrays (attention patterns, activations)."""
     a = t.detach().to(torch.float32).cpu().contiguous()
-    raw = a.numpy().astype("<f4", copy=False).tobytes()
+    raw = bytes((ctypes.c_char * (a.numel() * 4)).from_address(a.data_ptr())) if a.numel() else b""
     return {"b64": base64.b64encode(raw).decode("ascii"), "shape": list(a.shape)}
 
 

@@ -7,13 +7,13 @@ from typing import Sequence
 
 import torch
 
-from mi_core.errors import ConfigError
+from mi_core.plugin import ConfigError
 from mi_core.viz._page import f32, prompt_text, write_page
 
 
 def attention_html(tokens: Sequence[str], pattern: torch.Tensor, path: str | Path,
                    layer: int | None = None, head: int | None = None,
-                   title: str | None = None, model_name: str = "", top_k: int = 10,
+                   *, title: str | None = None, model_name: str = "", top_k: int = 10,
                    prompt: str | None = None) -> Path:
     """Write the attention page.
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from mi_core.errors import ConfigError
+from mi_core.plugin import ConfigError
 from mi_core.viz._page import write_page
 
 TokenNames = Callable[[int], str] | Mapping[int, str] | None
@@ -38,7 +38,7 @@ def comparison_rows(baseline: torch.Tensor, intervened: torch.Tensor, n: int = 1
 
 def comparison_html(baseline_logits: torch.Tensor, intervened_logits: torch.Tensor,
                     path: str | Path, token_names: TokenNames = None, label: str = "intervened",
-                    title: str = "intervention effect", subtitle: str = "",
+                    *, title: str = "intervention effect", subtitle: str = "",
                     prompt: str | None = None, n: int = 15,
                     summary: Sequence[tuple[str, float]] = ()) -> Path:
     """Write the baseline-vs-intervened page from two next-token logit vectors [vocab].
@@ -80,8 +80,8 @@ def ablation_html(result: Any, path: str | Path, title: str = "attention knockou
     sub = subtitle or (f"next-token distribution at position {result.position}"
                        + (f"; {spec}" if spec is not None else ""))
     return comparison_html(result.baseline_logits, result.ablated_logits, path, names, label,
-                           title, sub,
-                           prompt if prompt is not None else getattr(result, "prompt", None))
+                           title=title, subtitle=sub,
+                           prompt=prompt if prompt is not None else getattr(result, "prompt", None))
 
 
 def steering_html(result: Any, path: str | Path, title: str = "steering",
@@ -93,9 +93,9 @@ def steering_html(result: Any, path: str | Path, title: str = "steering",
     if getattr(result, "steered_attention", None) is not None:
         summary.append(("attention to the steered keys, steered", result.steered_attention))
     return comparison_html(result.baseline_logits, result.steered_logits, path, token_names,
-                           "steered", title,
-                           f"next-token distribution at position {result.position}",
-                           prompt if prompt is not None else getattr(result, "prompt", None),
+                           "steered", title=title,
+                           subtitle=f"next-token distribution at position {result.position}",
+                           prompt=prompt if prompt is not None else getattr(result, "prompt", None),
                            summary=summary)
 
 

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import torch
 
-from mi_core.errors import ConfigError
+from mi_core.plugin import ConfigError
 from mi_core.viz._page import f32, prompt_text, write_page
 
 

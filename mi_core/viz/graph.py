@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from mi_core.errors import ConfigError
+from mi_core.plugin import ConfigError
 from mi_core.viz._page import f32, prompt_text, write_page
 
 #: node kinds, in the order the page colours them
@@ -23,7 +23,7 @@ def attribution_graph_html(path: str | Path, tokens: Sequence[str], n_layers: in
                            nodes: Sequence[Mapping[str, Any]], src: Sequence[int] | torch.Tensor,
                            dst: Sequence[int] | torch.Tensor,
                            weight: Sequence[float] | torch.Tensor,
-                           title: str = "attribution graph", subtitle: str = "",
+                           *, title: str = "attribution graph", subtitle: str = "",
                            node_threshold: float = 0.8, edge_threshold: float = 0.0,
                            list_k: int = 10, top_tokens_label: str = "top tokens") -> Path:
     """Write the graph page.
