@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import mi_core as mi
-from mi_core.cli.analysis import load_model
+from mi_cli.plugin import load_model
 
 
 def model_from_argv() -> mi.MIModel:

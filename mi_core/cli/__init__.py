@@ -1,1 +1,2 @@
-"""The ``mi`` command line: core subcommands plus those plugins register."""
+"""Moved to :mod:`mi_cli`, the command line's own package (it starts without importing torch);
+``mi_core.cli.main`` / ``args`` / ``analysis`` / ``scale`` remain as aliases."""

@@ -1,4 +1,4 @@
-"""The analysis subcommands, end to end through ``mi_core.cli.main.main`` on the fake model
+"""The analysis subcommands, end to end through ``mi_cli.main.main`` on the fake model
 (the loader is replaced; the real-model run is in tests/cli/test_demo_smollm2.py)."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 import mi_core as mi
-from mi_core.cli import analysis
-from mi_core.cli.main import main
+from mi_cli import demo, models, output
+from mi_cli.main import main
 from tests.support.fake_backend import fake_model  # noqa: E402
 
 
 @pytest.fixture
 def fake(monkeypatch):
     m = fake_model()
-    monkeypatch.setattr(analysis, "load_model", lambda model, device="cpu", dtype=None: m)
+    monkeypatch.setattr(models, "load_model", lambda model, device="cpu", dtype=None: m)
     return m
 
 
@@ -34,7 +34,7 @@ def test_demo_prints_top5_lens_and_knockout_and_writes_json(fake, tmp_path, caps
     assert main(["demo", "--prompt", "hello there", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "top next tokens" in text and "logit lens" in text and "KL(baseline" in text
-    r = mi.from_json(out, analysis.DemoResult)
+    r = mi.from_json(out, demo.DemoResult)
     assert len(r.top_next) == 5 and len(r.logit_lens_top1) == fake.num_layers
     assert [row.label for row in r.logit_lens_last] == [f"L{i}" for i in range(fake.num_layers)][-4:]
     assert r.knockout_answer.token_id == r.top_next[0].token_id
@@ -45,7 +45,7 @@ def test_demo_prints_top5_lens_and_knockout_and_writes_json(fake, tmp_path, caps
 
 
 def test_demo_without_default_model_fails_on_stderr(monkeypatch, capsys):
-    monkeypatch.setattr(analysis, "default_model_path", lambda: None)
+    monkeypatch.setattr(models, "default_model_path", lambda: None)
     assert main(["demo"]) == 1
     err = capsys.readouterr().err
     assert "no default model is available" in err and "Traceback" not in err
@@ -64,7 +64,7 @@ def test_run_with_unloadable_model_is_a_clean_error(tmp_path, capsys):
     (["patch", "--corrupt", "jello", "--correct", "a", "--incorrect", "b"], mi.PatchingResult),
     (["patch", "--corrupt", "jello", "--correct", "a", "--incorrect", "b", "--kind", "z",
       "--method", "attribution"], mi.PatchingResult),
-    (["attention", "--layer", "1", "--head", "2"], analysis.AttentionResult),
+    (["attention", "--layer", "1", "--head", "2"], demo.AttentionResult),
     (["steer", "--layers", "0,2", "--strengths", "0,1,3", "--target", "a"], mi.DoseResponseCurve),
     (["heads", "--length", "5", "--batch", "2"], mi.interp.HeadDetectionResult),
 ])
@@ -117,10 +117,10 @@ def test_quiet_prints_nothing_and_verbose_prints_more(fake, tmp_path, capsys):
 
 
 def test_numbers_never_print_as_negative_zero():
-    assert analysis.num(-0.0000001, ".5f") == "0.00000"
-    assert analysis.num(-0.0000001, "+.3f") == "+0.000"
-    assert analysis.num(-0.25, "+.2f") == "-0.25"
-    assert analysis.num(-1e-9, "9.5f") == "  0.00000"  # padded, as in the steer table
+    assert output.num(-0.0000001, ".5f") == "0.00000"
+    assert output.num(-0.0000001, "+.3f") == "+0.000"
+    assert output.num(-0.25, "+.2f") == "-0.25"
+    assert output.num(-1e-9, "9.5f") == "  0.00000"  # padded, as in the steer table
 
 
 @pytest.mark.parametrize("argv,msg", [

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mi_core.cli import analysis
-from mi_core.cli.main import build_parser, main
+from mi_cli import demo, models, output
+from mi_cli.main import build_parser, main
 from tests.support.fake_backend import fake_model
 
 MI = str(Path(sys.executable).parent / "mi")
@@ -25,7 +25,7 @@ CORE_COMMANDS = ["demo", "run", "logit-lens", "knockout", "patch", "attention", 
 @pytest.fixture
 def fake(monkeypatch):
     m = fake_model()
-    monkeypatch.setattr(analysis, "load_model", lambda model, device="cpu", dtype=None: m)
+    monkeypatch.setattr(models, "load_model", lambda model, device="cpu", dtype=None: m)
     return m
 
 
@@ -127,7 +127,7 @@ def test_bad_value_for_the_model_is_a_runtime_error_naming_it(fake, capsys, argv
 def test_vocabulary_smaller_than_the_top_k_works(monkeypatch, capsys, cmd):
     """A vocabulary of 8 tokens: every top-k clamps to it (run / knockout used to crash)."""
     m = fake_model(vocab=8)
-    monkeypatch.setattr(analysis, "load_model", lambda model, device="cpu", dtype=None: m)
+    monkeypatch.setattr(models, "load_model", lambda model, device="cpu", dtype=None: m)
     # the fake tokenizer maps byte b to id b + 1: "\x01\x02" stays inside 8 ids
     code, err = run([cmd, "--prompt", "\x01\x02\x03", "--k", "50"] if cmd != "steer"
                     else [cmd, "--prompt", "\x01\x02\x03"], capsys)
@@ -137,7 +137,7 @@ def test_vocabulary_smaller_than_the_top_k_works(monkeypatch, capsys, cmd):
 def test_an_unexpected_exception_is_one_line_unless_debugging(monkeypatch, capsys):
     def boom(model, device="cpu", dtype=None):
         raise ValueError("weights are made of cheese")
-    monkeypatch.setattr(analysis, "load_model", boom)
+    monkeypatch.setattr(models, "load_model", boom)
     code, err = run(["demo"], capsys)
     assert code == 1 and err.startswith("mi: error: ValueError: weights are made of cheese")
     monkeypatch.setenv("MI_CORE_DEBUG", "1")

@@ -5,18 +5,18 @@ from __future__ import annotations
 import pytest
 
 import mi_core as mi
-from mi_core.cli import analysis
-from mi_core.cli.main import main
+from mi_cli import demo, models
+from mi_cli.main import main
 
 
 @pytest.mark.slow
 def test_mi_demo_on_the_embedded_smollm2(tmp_path, capsys):
-    assert analysis.default_model_path() is not None
+    assert models.default_model_path() is not None
     out = tmp_path / "demo.json"
     assert main(["demo", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "' Paris'" in text and "KL(baseline || knocked out)" in text
-    r = mi.from_json(out, analysis.DemoResult)
+    r = mi.from_json(out, demo.DemoResult)
     assert r.top_next[0].token == " Paris" and r.top_next[0].prob > 0.5  # measured 0.773
     assert r.logit_lens_top1[-1][1] == " Paris" and len(r.logit_lens_top1) == 30
     assert (r.answer_top3_at, r.answer_settles_at) == (28, 29)  # measured
@@ -29,7 +29,7 @@ def test_mi_demo_on_the_embedded_smollm2(tmp_path, capsys):
 def test_mi_run_uses_the_given_model(smollm2, smollm2_gguf_path, capsys, monkeypatch):
     """`mi run --model PATH` loads PATH (the session's already-loaded model is handed back to
     save a second load; loading itself is tested in tests/transformer)."""
-    monkeypatch.setattr(analysis, "default_model_path", lambda: None)  # must not be needed
+    monkeypatch.setattr(models, "default_model_path", lambda: None)  # must not be needed
     seen = []
 
     def fake_load(source, device="cpu", **kw):

@@ -1,5 +1,5 @@
 """``mi sweep`` and ``mi cache-activations`` end to end on SmolLM2 (the embedded GGUF),
-through ``mi_core.cli.main.main`` in-process (the sweep's local executor loads the model once
+through ``mi_cli.main.main`` in-process (the sweep's local executor loads the model once
 per process). Per-prompt results are checked against the single analyses of mi_core.interp
 (run_knockout, patching_grid, a plain forward), max abs diff < 1e-4 (F32 logits)."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import mi_core as mi
-from mi_core.cli.main import build_parser, main
+from mi_cli.main import build_parser, main
 from mi_core.interp import KnockoutSpec, logit_diff_metric, patching_grid, run_knockout
 
 pytestmark = pytest.mark.slow  # SmolLM2 forwards
