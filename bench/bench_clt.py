@@ -98,8 +98,8 @@ def run_ours(args: argparse.Namespace) -> dict:
         t = time.perf_counter()
         texts = [PROMPT, "Once upon a time there was a little fox who lived in the forest.",
                  "The capital of France is Paris, and the capital of Italy is Rome."]
-        build_clt(model, [model.to_tokens(x) for x in texts], clt_dir, args.d_features,
-                  args.n_active, decoder_dtype=torch.bfloat16)
+        build_clt(model, [model.to_tokens(x) for x in texts], clt_dir, d_features=args.d_features,
+                  n_active=args.n_active, decoder_dtype=torch.bfloat16)
         res["build_clt_s"] = time.perf_counter() - t
     if args.export_hf:
         export_hf(model, Path(args.export_hf))

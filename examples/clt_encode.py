@@ -32,7 +32,8 @@ def main() -> None:
 
     model = mi.MIModel.from_pretrained(args.gguf)
     clt_dir = args.clt or build_clt(model, [model.to_tokens(PROMPT, prepend_bos=True)],
-                                    Path(tempfile.mkdtemp()) / "clt", args.d_features, n_active=8)
+                                    Path(tempfile.mkdtemp()) / "clt", d_features=args.d_features,
+                                    n_active=8)
     clt = mi.load_dictionary(clt_dir)
     print(clt)
 

@@ -80,8 +80,8 @@ def v6_config(layers: int = 2, hidden: int = 128, head: int = 64, vocab: int = 3
 
 
 def v7_tensors(layers: int = 2, hidden: int = 128, head: int = 64, vocab: int = 300,
-               inter: int | None = None, dr: int = 32, ar: int = 32, vr: int = 16, gr: int = 64,
-               seed: int = 0) -> dict[str, torch.Tensor]:
+               *, inter: int | None = None, dr: int = 32, ar: int = 32, vr: int = 16,
+               gr: int = 64, seed: int = 0) -> dict[str, torch.Tensor]:
     """Random fla-format RWKV-7 weights (decays in (0.55, 1))."""
     g = torch.Generator().manual_seed(seed)
     c, h = hidden, hidden // head
@@ -117,7 +117,8 @@ def v7_tensors(layers: int = 2, hidden: int = 128, head: int = 64, vocab: int = 
 
 
 def v7_config(layers: int = 2, hidden: int = 128, head: int = 64, vocab: int = 300,
-              inter: int | None = None, dr: int = 32, ar: int = 32, vr: int = 16, gr: int = 64) -> dict[str, Any]:
+              *, inter: int | None = None, dr: int = 32, ar: int = 32, vr: int = 16,
+              gr: int = 64) -> dict[str, Any]:
     return {"model_type": "rwkv7", "architectures": ["RWKV7ForCausalLM"], "vocab_size": vocab,
             "hidden_size": hidden, "num_hidden_layers": layers, "head_dim": head,
             "num_heads": hidden // head, "intermediate_size": inter or 4 * hidden,

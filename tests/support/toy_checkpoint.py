@@ -12,7 +12,13 @@ from safetensors.torch import save_file
 VOCAB, D, LAYERS = 11, 8, 3
 
 
-def write_toy_checkpoint(directory: Path, seed: int = 0) -> dict[str, torch.Tensor]:
+#: The words of the toy's optional tokenizer (one token each, ids in this order).
+WORDS = ["<unk>", "the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far"]
+
+
+def write_toy_checkpoint(directory: Path, seed: int = 0, tokenizer: bool = False
+                         ) -> dict[str, torch.Tensor]:
+    """A toy-mlp checkpoint; with `tokenizer`, a word-level tokenizer.json over WORDS."""
     g = torch.Generator().manual_seed(seed)
     weights = {"embed": torch.randn(VOCAB, D, generator=g),
                "unembed": torch.randn(D, VOCAB, generator=g)}
@@ -22,6 +28,12 @@ def write_toy_checkpoint(directory: Path, seed: int = 0) -> dict[str, torch.Tens
     save_file(weights, str(directory / "model.safetensors"))
     (directory / "config.json").write_text(json.dumps(
         {"model_type": "toy-mlp", "vocab_size": VOCAB, "d_model": D, "n_layers": LAYERS}))
+    if tokenizer:
+        from tokenizers import Tokenizer, models, pre_tokenizers
+
+        tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tok.save(str(directory / "tokenizer.json"))
     return weights
 
 

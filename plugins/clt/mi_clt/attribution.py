@@ -17,12 +17,10 @@ from typing import Any, Sequence
 
 import attrs
 import torch
-from tqdm import tqdm
 
-from mi_core import capabilities as caps
-from mi_core.dictionaries import CltFeatureId
-from mi_core.errors import DictionaryError, MIError
-from mi_core.hooks import HookSpec
+from mi_core.plugin import (
+    CltFeatureId, DictionaryError, HookSpec, MIError, Readout, WeightAccess, Progress,
+)
 
 from mi_clt.clt import CrossLayerTranscoder
 from mi_clt.graph import CircuitGraph, partial_influences
@@ -252,7 +250,7 @@ def _through_final_gain(model: Any, vecs: torch.Tensor) -> torch.Tensor:
     """Unembedding directions vecs [k, d_model] (read after the final norm's gain and bias)
     as gradients at ``ln_final.hook_normalized`` (before the gain, as TransformerLens): the
     transpose of the norm's map with its divisor fixed to 1, whatever the family's gain is."""
-    model.require(caps.Readout, "attribution (logit directions at ln_final.hook_normalized)")
+    model.require(Readout, "attribution (logit directions at ln_final.hook_normalized)")
     final_norm = model.backend.final_norm
     with torch.enable_grad():
         n = torch.zeros(vecs.shape, dtype=model.dtype, device=model.device, requires_grad=True)
@@ -273,7 +271,7 @@ def attribute(model: Any, clt: CrossLayerTranscoder, ids: torch.Tensor | Sequenc
     """
     ids = torch.as_tensor(ids, dtype=torch.long).reshape(1, -1).to(model.device)
     clt.check_model(model)
-    model.require(caps.WeightAccess, "attribution (the unembedding W_U)")
+    model.require(WeightAccess, "attribution (the unembedding W_U)")
     get_weight = model.backend.get_weight
     s = _setup(model, clt, ids, zero_positions)
     seq, L = ids.shape[1], clt.n_layers
@@ -295,7 +293,7 @@ def attribute(model: Any, clt: CrossLayerTranscoder, ids: torch.Tensor | Sequenc
                                       logit_vecs[i:j])
         row_node[i:j] = torch.arange(n_src + i, n_src + j)
     st, visited = n_logit, torch.zeros(n_feat, dtype=torch.bool)
-    bar = tqdm(total=n_expand, desc="attribution rows", disable=not verbose)
+    bar = Progress(n_expand, "attribution rows", unit="row", enabled=verbose or None)
     while int(visited.sum()) < n_expand:
         if n_expand == n_feat:
             pending = torch.arange(n_feat)

@@ -14,9 +14,7 @@ from typing import Sequence
 
 import torch
 
-from mi_core.dictionaries import CltFeatureId
-from mi_core.errors import DictionaryError
-from mi_core.hooks import HookPoint, HookSpec
+from mi_core.plugin import CltFeatureId, DictionaryError, HookPoint, HookSpec
 
 from mi_clt import interventions
 from mi_clt.format import CltFiles, read_clt_layout

@@ -32,8 +32,7 @@ from typing import Any
 import attrs
 import torch
 
-from mi_core.errors import DictionaryError, MIError
-from mi_core.loading import safetensors_header
+from mi_core.plugin import DictionaryError, MIError, safetensors_header
 
 _ST_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -288,89 +287,18 @@ def read_clt_layout(root: Path) -> CltFiles:
         raise DictionaryError(f"{root}: a CLT is a directory of per-layer safetensors files")
     cfg_path = root / "config.yaml"
     cfg = _read_yaml(cfg_path) if cfg_path.exists() else {}
-    kind = _text(cfg, "model_kind", "", cfg_path, ("cross_layer_transcoder", "transcoder_set"))
-    listed = _config_paths(root, cfg, cfg_path) if cfg else None
-
-    enc_paths = _numbered(root, "W_enc_")
-    if enc_paths and listed is None:
-        dec_paths = [root / f"W_dec_{i}.safetensors" for i in range(len(enc_paths))]
-        enc, dec = _open_all(enc_paths), _open_all(dec_paths)
-        names = {"W_enc": "W_enc_{i}", "b_enc": "b_enc_{i}", "b_dec": "b_dec_{i}",
-                 "threshold": "threshold_{i}", "W_dec": "W_dec_{i}"}
-        layout, cross = "circuit_tracer_clt", True
-    else:
-        paths = listed if listed is not None else _numbered(root, "layer_")
-        if not paths:
-            raise DictionaryError(f"{root}: no W_enc_0.safetensors, layer_0.safetensors or "
-                                  f"config.yaml 'transcoders' list found")
-        enc = _open_all(paths)
-        dec = enc
-        if "w_enc" in enc[0]:  # Gemma Scope 2 naming
-            names = {"W_enc": "w_enc", "b_enc": "b_enc", "b_dec": "b_dec",
-                     "threshold": "threshold", "W_dec": "w_dec"}
-            cross = len(enc[0].shape("w_dec")) == 3
-            layout = "gemma_scope_2_clt" if cross else "gemma_scope_2_set"
-        else:
-            names = {"W_enc": "W_enc", "b_enc": "b_enc", "b_dec": "b_dec",
-                     "threshold": "activation_function.threshold", "W_dec": "W_dec"}
-            cross, layout = False, "transcoder_set"
-        if kind == "cross_layer_transcoder" and not cross:
-            raise DictionaryError(f"{cfg_path}: model_kind is cross_layer_transcoder but "
-                                  f"{paths[0]} holds a single-layer decoder")
-    n = len(enc)
-    gs2 = layout.startswith("gemma_scope_2")
-
-    def nm(role: str, i: int) -> str:
-        return names[role].format(i=i)
-
-    f0 = enc[0]
-    w0 = f0.shape(nm("W_enc", 0))
+    enc, dec, names, layout, cross = _open_layout(root, cfg, cfg_path)
+    n, gs2 = len(enc), layout.startswith("gemma_scope_2")
+    w0 = enc[0].shape(names["W_enc"].format(i=0))
     if len(w0) != 2:
-        raise DictionaryError(f"{f0.path}: {nm('W_enc', 0)} must be 2-D, has shape {list(w0)}")
+        raise DictionaryError(f"{enc[0].path}: {names['W_enc'].format(i=0)} must be 2-D, has "
+                              f"shape {list(w0)}")
     d_model, d_tc = (w0[0], w0[1]) if gs2 else (w0[1], w0[0])
-    has_thr = nm("threshold", 0) in f0
-    def check_dtype(f: MappedSafetensors, t: str) -> None:
-        dt = f.meta[t].get("dtype")
-        if dt not in _FLOAT_DTYPES:
-            raise DictionaryError(f"{f.path}: tensor {t!r} has dtype {dt}: CLT weights must be "
-                                  "floating point")
-
+    has_thr = names["threshold"].format(i=0) in enc[0]
     for i in range(n):
-        e, d = enc[i], dec[i]
-        want_enc = (d_model, d_tc) if gs2 else (d_tc, d_model)
         span = (n if layout == "gemma_scope_2_clt" else n - i) if cross else None
-        want = {nm("W_enc", i): want_enc, nm("b_enc", i): (d_tc,), nm("b_dec", i): (d_model,)}
-        if has_thr:
-            want[nm("threshold", i)] = (d_tc,)
-        for t, shape in want.items():
-            if t not in e:
-                raise DictionaryError(f"{e.path}: missing tensor {t!r}")
-            if e.shape(t) != shape:
-                raise DictionaryError(f"{e.path}: tensor {t!r} has shape {list(e.shape(t))}, "
-                                      f"expected {list(shape)}")
-            check_dtype(e, t)
-        dn = nm("W_dec", i)
-        if dn not in d:
-            raise DictionaryError(f"{d.path}: missing tensor {dn!r}")
-        want_dec = (d_tc, span, d_model) if cross else (d_tc, d_model)
-        if d.shape(dn) != want_dec:
-            raise DictionaryError(f"{d.path}: tensor {dn!r} has shape {list(d.shape(dn))}, "
-                                  f"expected {list(want_dec)} (layer {i} of {n})")
-        check_dtype(d, dn)
-    activation = _text(cfg, "activation", "jump_relu" if has_thr else "relu", cfg_path,
-                       ("relu", "jump_relu", "jumprelu", "topk")).lower()
-    activation = "jump_relu" if activation == "jumprelu" else activation
-    if activation == "jump_relu" and not has_thr:
-        raise DictionaryError(f"{enc[0].path}: activation jump_relu but no "
-                              f"{nm('threshold', 0)!r} tensor")
-    k = cfg.get("k")
-    if k is not None:
-        k = _integer(k, "key 'k'", cfg_path, minimum=1)
-        if k > d_tc:
-            raise DictionaryError(f"{cfg_path}: key 'k' = {k}: more than the {d_tc} features "
-                                  "per layer")
-    if activation == "topk" and k is None:
-        raise DictionaryError(f"{cfg_path}: activation topk needs an integer 'k'")
+        _check_layer((i, n), enc[i], dec[i], names, (d_model, d_tc), gs2, span, has_thr)
+    activation, k = _activation(cfg, cfg_path, has_thr, d_tc, enc[0], names)
     fin = _text(cfg, "feature_input_hook", "hook_resid_mid", cfg_path)
     fout = _text(cfg, "feature_output_hook", "hook_mlp_out", cfg_path)
     fin, fout = HOOK_NAME_MAP.get(fin, fin), HOOK_NAME_MAP.get(fout, fout)
@@ -379,3 +307,95 @@ def read_clt_layout(root: Path) -> CltFiles:
                     k=k, feature_input_hook=fin,
                     feature_output_hook=fout, config_path=cfg_path if cfg else None,
                     cross_layer=cross)
+
+
+def _open_layout(root: Path, cfg: dict[str, Any], cfg_path: Path
+                 ) -> tuple[list[MappedSafetensors], list[MappedSafetensors], dict[str, str],
+                            str, bool]:
+    """(encoder files, decoder files, role -> tensor name pattern, layout, cross-layer) of the
+    files in `root`: circuit-tracer's W_enc_{i} / W_dec_{i}, or one file per layer (SAELens
+    transcoder sets, Gemma Scope 2) found by name or listed in config.yaml."""
+    kind = _text(cfg, "model_kind", "", cfg_path, ("cross_layer_transcoder", "transcoder_set"))
+    listed = _config_paths(root, cfg, cfg_path) if cfg else None
+    enc_paths = _numbered(root, "W_enc_")
+    if enc_paths and listed is None:
+        dec_paths = [root / f"W_dec_{i}.safetensors" for i in range(len(enc_paths))]
+        names = {"W_enc": "W_enc_{i}", "b_enc": "b_enc_{i}", "b_dec": "b_dec_{i}",
+                 "threshold": "threshold_{i}", "W_dec": "W_dec_{i}"}
+        return _open_all(enc_paths), _open_all(dec_paths), names, "circuit_tracer_clt", True
+    paths = listed if listed is not None else _numbered(root, "layer_")
+    if not paths:
+        raise DictionaryError(f"{root}: no W_enc_0.safetensors, layer_0.safetensors or "
+                              f"config.yaml 'transcoders' list found")
+    enc = _open_all(paths)
+    if "w_enc" in enc[0]:  # Gemma Scope 2 naming
+        names = {"W_enc": "w_enc", "b_enc": "b_enc", "b_dec": "b_dec",
+                 "threshold": "threshold", "W_dec": "w_dec"}
+        cross = len(enc[0].shape("w_dec")) == 3
+        layout = "gemma_scope_2_clt" if cross else "gemma_scope_2_set"
+    else:
+        names = {"W_enc": "W_enc", "b_enc": "b_enc", "b_dec": "b_dec",
+                 "threshold": "activation_function.threshold", "W_dec": "W_dec"}
+        cross, layout = False, "transcoder_set"
+    if kind == "cross_layer_transcoder" and not cross:
+        raise DictionaryError(f"{cfg_path}: model_kind is cross_layer_transcoder but "
+                              f"{paths[0]} holds a single-layer decoder")
+    return enc, enc, names, layout, cross
+
+
+def _check_layer(layer: tuple[int, int], e: MappedSafetensors, d: MappedSafetensors,
+                 names: dict[str, str], dims: tuple[int, int], gs2: bool, span: int | None,
+                 has_thr: bool) -> None:
+    """DictionaryError naming the file and tensor unless layer i's (`layer`: i and the number
+    of layers) encoder (and threshold) and decoder have the shapes and float dtypes the first
+    layer implies (`dims`: d_model, d_features; `span`: how many layers a cross-layer decoder
+    writes to, None for a single-layer one)."""
+    (i, n), (d_model, d_tc) = layer, dims
+    want_enc = (d_model, d_tc) if gs2 else (d_tc, d_model)
+    want = {names["W_enc"].format(i=i): want_enc, names["b_enc"].format(i=i): (d_tc,),
+            names["b_dec"].format(i=i): (d_model,)}
+    if has_thr:
+        want[names["threshold"].format(i=i)] = (d_tc,)
+    for t, shape in want.items():
+        if t not in e:
+            raise DictionaryError(f"{e.path}: missing tensor {t!r}")
+        if e.shape(t) != shape:
+            raise DictionaryError(f"{e.path}: tensor {t!r} has shape {list(e.shape(t))}, "
+                                  f"expected {list(shape)}")
+        _check_float(e, t)
+    dn = names["W_dec"].format(i=i)
+    if dn not in d:
+        raise DictionaryError(f"{d.path}: missing tensor {dn!r}")
+    want_dec = (d_tc, span, d_model) if span is not None else (d_tc, d_model)
+    if d.shape(dn) != want_dec:
+        raise DictionaryError(f"{d.path}: tensor {dn!r} has shape {list(d.shape(dn))}, "
+                              f"expected {list(want_dec)} (layer {i} of {n})")
+    _check_float(d, dn)
+
+
+def _check_float(f: MappedSafetensors, t: str) -> None:
+    dt = f.meta[t].get("dtype")
+    if dt not in _FLOAT_DTYPES:
+        raise DictionaryError(f"{f.path}: tensor {t!r} has dtype {dt}: CLT weights must be "
+                              "floating point")
+
+
+def _activation(cfg: dict[str, Any], cfg_path: Path, has_thr: bool, d_tc: int,
+                f0: MappedSafetensors, names: dict[str, str]) -> tuple[str, int | None]:
+    """(activation, k) from config.yaml, checked against the tensors (a jump_relu needs its
+    threshold, a topk its k, at most the features per layer)."""
+    activation = _text(cfg, "activation", "jump_relu" if has_thr else "relu", cfg_path,
+                       ("relu", "jump_relu", "jumprelu", "topk")).lower()
+    activation = "jump_relu" if activation == "jumprelu" else activation
+    if activation == "jump_relu" and not has_thr:
+        raise DictionaryError(f"{f0.path}: activation jump_relu but no "
+                              f"{names['threshold'].format(i=0)!r} tensor")
+    k = cfg.get("k")
+    if k is not None:
+        k = _integer(k, "key 'k'", cfg_path, minimum=1)
+        if k > d_tc:
+            raise DictionaryError(f"{cfg_path}: key 'k' = {k}: more than the {d_tc} features "
+                                  "per layer")
+    if activation == "topk" and k is None:
+        raise DictionaryError(f"{cfg_path}: activation topk needs an integer 'k'")
+    return activation, k

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import attrs
 import torch
 
-from mi_core.errors import MIError
+from mi_core.plugin import MIError
 
 
 @attrs.define(eq=False)

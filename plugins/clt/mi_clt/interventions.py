@@ -12,18 +12,31 @@ experiment), all positions batched into one forward pass per chunk.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence, Union
+from typing import Any, Protocol, Sequence, Union
 
 import attrs
 import torch
 
-from mi_core.dictionaries import CltFeatureId
-from mi_core.errors import InterventionError
-from mi_core.hooks import HookSpec
-from mi_core.interventions import Add
+from mi_core.plugin import Add, CltFeatureId, HookSpec, InterventionError
 
-if TYPE_CHECKING:  # clt.py imports this module: no runtime import back
-    from mi_clt.clt import CrossLayerTranscoder
+
+class TranscoderLike(Protocol):
+    """What these functions use of a :class:`mi_clt.CrossLayerTranscoder` (clt.py imports this
+    module, so the class is described here rather than imported back)."""
+
+    d_model: int
+    device: torch.device
+    dtype: torch.dtype
+
+    def output_hook(self, layer: int) -> Any: ...
+
+    def target_layers(self, source_layer: int) -> range: ...
+
+    def encode_model(self, model: object, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ...
+
+    def cache_steering_vectors_all_downstream(self, features: Sequence[CltFeatureId]
+                                              ) -> dict[Any, torch.Tensor]: ...
 
 
 @attrs.frozen
@@ -38,7 +51,7 @@ class Injection:
 InjectionLike = Union[Injection, tuple[CltFeatureId, int, float]]
 
 
-def cache_steering_vectors_all_downstream(clt: CrossLayerTranscoder,
+def cache_steering_vectors_all_downstream(clt: TranscoderLike,
                                           features: Sequence[CltFeatureId]
                                           ) -> dict[CltFeatureId, torch.Tensor]:
     """Read (once) each feature's decoder vectors at all layers it writes to:
@@ -50,7 +63,7 @@ def _as_injection(x: InjectionLike) -> Injection:
     return x if isinstance(x, Injection) else Injection(*x)
 
 
-def injection_deltas(clt: CrossLayerTranscoder, injections: Sequence[InjectionLike],
+def injection_deltas(clt: TranscoderLike, injections: Sequence[InjectionLike],
                      seq_len: int) -> dict[int, torch.Tensor]:
     """{target layer: delta [seq_len, d_model]} summing every injection's decoder vectors."""
     deltas: dict[int, torch.Tensor] = {}
@@ -67,7 +80,7 @@ def injection_deltas(clt: CrossLayerTranscoder, injections: Sequence[InjectionLi
     return deltas
 
 
-def prepare_hook_injection(clt: CrossLayerTranscoder, injections: Sequence[InjectionLike],
+def prepare_hook_injection(clt: TranscoderLike, injections: Sequence[InjectionLike],
                            seq_len: int, hooks: HookSpec | None = None) -> HookSpec:
     """A HookSpec with one ``Add`` [1, seq_len, d_model] per target layer at
     ``clt.output_hook(t)`` (added to `hooks` when given)."""
@@ -77,7 +90,7 @@ def prepare_hook_injection(clt: CrossLayerTranscoder, injections: Sequence[Injec
     return spec
 
 
-def suppression_injections(model: Any, clt: CrossLayerTranscoder, ids: torch.Tensor,
+def suppression_injections(model: Any, clt: TranscoderLike, ids: torch.Tensor,
                            features: Sequence[CltFeatureId], strength: float = 1.0,
                            positions: Sequence[int] | None = None) -> list[Injection]:
     """Injections that remove `strength` times each feature's clean contribution (its
@@ -94,7 +107,7 @@ def suppression_injections(model: Any, clt: CrossLayerTranscoder, ids: torch.Ten
     return out
 
 
-def suppress_and_inject(model: Any, clt: CrossLayerTranscoder, ids: torch.Tensor,
+def suppress_and_inject(model: Any, clt: TranscoderLike, ids: torch.Tensor,
                         suppress: Sequence[CltFeatureId], inject: Sequence[tuple[CltFeatureId, float]],
                         position: int, suppress_strength: float = 1.0) -> HookSpec:
     """Suppress `suppress` (all positions) and inject each (feature, strength) of `inject`
@@ -119,10 +132,10 @@ class PositionSweepResult:
         return self.positions[max(range(len(self.positions)), key=self.probabilities.__getitem__)]
 
 
-def position_sweep(model: Any, clt: CrossLayerTranscoder, ids: torch.Tensor, target_token: int,
+def position_sweep(model: Any, clt: TranscoderLike, ids: torch.Tensor, target_token: int,
                    inject: Sequence[tuple[CltFeatureId, float]],
                    suppress: Sequence[CltFeatureId] = (), positions: Sequence[int] | None = None,
-                   suppress_strength: float = 1.0, chunk: int = 16) -> PositionSweepResult:
+                   *, suppress_strength: float = 1.0, chunk: int = 16) -> PositionSweepResult:
     """Suppress `suppress` everywhere, inject `inject` at each of `positions` (default all),
     and record the probability of `target_token` at the last position; positions run as
     the rows of batched forwards of `chunk` rows."""

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from mi_core import plugin_impl
-from mi_core.registry import Detection, DictionaryFormat
+from mi_core.plugin import Detection, DictionaryFormat
 
 _LOOKS_FOR = ("a directory with W_enc_{i}.safetensors + W_dec_{i}.safetensors (circuit-tracer "
               "CLT), layer_{i}.safetensors (transcoder set), or a config.yaml with model_kind")

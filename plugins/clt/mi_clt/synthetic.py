@@ -17,15 +17,14 @@ from typing import Any, Sequence
 import torch
 import yaml
 from safetensors.torch import save_file
-from tqdm import tqdm
 
-from mi_core.hooks import HookPoint, HookSpec
+from mi_core.plugin import HookPoint, HookSpec
 
 from mi_clt.format import CIRCUIT_TRACER_NAMES
 
 
 def build_clt(model: Any, prompts: Sequence[torch.Tensor], out_dir: str | Path,
-              d_features: int = 4096, n_active: int = 8, seed: int = 0,
+              *, d_features: int = 4096, n_active: int = 8, seed: int = 0,
               input_hook: str = "mlp.hook_in", output_hook: str = "hook_mlp_out",
               decoder_dtype: torch.dtype = torch.float32,
               planted: dict[tuple[int, int], torch.Tensor] | None = None) -> Path:
@@ -49,7 +48,7 @@ def build_clt(model: Any, prompts: Sequence[torch.Tensor], out_dir: str | Path,
             for i in range(L):  # position 0 (BOS) is atypical: leave it out
                 xs[i].append(cache[HookPoint.layer_point(i, input_hook)][0, 1:].float())
                 ms[i].append(cache[HookPoint.layer_point(i, output_hook)][0, 1:].float())
-    for i in tqdm(range(L), desc="building CLT layers", disable=True):
+    for i in range(L):
         x = torch.cat(xs[i])  # [n, D]
         mean = x.mean(0)
         xc = x - mean

@@ -8,8 +8,7 @@ from typing import Any
 
 import torch
 
-from mi_core import capabilities as caps
-from mi_core.dictionaries import CltFeatureId
+from mi_core.plugin import CltFeatureId, WeightAccess, view
 
 
 def feature_top_tokens(g: Any, model: Any, clt: Any, k: int = 5
@@ -17,7 +16,7 @@ def feature_top_tokens(g: Any, model: Any, clt: Any, k: int = 5
     """node index -> the `k` tokens each feature's decoder pushes up most directly: the sum
     of its decoder vectors over the layers it writes to, times the unembedding ``W_U``
     (no final norm; a direct-effect reading, as a viewer's "top tokens")."""
-    model.require(caps.WeightAccess, "the graph view's top tokens (W_U)")
+    model.require(WeightAccess, "the graph view's top tokens (W_U)")
     w_u = model.backend.get_weight("W_U").detach().float().cpu()  # [d_model, vocab]
     tok = model.tokenizer if model.has_tokenizer else None
     out = {}
@@ -37,8 +36,6 @@ def graph_html(g: Any, path: str | Path, node_threshold: float = 0.8, edge_thres
     strongest edges between them; the sliders start at `node_threshold` (cumulative
     influence, as :meth:`CircuitGraph.prune`) and `edge_threshold` (fraction of max |weight|).
     With `model` and `clt`, feature nodes list their top tokens (decoder x W_U)."""
-    from mi_core.viz.graph import attribution_graph_html
-
     res = g.prune(node_threshold, 0.98)
     infl = res.cumulative_scores
     n = g.adjacency.shape[0]
@@ -74,7 +71,7 @@ def graph_html(g: Any, path: str | Path, node_threshold: float = 0.8, edge_thres
                         label=f"logit {g.logit_strings[j]!r} p={p:.3f}",
                         top_tokens=[(g.logit_strings[j], p)])
         nodes.append(node)
-    return attribution_graph_html(
+    return view("attribution_graph")(
         path, g.token_strings, g.n_layers, nodes, [new[int(s)] for s in src],
         [new[int(d)] for d in dst], w, title=title or "attribution graph",
         subtitle=f"{g.scan or 'CLT'}: {g.n_features} active features, {len(g.logit_tokens)} logits",

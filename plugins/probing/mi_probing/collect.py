@@ -21,11 +21,8 @@ import attrs
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from tqdm.auto import tqdm
 
-from mi_core.backend import MIModel
-from mi_core.errors import HookError
-from mi_core.hooks import HookLike, HookPoint, HookSpec
+from mi_core.plugin import HookError, HookLike, HookPoint, HookSpec, MIModel, Progress
 from mi_probing.errors import ProbingError
 
 MANIFEST = "manifest.json"
@@ -271,7 +268,7 @@ def resolve_hooks(model: MIModel, hooks: Iterable[HookLike]) -> list[HookPoint]:
 
 def collect_activations(model: MIModel, texts: Sequence[str], hooks: Iterable[HookLike],
                         position: "str | int | Position" = "last", batch_size: int = 16,
-                        out_dir: str | os.PathLike[str] | None = None,
+                        *, out_dir: str | os.PathLike[str] | None = None,
                         max_memory_bytes: int = 256 << 20, shard_bytes: int = 64 << 20,
                         prepend_bos: bool | None = None, progress: bool | None = None
                         ) -> ActivationSet:
@@ -283,7 +280,7 @@ def collect_activations(model: MIModel, texts: Sequence[str], hooks: Iterable[Ho
         out_dir: stream to safetensors shards there (always). Without it, features stay in
             memory until they exceed `max_memory_bytes`, then go to a temporary directory
             (``ActivationSet.directory``; the caller may delete it).
-        progress: tqdm bar; None shows it only on a terminal.
+        progress: show progress on stderr; None: as mi_core.plugin.set_progress says.
 
     Raises HookError for a point the model lacks, ProbingError for an index some prompt is
     too short for or a point without a [batch, seq, ...] layout.
@@ -304,8 +301,7 @@ def collect_activations(model: MIModel, texts: Sequence[str], hooks: Iterable[Ho
     held = 0
     writer = _ShardWriter(Path(out_dir), names, shard_bytes) if out_dir is not None else None
     shapes: dict[str, tuple[int, ...]] = {}
-    bar = tqdm(total=len(texts), desc="collecting activations", unit="prompt",
-               disable=None if progress is None else not progress)
+    bar = Progress(len(texts), "collecting activations", unit="prompt", enabled=progress)
     try:
         for start in range(0, len(texts), batch_size):
             chunk = texts[start:start + batch_size]

@@ -18,16 +18,13 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import attrs
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-from mi_core.backend import MIModel
-from mi_core.hooks import HookCache, HookLike, HookPoint, HookSpec
-from mi_core.interventions import Add
+from mi_core.plugin import progress as progress_of, Add, HookCache, HookLike, HookPoint, HookSpec, MIModel
 from mi_probing.errors import ProbingError
 from mi_probing.probes import ProbeResult
 
 if TYPE_CHECKING:
-    from mi_core.interp.steering import SteeringSpec
+    from mi_core.interp import SteeringSpec
 
 
 def model_space_weights(probe: ProbeResult) -> np.ndarray:
@@ -91,7 +88,7 @@ def probe_steering_spec(probe: ProbeResult, strength: float = 1.0, target: Any =
     """A residual :class:`mi_core.interp.SteeringSpec` along `probe`'s direction at its
     layer point (e.g. ``blocks.14.hook_resid_post``), for :func:`mi_core.interp.dose_response`
     and :func:`mi_core.interp.apply_steering`. Needs a per-layer probe on d_model features."""
-    from mi_core.interp.steering import SteeringSpec
+    from mi_core.interp import SteeringSpec
 
     hp = HookPoint.parse(probe.hook) if probe.hook else None
     if hp is None or hp.layer is None or len(probe.feature_shape) != 1:
@@ -147,8 +144,7 @@ def mean_dose_response(model: MIModel, texts: Sequence[str], direction: torch.Te
     batches = [model.to_tokens_padded(list(texts[i:i + batch_size]), side="right", pad_id=pad_id)
                for i in range(0, len(texts), batch_size)]
     means, stds = [], []
-    for scale in tqdm(list(scales), desc="dose-response", unit="scale",
-                      disable=None if progress is None else not progress):
+    for scale in progress_of(list(scales), "dose-response", unit="scale", enabled=progress):
         spec = steering_hooks(direction, hp, scale)
         vals = torch.cat([metric(model.forward(ids, spec, attention_mask=mask), mask).cpu()
                           for ids, mask in batches])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mi_core.errors import MIError
+from mi_core.plugin import MIError
 
 
 class ProbingError(MIError, ValueError):

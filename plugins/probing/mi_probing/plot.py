@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from mi_core.plugin import ConfigError
 from mi_probing.errors import ProbingError
 from mi_probing.sweep import SweepResult, make_curve
 
@@ -20,9 +21,7 @@ def plot_sweep(result: SweepResult, path: str | os.PathLike[str],
     except ImportError:
         raise ProbingError("plotting needs matplotlib: pip install 'mi-core[plot]' "
                            "(or pip install matplotlib)") from None
-    from mi_core.util.plot import picture_format
-
-    fmt = picture_format(path)  # before any work: '.jpg' is an error, not PNG bytes
+    fmt = _picture_format(path)  # before any work: '.jpg' is an error, not PNG bytes
     name = metric or result.metric
     curve = make_curve(result.probes, name) if name != result.metric else result.curve
     layers = [c.layer for c in curve]
@@ -51,3 +50,15 @@ def plot_sweep(result: SweepResult, path: str | os.PathLike[str],
     out = Path(path)
     fig.savefig(out, format=fmt)
     return out
+
+
+_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+
+
+def _picture_format(path: str | Path) -> str:
+    """The matplotlib format for `path`'s extension; ConfigError for any other."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in _FORMATS:
+        raise ConfigError(f"{str(path)!r}: pictures are written as {', '.join(_FORMATS)} "
+                           f"(chosen by the extension), not {suffix or 'no extension'!r}")
+    return _FORMATS[suffix]

@@ -26,7 +26,7 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
-from mi_core.hooks import HookPoint
+from mi_core.plugin import HookPoint
 from mi_probing.errors import ProbingError
 
 TASKS = ("auto", "classification", "regression")

@@ -7,11 +7,8 @@ import os
 from typing import Any, Iterable, Sequence
 
 import attrs
-from tqdm.auto import tqdm
 
-from mi_core.backend import MIModel
-from mi_core.errors import HookError
-from mi_core.hooks import HookLike, HookPoint
+from mi_core.plugin import progress as progress_of, HookError, HookLike, HookPoint, MIModel
 from mi_probing.collect import ActivationSet, collect_activations
 from mi_probing.data import LabelledDataset
 from mi_probing.errors import ProbingError
@@ -104,8 +101,7 @@ def probe_activations(acts: ActivationSet, labels: Sequence[Any], *, model_name:
         raise ProbingError(f"{acts.n} prompts but {len(labels)} labels")
     probes = [fit_probe(acts.get(h), labels, hook=h, position=str(acts.position),
                         feature_shape=acts.feature_shapes[h], **probe_kwargs)
-              for h in tqdm(acts.hooks, desc="fitting probes", unit="hook",
-                            disable=None if progress is None else not progress)]
+              for h in progress_of(acts.hooks, "fitting probes", unit="hook", enabled=progress)]
     first = probes[0]
     return SweepResult(model=model_name, data=data, position=str(acts.position),
                        task=first.task, metric=first.primary_metric, n_samples=acts.n,

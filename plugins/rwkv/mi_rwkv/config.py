@@ -15,8 +15,7 @@ from typing import Any, Mapping
 
 import attrs
 
-from mi_core.configread import ConfigFields, is_generic_harmless
-from mi_core.errors import ConfigError, UnsupportedModelError
+from mi_core.plugin import ConfigError, ConfigFields, UnsupportedModelError, is_generic_harmless
 
 #: model_type values of RWKV generations mi-rwkv does not implement, with their names.
 UNSUPPORTED_TYPES = {"rwkv": "RWKV-4 (Dove)", "rwkv4": "RWKV-4 (Dove)", "rwkv5": "RWKV-5 (Eagle)"}

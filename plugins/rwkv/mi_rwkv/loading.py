@@ -7,9 +7,10 @@ from typing import Callable
 
 import torch
 
-from mi_core.errors import ConfigError, UnsupportedModelError, WeightLoadError
-from mi_core.loading import SafetensorsCheckpoint, read_config, safetensors_header
-from mi_core.registry import ModelSource
+from mi_core.plugin import (
+    ConfigError, ModelSource, SafetensorsCheckpoint, UnsupportedModelError, WeightLoadError,
+    read_config, safetensors_header,
+)
 
 from mi_rwkv.config import RwkvConfig, parse_v6, parse_v7, rwkv_version
 from mi_rwkv.model import RwkvBackend
@@ -144,8 +145,7 @@ def load_rwkv7(src: ModelSource, device: torch.device, dtype: torch.dtype) -> Rw
                 "model.layers.0.pre_norm.bias": (c,), "model.norm.weight": (c,), "model.norm.bias": (c,)}
     legacy: set[int] = set()
     for i in range(cfg.num_layers):
-        block = v7_expected_shapes(f"model.layers.{i}.", i, c, h, d, cfg.intermediate_size,
-                                   cfg.decay_rank, cfg.a_rank, cfg.v_rank, cfg.gate_rank)
+        block = v7_expected_shapes(f"model.layers.{i}.", i, cfg)
         xx = f"model.layers.{i}.attn.x_x"
         if xx in ckpt and f"model.layers.{i}.attn.x_r" not in ckpt:
             legacy.add(i)

@@ -18,10 +18,10 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from mi_core.errors import InterventionError, MIError, WeightLoadError
-from mi_core.hooks import HookCache, HookPoint, HookRun, HookSpec
-from mi_core.shapes import standard_shape
-from mi_core.state import StateKnockoutSpec, StateSteeringSpec
+from mi_core.plugin import (
+    HookCache, HookPoint, HookRun, HookSpec, InterventionError, MIError, StateKnockoutSpec,
+    StateSteeringSpec, WeightLoadError, standard_shape,
+)
 
 from mi_rwkv.config import RwkvConfig
 

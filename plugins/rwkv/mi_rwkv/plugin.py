@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from mi_core.errors import ConfigError, UnsupportedModelError
+from mi_core.plugin import (
+    BackendSpec, ConfigError, Detection, ModelSource, TokenizerSpec, UnsupportedModelError,
+)
 from mi_core import plugin_impl
-from mi_core.registry import BackendSpec, Detection, ModelSource, TokenizerSpec
 
 from mi_rwkv.config import parse_v6, parse_v7, rwkv_version
 from mi_rwkv.loading import load_rwkv6, load_rwkv7

@@ -11,8 +11,7 @@ import ast
 from pathlib import Path
 from typing import Sequence
 
-from mi_core.errors import TokenizerError
-from mi_core.tokenizer import EncodingWithOffsets
+from mi_core.plugin import EncodingWithOffsets, TokenizerError
 
 VOCAB_FILE = "rwkv_vocab_v20230424.txt"
 _END = -1  # key of a trie node's token id

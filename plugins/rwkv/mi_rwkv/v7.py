@@ -16,6 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from mi_rwkv.config import RwkvConfig
 from mi_rwkv.effective_attn import effective_attention_v7
 from mi_rwkv.model import LayerCtx, linear, token_shift
 from mi_rwkv.v6 import _chunks, _pad
@@ -167,9 +168,10 @@ class V7Layer:
         return linear(post, self.ffn_wv)
 
 
-def v7_expected_shapes(prefix: str, layer: int, c: int, h: int, d: int, inter: int,
-                       dr: int, ar: int, vr: int, gr: int) -> dict[str, tuple[int, ...]]:
+def v7_expected_shapes(prefix: str, layer: int, cfg: RwkvConfig) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape for one fla-format RWKV-7 block (prefix ``model.layers.{i}.``)."""
+    c, h, d, inter = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.intermediate_size
+    dr, ar, vr, gr = cfg.decay_rank, cfg.a_rank, cfg.v_rank, cfg.gate_rank
     a = prefix + "attn."
     shapes: dict[str, tuple[int, ...]] = {prefix + f"{n}.{p}": (c,) for n in ("attn_norm", "ffn_norm")
                                           for p in ("weight", "bias")}

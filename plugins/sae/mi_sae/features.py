@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Sequence
 
 import attrs
 import torch
-from tqdm.auto import tqdm
 
-from mi_core.dictionaries import SparseActivations
-from mi_core.errors import DictionaryError
-from mi_core.hooks import HookSpec
+from mi_core.plugin import DictionaryError, HookSpec, SparseActivations, progress
 from mi_sae.sae import SparseAutoencoder
 
 
@@ -60,7 +56,7 @@ def capture_features(model: Any, sae: SparseAutoencoder, prompts: Sequence[str] 
     spec = HookSpec().capture(hp)
     n = len(prompts)
     out = FeatureCapture(hook_point=str(hp), d_sae=sae.d_sae, tokens=[], indices=[], values=[])
-    for start in tqdm(range(0, n, batch_size), desc="SAE features", disable=not sys.stderr.isatty()):
+    for start in progress(range(0, n, batch_size), "SAE features", unit="batch"):
         chunk = prompts[start:start + batch_size]
         if isinstance(chunk, torch.Tensor):
             ids, mask = chunk, torch.ones_like(chunk)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from mi_core.hooks import HookPoint
+from mi_core.plugin import HookPoint
 
 #: HuggingFace module paths (Gemma Scope 2 ``hf_hook_point_in``, sparsify hookpoints).
 _HF_PATTERNS: list[tuple[re.Pattern[str], str]] = [

@@ -11,10 +11,9 @@ from typing import Any
 
 import torch
 
-from mi_core import plugins
-from mi_core.dictionaries import load_dictionary
-from mi_core.errors import DictionaryError, MIError
-from mi_core.loading import resolve_source
+from mi_core.plugin import (
+    DictionaryError, MIError, dictionary_formats, load_dictionary, resolve_source,
+)
 
 
 def load_from_hub(repo_id: str, subfolder: str | None = None, revision: str | None = None,
@@ -22,7 +21,7 @@ def load_from_hub(repo_id: str, subfolder: str | None = None, revision: str | No
                   format: str | None = None) -> Any:
     """Download `repo_id`/`subfolder` (format files only) and load it; DictionaryError if
     it is neither cached (offline) nor reachable, or has no such folder."""
-    patterns = sorted({p for f in plugins.dictionary_formats() for p in f.hub_patterns})
+    patterns = sorted({p for f in dictionary_formats() for p in f.hub_patterns})
     sub = (subfolder or "").strip("/")
     source = f"{repo_id}/{sub}" if sub else repo_id
     try:

@@ -8,8 +8,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from mi_core.hooks import HookSpec
-from mi_core.interventions import Zero
+from mi_core.plugin import HookSpec, Zero
 from mi_sae.sae import SparseAutoencoder
 
 

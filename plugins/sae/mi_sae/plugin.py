@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mi_core import plugin_impl
-from mi_core.registry import DictionaryFormat
+from mi_core.plugin import DictionaryFormat
 
 
 @plugin_impl

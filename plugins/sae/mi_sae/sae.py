@@ -22,10 +22,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from mi_core.dictionaries import SparseActivations
-from mi_core.errors import DictionaryError, HookError
-from mi_core.hooks import HookPoint, HookSpec
-from mi_core.interventions import Add
+from mi_core.plugin import Add, DictionaryError, HookError, HookPoint, HookSpec, SparseActivations
 
 Activation = Literal["relu", "jumprelu", "topk", "abstopk", "groupmax", "gated"]
 Normalize = Literal["none", "constant_norm_rescale", "layer_norm"]

@@ -18,9 +18,10 @@ from typing import Any
 import attrs
 import torch
 
-from mi_core import HookCache, HookPoint, HookSpec, standard_shape
-from mi_core.loading import SafetensorsCheckpoint, require_field
-from mi_core.registry import ModelSource
+from mi_core.plugin import (
+    HookCache, HookPoint, HookSpec, ModelSource, SafetensorsCheckpoint, require_field,
+    standard_shape,
+)
 
 
 @attrs.frozen

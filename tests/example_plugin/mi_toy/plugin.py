@@ -1,9 +1,12 @@
-"""The toy plugin's hooks: the same three any backend plugin implements."""
+"""The toy plugin's hooks: a backend (registration and detection), as any backend plugin
+implements them, and a model convenience (an analysis on every model)."""
 
 from __future__ import annotations
 
-from mi_core import BackendSpec, Detection, ModelSource
-from mi_core import plugin_impl
+from typing import Any
+
+from mi_core.plugin import BackendSpec, Detection, ModelSource, plugin_impl
+from mi_toy.analysis import resid_norms
 from mi_toy.model import ToyBackend
 
 
@@ -22,3 +25,9 @@ def mi_detect_backend(source: ModelSource) -> Detection:
     if missing:
         return Detection("toy", 0.0, "toy-mlp config but tensors are missing", missing=missing)
     return Detection("toy", 1.0, "model_type 'toy-mlp' with embed/unembed tensors")
+
+
+@plugin_impl
+def mi_model_attributes() -> dict[str, Any]:
+    """``model.resid_norms(prompt)`` on every model, whatever its backend."""
+    return {"resid_norms": resid_norms}

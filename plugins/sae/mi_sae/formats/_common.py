@@ -13,11 +13,10 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import torch
 
-from mi_core.configread import REQUIRED, ConfigFields
-from mi_core.errors import ConfigError, DictionaryError, MIError
-from mi_core.hooks import HookPoint
-from mi_core.loading import SafetensorsCheckpoint, read_json
-from mi_core.registry import Detection
+from mi_core.plugin import (
+    ConfigError, ConfigFields, Detection, DictionaryError, HookPoint, MIError, REQUIRED,
+    SafetensorsCheckpoint, read_json,
+)
 from mi_sae.hooknames import tl_to_hook_point
 
 

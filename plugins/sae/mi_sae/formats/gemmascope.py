@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-from mi_core.hooks import HookPoint
-from mi_core.registry import Detection, DictionaryFormat
+from mi_core.plugin import Detection, DictionaryFormat, HookPoint
 from mi_sae.formats._common import (Fields, detection, folder_of, json_config, read_npz,
                                     read_safetensors, take)
 from mi_sae.hooknames import hf_to_hook_point

@@ -12,8 +12,7 @@ from typing import Any
 
 import torch
 
-from mi_core.errors import DictionaryError
-from mi_core.registry import Detection, DictionaryFormat
+from mi_core.plugin import Detection, DictionaryError, DictionaryFormat
 from mi_sae.formats._common import Fields, detection, folder_of, json_config, read_safetensors, take
 from mi_sae.sae import FOLDED_NORMALIZATIONS, SaeConfig, SparseAutoencoder
 
