@@ -1,6 +1,6 @@
 """GGUF files of every supported architecture (llama, qwen2, qwen3, gemma, gemma2, phi3,
-starcoder2, olmo2, gpt2, qwen2moe, qwen3moe), written here with the `gguf` package's GGUFWriter the way llama.cpp's
-convert_hf_to_gguf.py writes them.
+starcoder2, olmo2, gpt2, qwen2moe, qwen3moe), written here with the `gguf` package's
+GGUFWriter the way llama.cpp's convert_hf_to_gguf.py writes them.
 
 Tensor names come from ``gguf.get_tensor_name_map`` (the package's own HF -> GGUF table, an
 independent reference for our reverse map); the converter's changes are redone here: LLaMA's
@@ -65,10 +65,29 @@ def write_gguf(t: Any, arch: str, out: Path, meta: dict[str, Any] | None = None,
     ``{key: (value, GGUFValueType)}``; `drop_meta`: keys not to write."""
     from safetensors.torch import load_file
 
-    cfg = t.hf.config
-    sd = load_file(str(t.path / "model.safetensors"))
     if arch == "gpt2":
         return _write_gpt2(t, out, meta)
+    cfg = t.hf.config
+    kv = _metadata(cfg, arch)
+    kv.update(meta or {})
+    w = gguf.GGUFWriter(str(out), arch)
+    for key, (value, vtype) in kv.items():
+        if key not in drop_meta:
+            w.add_key_value(key, value, gguf.GGUFValueType[vtype])
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(gpt2_byte_tokens(cfg.vocab_size))
+    w.add_token_types([1] * cfg.vocab_size)
+    _add_tensors(w, load_file(str(t.path / "model.safetensors")), cfg, arch)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def _metadata(cfg: Any, arch: str) -> dict[str, tuple[Any, str]]:
+    """The metadata convert_hf_to_gguf writes for a LLaMA-like HF config:
+    ``{key: (value, GGUFValueType name)}``."""
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     kv = {f"{arch}.context_length": (cfg.max_position_embeddings, "UINT32"),
           f"{arch}.embedding_length": (cfg.hidden_size, "UINT32"),
@@ -107,15 +126,15 @@ def write_gguf(t: Any, arch: str, out: Path, meta: dict[str, Any] | None = None,
         if getattr(cfg, "shared_expert_intermediate_size", 0):
             kv[f"{arch}.expert_shared_feed_forward_length"] = (
                 cfg.shared_expert_intermediate_size, "UINT32")
-    kv.update(meta or {})
-    w = gguf.GGUFWriter(str(out), arch)
-    for key, (value, vtype) in kv.items():
-        if key not in drop_meta:
-            w.add_key_value(key, value, gguf.GGUFValueType[vtype])
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(gpt2_byte_tokens(cfg.vocab_size))
-    w.add_token_types([1] * cfg.vocab_size)
+    return kv
+
+
+def _add_tensors(w: Any, sd: dict[str, torch.Tensor], cfg: Any, arch: str) -> None:
+    """The checkpoint's tensors under llama.cpp's names (``gguf.get_tensor_name_map``), changed
+    as convert_hf_to_gguf changes them: longrope factors as tensors, LLaMA's q/k rows
+    permuted, Gemma's norm gains as 1 + w, experts stacked [E, rows, cols]."""
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg.num_hidden_layers)
+    rp = cfg.rope_parameters
     if rp.get("rope_type") == "longrope":
         w.add_tensor("rope_factors_long.weight", np.asarray(rp["long_factor"], np.float32))
         w.add_tensor("rope_factors_short.weight", np.asarray(rp["short_factor"], np.float32))
@@ -142,12 +161,8 @@ def write_gguf(t: Any, arch: str, out: Path, meta: dict[str, Any] | None = None,
     for hf, per in experts.items():
         name = names.get_name(hf, try_suffixes=(".weight",))
         assert name is not None, hf
-        w.add_tensor(name + ".weight", np.ascontiguousarray(np.stack([per[e] for e in sorted(per)])))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
+        stacked = np.stack([per[e] for e in sorted(per)])
+        w.add_tensor(name + ".weight", np.ascontiguousarray(stacked))
 
 
 def _write_gpt2(t: Any, out: Path, meta: dict[str, Any] | None) -> Path:
@@ -292,7 +307,6 @@ def test_fuzzed_metadata_values_fail_only_with_mi_errors(case, tmp_path_factory)
             pass
 
     check()
-
 
 
 def test_plugin_lists_exactly_the_gguf_architectures_read():

@@ -1,4 +1,5 @@
-"""Grouped-query self-attention with RoPE (either layout, or none), masks, soft-capping and a KV cache.
+"""Grouped-query self-attention with RoPE (either layout, or none), masks, soft-capping and a
+KV cache.
 
 Two paths, same numbers: the *explicit* path materialises scores and pattern (so they can be
 captured or intervened on, and soft-capping applied); the *fast* path calls
@@ -14,7 +15,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from mi_core.hooks import HookRun
+from mi_core.plugin import HookRun
 
 from mi_transformer.config import Positions, RopeLayout, TransformerConfig
 from mi_transformer.norm import Norm
@@ -194,8 +195,34 @@ def attention(w: AttnWeights, x: torch.Tensor,
     heads or kv_heads, d_model], from ``hook_q_input`` / ``hook_k_input`` /
     ``hook_v_input``) used instead of x.
     """
+    q, k, v, num_kv_heads = _qkv(w, x, ls, run, n, head_inputs)
+    q = run.apply(n.q, q)  # [b, s, heads, d_head], before RoPE
+    k = run.apply(n.k, k)
+    v = run.apply(n.v, v)
+    q = _rotate(q, rope, ls.interleaved, run, n.rot_q)
+    k = _rotate(k, rope, ls.interleaved, run, n.rot_k)
+    v = v.transpose(1, 2)  # [b, g, s, d_head]
+    if cache_update is not None:
+        k, v = cache_update(k, v)
+    if ls.softcap is not None:  # SDPA cannot soft-cap: the explicit path even when "sdpa" is forced
+        explicit = True
+    elif explicit is None:
+        explicit = run.wants(n.scores) or run.wants(n.pattern)
+    if explicit:
+        z = _explicit(q, k, v, masks, run, n, ls, num_kv_heads)
+    else:
+        z = _sdpa(q, k, v, masks, ls, num_kv_heads)
+    z = run.apply(n.z, z.transpose(1, 2))  # [b, s, heads, d_head]
+    return _output(w, z, run, n, ls)
+
+
+def _qkv(w: AttnWeights, x: torch.Tensor, ls: LayerSettings, run: HookRun, n: AttnNames,
+         head_inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Projections of x [b, s, d_model] (or of per-head inputs), q/k norms and clipping ->
+    q [b, s, heads, d_head], k, v [b, s, kv, d_head] and kv, the number of key/value heads
+    (all heads when per-query-head inputs of k and v are given)."""
     num_heads, num_kv_heads, head_dim = ls.num_heads, ls.num_kv_heads, ls.head_dim
-    scale, softcap, window = ls.scale, ls.softcap, ls.window
     b, s, _ = x.shape
     if head_inputs is None:
         q = F.linear(x, w.w_q, w.b_q).view(b, s, num_heads, head_dim)
@@ -220,43 +247,52 @@ def attention(w: AttnWeights, x: torch.Tensor,
             k = w.k_norm(k, run, n.k_scale)
     if w.clip is not None:
         q, k, v = (t.clamp(-w.clip, w.clip) for t in (q, k, v))
-    q = run.apply(n.q, q)  # [b, s, heads, d_head], before RoPE
-    k = run.apply(n.k, k)
-    v = run.apply(n.v, v)
-    q = _rotate(q, rope, ls.interleaved, run, n.rot_q)
-    k = _rotate(k, rope, ls.interleaved, run, n.rot_k)
-    v = v.transpose(1, 2)  # [b, g, s, d_head]
-    if cache_update is not None:
-        k, v = cache_update(k, v)
-    if softcap is not None:  # SDPA cannot soft-cap: the explicit path even when "sdpa" is forced
-        explicit = True
-    elif explicit is None:
-        explicit = run.wants(n.scores) or run.wants(n.pattern)
+    return q, k, v, num_kv_heads
+
+
+def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: Masks, run: HookRun,
+              n: AttnNames, ls: LayerSettings, num_kv_heads: int) -> torch.Tensor:
+    """q [b, heads, s_q, d_head], k / v [b, kv, s_k, d_head] -> z [b, heads, s_q, d_head],
+    with scores and pattern [b, heads, s_q, s_k] materialised (hooked, soft-capped)."""
+    num_heads, head_dim, softcap = ls.num_heads, ls.head_dim, ls.softcap
+    b, _, s, _ = q.shape
     groups = num_heads // num_kv_heads
-    if explicit:
-        # GQA without copying K/V: the `groups` query heads that share a KV head are stacked
-        # along the query axis ([b, g_kv, groups * s_q, d]), so one matmul per KV head serves
-        # them all and the result views back to [b, h, s_q, s_k] (heads are grouped contiguously).
-        s_k = k.shape[2]
-        scores = torch.matmul(q.reshape(b, num_kv_heads, groups * s, head_dim),
-                              k.transpose(-1, -2)).view(b, num_heads, s, s_k)
-        scores.mul_(scale)  # in place: `scores` is fresh; same ops and order as transformers
-        if softcap is not None:
-            scores = torch.tanh(scores / softcap) * softcap
-        scores = run.apply(n.scores, scores.add_(masks.additive(window, scores.dtype)))
-        pattern = run.apply(n.pattern, safe_softmax(scores))
-        z = torch.matmul(pattern.reshape(b, num_kv_heads, groups * s, s_k), v
-                         ).view(b, num_heads, s, head_dim)
-    else:
-        mask = masks.sdpa_mask(window)
-        if groups > 1 and mask is not None:
-            # SDPA's native GQA with a mask falls back to the slow math kernel (as transformers
-            # notes); repeating the KV heads keeps the fused kernels.
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        z = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, scale=scale, enable_gqa=groups > 1 and mask is None,
-            is_causal=mask is None and q.shape[2] > 1 and q.shape[2] == k.shape[2])
-    z = run.apply(n.z, z.transpose(1, 2))  # [b, s, heads, d_head]
+    # GQA without copying K/V: the `groups` query heads that share a KV head are stacked
+    # along the query axis ([b, g_kv, groups * s_q, d]), so one matmul per KV head serves
+    # them all and the result views back to [b, h, s_q, s_k] (heads are grouped contiguously).
+    s_k = k.shape[2]
+    scores = torch.matmul(q.reshape(b, num_kv_heads, groups * s, head_dim),
+                          k.transpose(-1, -2)).view(b, num_heads, s, s_k)
+    scores.mul_(ls.scale)  # in place: `scores` is fresh; same ops and order as transformers
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = run.apply(n.scores, scores.add_(masks.additive(ls.window, scores.dtype)))
+    pattern = run.apply(n.pattern, safe_softmax(scores))
+    return torch.matmul(pattern.reshape(b, num_kv_heads, groups * s, s_k), v
+                        ).view(b, num_heads, s, head_dim)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: Masks, ls: LayerSettings,
+          num_kv_heads: int) -> torch.Tensor:
+    """The same as :func:`_explicit` with the fused kernels of
+    ``scaled_dot_product_attention`` (nothing materialised, no soft-capping)."""
+    groups = ls.num_heads // num_kv_heads
+    mask = masks.sdpa_mask(ls.window)
+    if groups > 1 and mask is not None:
+        # SDPA's native GQA with a mask falls back to the slow math kernel (as transformers
+        # notes); repeating the KV heads keeps the fused kernels.
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=ls.scale, enable_gqa=groups > 1 and mask is None,
+        is_causal=mask is None and q.shape[2] > 1 and q.shape[2] == k.shape[2])
+
+
+def _output(w: AttnWeights, z: torch.Tensor, run: HookRun, n: AttnNames, ls: LayerSettings
+            ) -> torch.Tensor:
+    """z [b, s, heads, d_head] -> the output projection [b, s, d_model]; through the per-head
+    results [b, s, heads, d_model] only when ``hook_result`` is wanted."""
+    num_heads, head_dim = ls.num_heads, ls.head_dim
+    b, s = z.shape[0], z.shape[1]
     if run.wants(n.result):
         w_o = w.w_o.view(-1, num_heads, head_dim)  # [d_model, heads, d_head]
         result = run.apply(n.result, torch.einsum("bshd,mhd->bshm", z, w_o))

@@ -7,10 +7,10 @@ from typing import Any, Mapping
 
 import torch
 
-from mi_core.errors import UnsupportedModelError, WeightLoadError
-from mi_core.loading import SafetensorsCheckpoint, read_config
-from mi_core.registry import ModelSource
-from mi_core.tokenizer import MITokenizer
+from mi_core.plugin import (
+    MITokenizer, ModelSource, SafetensorsCheckpoint, UnsupportedModelError, WeightLoadError,
+    read_config,
+)
 
 from mi_transformer.config import parse_config
 from mi_transformer.model import TransformerBackend

@@ -8,7 +8,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from mi_core.hooks import HookRun
+from mi_core.plugin import HookRun
 
 from mi_transformer.config import Activation, MlpLayout
 

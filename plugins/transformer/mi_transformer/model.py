@@ -15,16 +15,17 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from mi_core.errors import MIError, WeightLoadError
-from mi_core.hooks import HookCache, HookPoint, HookRun, HookSpec
-from mi_core.shapes import standard_shape
-from mi_core.tokenizer import MITokenizer
+from mi_core.plugin import (
+    HookCache, HookPoint, HookRun, HookSpec, MIError, MITokenizer, WeightLoadError,
+    standard_shape,
+)
 
 from mi_transformer.attention import AttnNames, LayerSettings, Masks, attention
 from mi_transformer.config import (BlockLayout, MlpLayout, Positions, RopeConfig, RopeLayout,
                                    TransformerConfig)
 from mi_transformer.mlp import ACTIVATIONS, mlp
 from mi_transformer.moe import MoeNames, moe
+from mi_transformer.processing import process_weights
 from mi_transformer.rope import attention_scaling, cos_sin, inv_freq
 from mi_transformer.weights import LayerWeights, Weights
 
@@ -323,8 +324,6 @@ class TransformerBackend:
 
     def process_weights(self, **flags: bool) -> None:
         """TransformerLens' weight processing, in place (mi_transformer.processing)."""
-        from mi_transformer.processing import process_weights
-
         process_weights(self, **flags)
 
     def get_weight(self, name: str, layer: int | None = None) -> torch.Tensor:

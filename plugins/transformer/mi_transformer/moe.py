@@ -31,8 +31,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from mi_core.errors import InterventionError
-from mi_core.hooks import HookRun
+from mi_core.plugin import HookRun, InterventionError
 
 from mi_transformer.config import MoeConfig
 

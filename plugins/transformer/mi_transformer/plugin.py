@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mi_core.errors import MIError
+from mi_core.plugin import BackendSpec, Detection, MIError, ModelSource
 from mi_core import plugin_impl
-from mi_core.registry import BackendSpec, Detection, ModelSource
 
 from mi_transformer.config import FAMILIES, UnknownKeysError, parse_config
 from mi_transformer.weights import check_tensors

@@ -19,22 +19,28 @@ unembedding or a fused checkpoint's row views stay consistent.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-from mi_core.errors import MIError
+from mi_core.plugin import MIError
 
 from mi_transformer.attention import AttnWeights
-from mi_transformer.config import NormType
+from mi_transformer.config import NormType, TransformerConfig
 from mi_transformer.mlp import MlpWeights
 from mi_transformer.norm import Norm
-
-if TYPE_CHECKING:
-    from mi_transformer.model import TransformerBackend
+from mi_transformer.weights import Weights
 
 
-def process_weights(be: "TransformerBackend", fold_ln: bool = True,
+class HasWeights(Protocol):
+    """What processing reads and rewrites: a :class:`~mi_transformer.model.TransformerBackend`
+    (typed structurally, so this module does not import the model that calls it)."""
+
+    config: TransformerConfig
+    w: Weights
+
+
+def process_weights(be: HasWeights, fold_ln: bool = True,
                     center_writing_weights: bool = True, center_unembed: bool = True,
                     fold_value_biases: bool = True) -> None:
     """Rewrite `be`'s weights in place (see the module docstring for each flag)."""

@@ -19,8 +19,7 @@ from typing import Mapping, Protocol
 import attrs
 import torch
 
-from mi_core.errors import WeightLoadError
-from mi_core.loading import checked_tensor
+from mi_core.plugin import WeightLoadError, checked_tensor, progress
 
 from mi_transformer.attention import AttnWeights
 from mi_transformer.config import BlockLayout, MlpLayout, Positions, QkvLayout, TransformerConfig
@@ -379,68 +378,17 @@ def load_weights(cfg: TransformerConfig, src: TensorSource, device: torch.device
         raise WeightLoadError(chk.message(_origin(src), cfg.model_type))
     table, alias = tensor_table(cfg), resolve_names(cfg, src.names())
     t = NAME_TABLES[cfg.weight_names]
-    slots: dict[tuple[int | None, str], torch.Tensor] = {}
-    from tqdm.auto import tqdm
-
-    for name, e in tqdm(table.items(), desc="loading weights", leave=False,
-                        disable=not show_progress or None):
+    tensors: dict[tuple[int | None, str], torch.Tensor] = {}
+    for name, e in progress(table.items(), "loading weights", unit="tensor",
+                            enabled=None if show_progress else False):
         w = src.get(alias[name], dtype=dtype, device=device)
         if t.conv1d and w.dim() == 2 and e.layer is not None:
             w = w.t().contiguous()  # Conv1D [in, out] -> Linear [out, in]
-        slots[(e.layer, e.slot)] = w
-
-    def opt(layer: int | None, slot: str) -> torch.Tensor | None:
-        return slots.get((layer, slot))
-
-    def norm(layer: int | None, slot: str) -> Norm:
-        if not cfg.norm_affine:  # no gain in the checkpoint: 1 (same numbers as none)
-            return Norm(cfg.norm_type, cfg.norm_eps,
-                        torch.ones(cfg.hidden_size, dtype=dtype, device=device))
-        return Norm(cfg.norm_type, cfg.norm_eps, slots[(layer, slot + ".weight")],
-                    opt(layer, slot + ".bias"))
-
-    layers: list[LayerWeights] = []
-    for i in range(cfg.num_layers):
-        if cfg.qkv_layout is QkvLayout.SEPARATE:
-            wq, wk, wv = (slots[(i, f"{x}.weight")] for x in "qkv")
-            bq, bk, bv = (opt(i, f"{x}.bias") for x in "qkv")
-        else:
-            wq, wk, wv = _unpack_qkv(cfg, slots[(i, "qkv.weight")])
-            b = opt(i, "qkv.bias")
-            bq, bk, bv = _unpack_qkv(cfg, b) if b is not None else (None,) * 3
-        if cfg.qk_norm and (i, "q_norm.weight") not in slots:  # per-head tensors -> [n, d_head]
-            for which, n in (("q_norm", cfg.num_heads), ("k_norm", cfg.num_kv_heads)):
-                slots[(i, which + ".weight")] = torch.stack(
-                    [slots.pop((i, f"{which}.{j}.weight")) for j in range(n)])
-        qn = Norm(cfg.norm_type, cfg.norm_eps, slots[(i, "q_norm.weight")]) if cfg.qk_norm else None
-        kn = Norm(cfg.norm_type, cfg.norm_eps, slots[(i, "k_norm.weight")]) if cfg.qk_norm else None
-        attn = AttnWeights(wq, wk, wv, slots[(i, "o.weight")], bq, bk, bv, opt(i, "o.bias"),
-                           qn, kn, qk_norm_full=cfg.qk_norm_full, clip=cfg.clip_qkv)
-        m = cfg.intermediate_size
-        mw: MlpWeights | MoeWeights
-        if cfg.moe is not None and cfg.layer_moe and cfg.layer_moe[i]:
-            mw = load_moe("", cfg.moe, lambda name, i=i: slots[(i, "moe:" + name)])
-        elif cfg.mlp_layout is MlpLayout.GATED_FUSED:
-            gate, up = slots[(i, "gate_up.weight")].split([m, m], dim=0)
-            bgu = opt(i, "gate_up.bias")
-            bg, bu = bgu.split([m, m]) if bgu is not None else (None, None)
-            mw = MlpWeights(cfg.mlp_layout, gate, slots[(i, "mlp_out.weight")], up, bg, bu,
-                            opt(i, "mlp_out.bias"))
-        else:
-            mw = MlpWeights(cfg.mlp_layout, slots[(i, "mlp_in.weight")],
-                            slots[(i, "mlp_out.weight")], opt(i, "mlp_up.weight"),
-                            opt(i, "mlp_in.bias"), opt(i, "mlp_up.bias"), opt(i, "mlp_out.bias"))
-        pre = cfg.pre_norms
-        layers.append(LayerWeights(
-            ln1=norm(i, "ln1") if pre else None,
-            ln2=norm(i, "ln2") if pre and ((i, "ln2.weight") in slots or not cfg.norm_affine
-                                           and cfg.block is not BlockLayout.PARALLEL_SHARED_NORM)
-            else None,
-            attn=attn, mlp=mw,
-            ln1_post=norm(i, "ln1_post") if cfg.post_norms else None,
-            ln2_post=norm(i, "ln2_post") if cfg.post_norms else None))
-    embed = slots[(None, "embed")]
-    lm_head = embed if cfg.tie_word_embeddings else slots[(None, "lm_head.weight")]
+        tensors[(e.layer, e.slot)] = w
+    slots = _Slots(cfg, tensors, dtype, device)
+    layers = [slots.layer(i) for i in range(cfg.num_layers)]
+    embed = tensors[(None, "embed")]
+    lm_head = embed if cfg.tie_word_embeddings else tensors[(None, "lm_head.weight")]
     head = alias.get(t.lm_head + ".weight", t.lm_head + ".weight")
     if cfg.tie_word_embeddings and head in src.shapes:
         stored = src.get(head, dtype=dtype, device=device)
@@ -448,6 +396,82 @@ def load_weights(cfg: TransformerConfig, src: TensorSource, device: torch.device
             raise WeightLoadError(f"{_origin(src)}: tie_word_embeddings is true but tensor "
                                   f"{head!r} differs from the embedding; set "
                                   f"tie_word_embeddings to false to use it")
-    return Weights(embed=embed, lm_head=lm_head, final_norm=norm(None, "final_norm"),
-                   layers=layers, pos_embed=opt(None, "pos_embed"),
-                   lm_head_bias=opt(None, "lm_head.bias"))
+    return Weights(embed=embed, lm_head=lm_head, final_norm=slots.norm(None, "final_norm"),
+                   layers=layers, pos_embed=slots.opt(None, "pos_embed"),
+                   lm_head_bias=slots.opt(None, "lm_head.bias"))
+
+
+@attrs.define(eq=False)
+class _Slots:
+    """The loaded tensors by (layer or None, slot), assembled into one layer's weights at a
+    time (fused q/k/v and gate/up split into row views, per-head q/k norms stacked)."""
+
+    cfg: TransformerConfig
+    tensors: dict[tuple[int | None, str], torch.Tensor]
+    dtype: torch.dtype  # of the unit gains of norms without weights
+    device: torch.device
+
+    def opt(self, layer: int | None, slot: str) -> torch.Tensor | None:
+        return self.tensors.get((layer, slot))
+
+    def norm(self, layer: int | None, slot: str) -> Norm:
+        cfg = self.cfg
+        if not cfg.norm_affine:  # no gain in the checkpoint: 1 (same numbers as none)
+            return Norm(cfg.norm_type, cfg.norm_eps,
+                        torch.ones(cfg.hidden_size, dtype=self.dtype, device=self.device))
+        return Norm(cfg.norm_type, cfg.norm_eps, self.tensors[(layer, slot + ".weight")],
+                    self.opt(layer, slot + ".bias"))
+
+    def layer(self, i: int) -> LayerWeights:
+        cfg, tensors = self.cfg, self.tensors
+        attn, mlp = self.attn(i), self.mlp(i)
+        pre = cfg.pre_norms
+        # ln2 is there when the checkpoint has its gain; norms without weights leave nothing
+        # to look for, so then every block but the one-shared-norm kind has it
+        has_ln2 = (i, "ln2.weight") in tensors or (
+            not cfg.norm_affine and cfg.block is not BlockLayout.PARALLEL_SHARED_NORM)
+        return LayerWeights(
+            ln1=self.norm(i, "ln1") if pre else None,
+            ln2=self.norm(i, "ln2") if pre and has_ln2 else None,
+            attn=attn, mlp=mlp,
+            ln1_post=self.norm(i, "ln1_post") if cfg.post_norms else None,
+            ln2_post=self.norm(i, "ln2_post") if cfg.post_norms else None)
+
+    def attn(self, i: int) -> AttnWeights:
+        """q/k/v [rows, d_model] as stored or as row views of the fused tensor; per-head q/k
+        norm tensors stacked into one [n, d_head]."""
+        cfg, tensors, opt = self.cfg, self.tensors, self.opt
+        if cfg.qkv_layout is QkvLayout.SEPARATE:
+            wq, wk, wv = (tensors[(i, f"{x}.weight")] for x in "qkv")
+            bq, bk, bv = (opt(i, f"{x}.bias") for x in "qkv")
+        else:
+            wq, wk, wv = _unpack_qkv(cfg, tensors[(i, "qkv.weight")])
+            b = opt(i, "qkv.bias")
+            bq, bk, bv = _unpack_qkv(cfg, b) if b is not None else (None,) * 3
+        if cfg.qk_norm and (i, "q_norm.weight") not in tensors:  # per-head tensors -> [n, d_head]
+            for which, n in (("q_norm", cfg.num_heads), ("k_norm", cfg.num_kv_heads)):
+                tensors[(i, which + ".weight")] = torch.stack(
+                    [tensors.pop((i, f"{which}.{j}.weight")) for j in range(n)])
+        qn = kn = None
+        if cfg.qk_norm:
+            qn = Norm(cfg.norm_type, cfg.norm_eps, tensors[(i, "q_norm.weight")])
+            kn = Norm(cfg.norm_type, cfg.norm_eps, tensors[(i, "k_norm.weight")])
+        return AttnWeights(wq, wk, wv, tensors[(i, "o.weight")], bq, bk, bv, opt(i, "o.bias"),
+                           qn, kn, qk_norm_full=cfg.qk_norm_full, clip=cfg.clip_qkv)
+
+    def mlp(self, i: int) -> MlpWeights | MoeWeights:
+        """The layer's MLP: mixture of experts, gated with gate/up fused ([gate | up] rows,
+        split into views), or gated / plain as stored."""
+        cfg, tensors, opt = self.cfg, self.tensors, self.opt
+        m = cfg.intermediate_size
+        if cfg.moe is not None and cfg.layer_moe and cfg.layer_moe[i]:
+            return load_moe("", cfg.moe, lambda name: tensors[(i, "moe:" + name)])
+        if cfg.mlp_layout is MlpLayout.GATED_FUSED:
+            gate, up = tensors[(i, "gate_up.weight")].split([m, m], dim=0)
+            bgu = opt(i, "gate_up.bias")
+            bg, bu = bgu.split([m, m]) if bgu is not None else (None, None)
+            return MlpWeights(cfg.mlp_layout, gate, tensors[(i, "mlp_out.weight")], up, bg, bu,
+                              opt(i, "mlp_out.bias"))
+        return MlpWeights(cfg.mlp_layout, tensors[(i, "mlp_in.weight")],
+                          tensors[(i, "mlp_out.weight")], opt(i, "mlp_up.weight"),
+                          opt(i, "mlp_in.bias"), opt(i, "mlp_up.bias"), opt(i, "mlp_out.bias"))

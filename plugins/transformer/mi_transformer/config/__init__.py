@@ -1,0 +1,55 @@
+"""`TransformerConfig`: every way the supported decoder-only families differ, as typed axes.
+
+A family is a parser from its ``config.json`` to these axes plus the list of keys it reads
+(:class:`Family`, registered in :data:`FAMILIES`); the forward pass only ever reads the axes.
+Parsing is strict (:class:`ConfigReader`): a value of the wrong JSON type or out of range is a
+``ConfigError`` naming the key, the value and the file (``"false"`` is not a bool, ``2.7`` is
+not an int), and a key that is neither read by the family nor known to be harmless is refused,
+so no key that changes the numbers is ever silently ignored. Both rope spellings are accepted:
+the hub's (``rope_theta`` / ``rope_scaling``) and the one transformers 5 writes
+(``rope_parameters``, optionally nested per layer type).
+
+Every name is importable from here; the modules, in import order (none imports a later one):
+
+- :mod:`~mi_transformer.config.axes`: the axes (``TransformerConfig``, ``RopeConfig``,
+  ``MoeConfig`` and the layout enums);
+- :mod:`~mi_transformer.config.reader`: ``ConfigReader`` and ``UnknownKeysError``;
+- :mod:`~mi_transformer.config.common`: helpers shared by the parsers (RoPE, heads,
+  ``_base``, ``_finish``);
+- :mod:`~mi_transformer.config.families_llama`, :mod:`~mi_transformer.config.families_gpt`,
+  :mod:`~mi_transformer.config.families_moe`: one ``parse_<family>`` per family;
+- :mod:`~mi_transformer.config.registry`: ``Family`` and ``FAMILIES`` (parser + keys read +
+  keys known to be harmless);
+- :mod:`~mi_transformer.config.auto`: ``parse_config`` and ``auto_config``.
+"""
+
+from mi_transformer.config.auto import AUTO_FAMILY, auto_config, parse_config
+from mi_transformer.config.axes import (
+    Activation, BlockLayout, MlpLayout, MoeConfig, NormType, Positions, QkvLayout, RopeConfig,
+    RopeLayout, RopeScaling, TransformerConfig,
+)
+from mi_transformer.config.families_gpt import (
+    parse_falcon, parse_gpt2, parse_gpt_neox, parse_gptj, parse_opt, parse_phi, parse_stablelm,
+)
+from mi_transformer.config.families_llama import (
+    parse_cohere, parse_gemma, parse_gemma2, parse_gemma3, parse_gemma3_text, parse_granite,
+    parse_helium, parse_llama, parse_mistral, parse_olmo, parse_olmo2, parse_phi3, parse_qwen2,
+    parse_qwen3, parse_smollm3, parse_starcoder2,
+)
+from mi_transformer.config.families_moe import (
+    parse_mixtral, parse_olmoe, parse_qwen2_moe, parse_qwen3_moe,
+)
+from mi_transformer.config.reader import ConfigReader, UnknownKeysError
+from mi_transformer.config.registry import FAMILIES, FAMILY_PARSERS, Family, family_parsers
+
+__all__ = [
+    "AUTO_FAMILY", "Activation", "BlockLayout", "ConfigReader", "FAMILIES", "FAMILY_PARSERS",
+    "Family", "MlpLayout", "MoeConfig", "NormType", "Positions", "QkvLayout", "RopeConfig",
+    "RopeLayout", "RopeScaling", "TransformerConfig", "UnknownKeysError", "auto_config",
+    "family_parsers", "parse_cohere", "parse_config", "parse_falcon", "parse_gemma",
+    "parse_gemma2", "parse_gemma3", "parse_gemma3_text", "parse_gpt2", "parse_gpt_neox",
+    "parse_gptj", "parse_granite", "parse_helium", "parse_llama", "parse_mistral",
+    "parse_mixtral", "parse_olmo", "parse_olmo2", "parse_olmoe", "parse_opt", "parse_phi",
+    "parse_phi3", "parse_qwen2", "parse_qwen2_moe", "parse_qwen3", "parse_qwen3_moe",
+    "parse_smollm3", "parse_stablelm", "parse_starcoder2",
+]

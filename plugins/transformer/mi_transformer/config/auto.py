@@ -1,0 +1,84 @@
+"""Parsing a ``config.json``: the family's parser for a known ``model_type``
+(:func:`parse_config`), else a LLaMA-like config read off the tensor names
+(:func:`auto_config`); either way every key must be read or known to be harmless."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping
+
+from mi_core.plugin import ConfigError
+
+from mi_transformer.config.axes import MlpLayout, QkvLayout, TransformerConfig
+from mi_transformer.config.common import _all_sliding, _base
+from mi_transformer.config.families_llama import parse_llama
+from mi_transformer.config.reader import ConfigReader, UnknownKeysError
+from mi_transformer.config.registry import _LLAMA, FAMILIES, Family, _family
+
+
+def _run(family: Family, cfg: Any, src: str, parse: Callable[[ConfigReader], TransformerConfig]
+         | None = None) -> TransformerConfig:
+    r = ConfigReader(cfg, src)
+    try:
+        out = (parse or family.parse)(r)
+    except ConfigError as exc:
+        if src in str(exc):
+            raise
+        # a relation TransformerConfig checks on its axes: say which file it came from
+        raise ConfigError(f"{src}: {exc}") from None
+    # auto_map names custom modeling code: for a family implemented here transformers (without
+    # trust_remote_code) ignores it as well; an unknown model_type with one is refused
+    unknown = r.unread(family.harmless | ({"auto_map"} if family is not AUTO_FAMILY else set()))
+    if unknown:
+        raise UnknownKeysError(
+            f"{src}: {family.model_type} config has keys this backend does not read and does not "
+            f"know to be harmless (they may change the numbers): {', '.join(unknown)}", unknown)
+    return out
+
+
+def parse_config(cfg: Mapping[str, Any], src: str = "config.json",
+                 tensor_names: Iterable[str] | None = None) -> TransformerConfig:
+    """The family's parser for a known `model_type`, else :func:`auto_config`."""
+    r = ConfigReader(cfg, src)
+    mt = r.str("model_type")
+    family = FAMILIES.get(mt)
+    if family is not None:
+        return _run(family, cfg, src)
+    return auto_config(cfg, src, list(tensor_names or []))
+
+
+#: What auto-config understands: LLaMA's keys plus a uniform sliding window.
+AUTO_FAMILY = _family("<auto>", parse_llama, _LLAMA | {"sliding_window"},
+                      note="unknown model_type with LLaMA-like keys and tensors")
+
+
+def auto_config(cfg: Mapping[str, Any], src: str, tensor_names: Iterable[str]
+                ) -> TransformerConfig:
+    """A LLaMA-like config for an unknown `model_type`, layouts read off the tensor names.
+
+    Accepted only when every key is one LLaMA reads or a generic harmless one (an
+    :class:`UnknownKeysError` names the rest: Granite's multipliers, SmolLM3's NoPE layers).
+    RMS norm, RoPE, gated MLP; fused/separate QKV and gate/up, biases and q/k norms are
+    taken from which tensors exist. Whether the tensors then match is checked by
+    :func:`mi_transformer.weights.check_tensors` (detection lists missing/unexpected).
+    """
+    names = set(tensor_names)
+    has = lambda suffix: f"model.layers.0.{suffix}" in names  # noqa: E731
+
+    def parse(r: ConfigReader) -> TransformerConfig:
+        base = _base(r, r.str("model_type"),
+                     tie_default="lm_head.weight" not in names)
+        fused = has("self_attn.qkv_proj.weight")
+        base.update(
+            qkv_layout=QkvLayout.FUSED if fused else QkvLayout.SEPARATE,
+            mlp_layout=MlpLayout.GATED_FUSED if has("mlp.gate_up_proj.weight") else MlpLayout.GATED,
+            weight_names="phi3" if fused else "llama",
+            qkv_bias=has("self_attn.q_proj.bias") or has("self_attn.qkv_proj.bias"),
+            o_bias=has("self_attn.o_proj.bias"),
+            mlp_bias=has("mlp.down_proj.bias"),
+            qk_norm=has("self_attn.q_norm.weight"),
+        )
+        r.bool("attention_bias", False)
+        r.bool("mlp_bias", False)
+        return _all_sliding(r, base)
+
+    return _run(AUTO_FAMILY, cfg, src, parse)

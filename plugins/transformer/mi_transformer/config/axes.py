@@ -1,0 +1,228 @@
+"""The typed axes of :class:`TransformerConfig`: every way the supported families differ.
+
+The forward pass reads only these (never ``model_type``); the parsers
+(:mod:`mi_transformer.config.families_llama`, ``families_gpt``, ``families_moe``) produce
+them from ``config.json``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+
+import attrs
+
+from mi_core.plugin import ConfigError
+
+
+class NormType(enum.Enum):
+    RMS = "rms"  # x / rms(x) * w
+    GEMMA_RMS = "gemma_rms"  # x / rms(x) * (1 + w)
+    LAYER_NORM = "layer_norm"  # (x - mean) / std * w (+ b)
+
+
+class Activation(enum.Enum):
+    SILU = "silu"
+    GELU_TANH = "gelu_tanh"
+    GELU = "gelu"
+    RELU = "relu"
+
+
+class QkvLayout(enum.Enum):
+    """How a checkpoint stores the q/k/v projections (torch.nn.Linear rows unless noted)."""
+
+    SEPARATE = "separate"  # q_proj, k_proj, v_proj
+    FUSED = "fused"  # one tensor, rows [q | k | v] (Phi-3; Falcon multi-query)
+    CONV1D = "conv1d"  # GPT-2 Conv1D: [d_model, q | k | v], i.e. FUSED transposed
+    HEAD_INTERLEAVED = "head_interleaved"  # GPT-NeoX: rows [h0: q k v | h1: q k v | ...]
+    GROUPED = "grouped"  # Falcon new decoder: per KV head [q * (h / kv) | k | v]
+
+
+class MlpLayout(enum.Enum):
+    GATED = "gated"  # down(act(gate(x)) * up(x))
+    GATED_FUSED = "gated_fused"  # gate_up_proj, rows [gate | up]
+    PLAIN = "plain"  # c_proj(act(c_fc(x)))
+
+
+class Positions(enum.Enum):
+    ROPE = "rope"  # rotary embedding of q and k
+    LEARNED = "learned"  # a learned absolute position embedding added to the token embedding
+
+
+class RopeLayout(enum.Enum):
+    HALF = "half"  # GPT-NeoX / LLaMA: rotate the two halves of the rotated dims
+    INTERLEAVED = "interleaved"  # GPT-J: rotate pairs of adjacent dims
+
+
+class BlockLayout(enum.Enum):
+    SEQUENTIAL = "sequential"  # x += attn(ln1(x)); x += mlp(ln2(x))
+    PARALLEL = "parallel"  # x += attn(ln1(x)) + mlp(ln2(x))   (two norms: NeoX, Falcon-40B)
+    PARALLEL_SHARED_NORM = "parallel_shared_norm"  # h = ln1(x); x += attn(h) + mlp(h)  (GPT-J)
+
+
+class RopeScaling(enum.Enum):
+    NONE = "default"
+    LINEAR = "linear"
+    LLAMA3 = "llama3"
+    DYNAMIC = "dynamic"  # NTK-aware: base grows with the longest position of each call
+    YARN = "yarn"  # interpolate low frequencies, keep high ones, scale cos/sin (Qwen2.5 long)
+    LONGROPE = "longrope"  # per-frequency short/long factors, scale cos/sin (Phi-3 128k)
+
+
+@attrs.frozen
+class RopeConfig:
+    """One rotary embedding: base and scaling."""
+
+    theta: float = 10000.0
+    scaling: RopeScaling = RopeScaling.NONE
+    factor: float = 1.0
+    low_freq_factor: float = 1.0  # llama3 only
+    high_freq_factor: float = 4.0  # llama3 only
+    original_max_positions: int = 8192  # llama3, yarn, longrope; dynamic (max_position_embeddings)
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    truncate: bool = True  # yarn: round the correction range outwards
+    mscale: float | None = None  # yarn: attention factor as an mscale ratio (DeepSeek style)
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None  # yarn/longrope: cos/sin scale (None: derived)
+    short_factor: tuple[float, ...] = ()  # longrope, one per rotated frequency
+    long_factor: tuple[float, ...] = ()  # longrope, once positions pass the original length
+
+    @property
+    def position_dependent(self) -> bool:
+        """Whether the frequencies depend on the longest position of a call."""
+        return self.scaling in (RopeScaling.DYNAMIC, RopeScaling.LONGROPE)
+
+
+@attrs.frozen
+class MoeConfig:
+    """A mixture-of-experts MLP: softmax router, top-k gated experts (mi_transformer.moe)."""
+
+    num_experts: int
+    top_k: int
+    expert_size: int  # d_mlp of each routed expert
+    norm_topk_prob: bool  # renormalise the top-k weights to sum to 1 (Mixtral: always)
+    shared_expert_size: int = 0  # d_mlp of the always-on shared expert; 0 = none
+    shared_expert_gate: bool = False  # sigmoid(gate(x)) scales the shared expert (Qwen2-MoE)
+    # checkpoint names: the block module and each expert's (gate, up, down) projections
+    block: str = "mlp"
+    expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+
+    def __attrs_post_init__(self) -> None:
+        if not 0 < self.top_k <= self.num_experts:
+            raise ConfigError(f"MoE: num_experts_per_tok {self.top_k} must be in "
+                              f"1..{self.num_experts} (the number of experts)")
+
+
+@attrs.frozen
+class TransformerConfig:
+    """The axes the generic forward pass reads. Per-layer tuples have `num_layers` entries."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    weight_names: str = "llama"  # key of mi_transformer.weights.NAME_TABLES
+    norm_type: NormType = NormType.RMS
+    norm_eps: float = 1e-6
+    activation: Activation = Activation.SILU
+    qkv_layout: QkvLayout = QkvLayout.SEPARATE
+    mlp_layout: MlpLayout = MlpLayout.GATED
+    block: BlockLayout = BlockLayout.SEQUENTIAL
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    norm_bias: bool = False  # LayerNorm with a bias
+    lm_head_bias: bool = False  # GPT-J, Phi-1/2
+    embedding_scale: float | None = None  # Gemma: sqrt(hidden_size)
+    tie_word_embeddings: bool = False
+    positions: Positions = Positions.ROPE
+    position_offset: int = 0  # learned positions: row of position 0 (OPT: 2)
+    rope_layout: RopeLayout = RopeLayout.HALF
+    rotary_dim: int = 0  # rotated leading dims of each head (0 -> head_dim)
+    ropes: tuple[RopeConfig, ...] = (RopeConfig(),)
+    layer_rope: tuple[int, ...] = ()  # index into `ropes` per layer
+    layer_windows: tuple[int | None, ...] = ()  # sliding window per layer (None = full)
+    qk_norm: bool = False  # RMS-norm q and k per head before RoPE (Qwen3, Gemma 3)
+    attn_softcap: float | None = None  # cap * tanh(scores / cap)
+    final_softcap: float | None = None  # the same on the logits
+    post_norms: bool = False  # norms on the attention / MLP outputs (Gemma 2/3)
+    query_pre_attn_scalar: float | None = None  # scores scaled by this**-0.5 (else head_dim)
+    attn_scaled: bool = True  # GPT-2 scale_attn_weights: False -> scores not scaled
+    attn_scale_by_layer: bool = False  # GPT-2 scale_attn_by_inverse_layer_idx: / (layer + 1)
+    max_positions: int | None = None
+    # -- axes of the LLaMA-like families with twists (OLMo, OLMo2, Granite, SmolLM3, MoE) --
+    qk_norm_full: bool = False  # q/k norms over the whole projection, not per head (OLMo2/OLMoE)
+    clip_qkv: float | None = None  # clamp q, k, v to [-c, c] after the projections (OLMo)
+    pre_norms: bool = True  # False: no norm before attention / MLP, post-norms only (OLMo2)
+    norm_affine: bool = True  # False: norms without weights (OLMo's non-parametric LayerNorm)
+    residual_scale: float = 1.0  # branch outputs scaled before the residual add (Granite)
+    attn_multiplier: float | None = None  # scores scaled by this, not head_dim**-0.5 (Granite)
+    logit_scale: float = 1.0  # logits multiplied by this (Granite: 1 / logits_scaling)
+    layer_use_rope: tuple[bool, ...] = ()  # per layer, False = no positions (SmolLM3); () = all
+    qk_norm_heads: bool = False  # q/k norm gains per head, [heads, d_head] (Cohere)
+    moe: MoeConfig | None = None  # the mixture-of-experts MLP of the layers layer_moe marks
+    layer_moe: tuple[bool, ...] = ()  # per layer, True = MoE MLP; () = all dense
+
+    def __attrs_post_init__(self) -> None:
+        """Relations between axes; the parsers check the same on JSON keys first, so this
+        only fires for a config built by hand (or a parser bug)."""
+        where = f"{self.model_type} config"
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "intermediate_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{where}: {name} = {getattr(self, name)} must be >= 1")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(f"{where}: num_heads {self.num_heads} is not a multiple of "
+                              f"num_kv_heads {self.num_kv_heads}")
+        if not (self.norm_eps > 0 and math.isfinite(self.norm_eps)):
+            raise ConfigError(f"{where}: norm_eps = {self.norm_eps} must be > 0")
+        for name, seq in (("layer_rope", self.layer_rope), ("layer_windows", self.layer_windows)):
+            if len(seq) != self.num_layers:
+                raise ConfigError(f"{where}: {name} has {len(seq)} entries for "
+                                  f"{self.num_layers} layers")
+        if any(w is not None and w < 1 for w in self.layer_windows):
+            raise ConfigError(f"{where}: sliding windows {self.layer_windows} must be >= 1")
+        if any(not 0 <= r < len(self.ropes) for r in self.layer_rope):
+            raise ConfigError(f"{where}: layer_rope {self.layer_rope} indexes past "
+                              f"{len(self.ropes)} ropes")
+        if self.positions is Positions.ROPE and (
+                self.rot_dim % 2 or not 0 < self.rot_dim <= self.head_dim):
+            raise ConfigError(f"{where}: rotary dims {self.rot_dim} must be even and in "
+                              f"1..head_dim {self.head_dim}")
+        for rope in self.ropes:
+            for key in ("short_factor", "long_factor"):
+                n = len(getattr(rope, key))
+                if rope.scaling is RopeScaling.LONGROPE and n != self.rot_dim // 2:
+                    raise ConfigError(f"{where}: longrope {key} has {n} entries; the rotary "
+                                      f"dimension {self.rot_dim} needs {self.rot_dim // 2}")
+        for name, flags in (("layer_use_rope", self.layer_use_rope), ("layer_moe", self.layer_moe)):
+            if flags and len(flags) != self.num_layers:
+                raise ConfigError(f"{where}: {name} has {len(flags)} entries for "
+                                  f"{self.num_layers} layers")
+        if any(self.layer_moe) and self.moe is None:
+            raise ConfigError(f"{where}: layer_moe marks MoE layers but no MoE config is given")
+        if not self.pre_norms and not self.post_norms:
+            raise ConfigError(f"{where}: a block needs pre-norms or post-norms")
+        if self.positions is Positions.LEARNED and self.max_positions is None:
+            raise ConfigError(f"{where}: learned positions need max_positions")
+        for name in ("attn_softcap", "final_softcap", "query_pre_attn_scalar", "embedding_scale"):
+            v = getattr(self, name)
+            if v is not None and not (v > 0 and math.isfinite(v)):
+                raise ConfigError(f"{where}: {name} = {v} must be > 0")
+
+    @property
+    def attn_scale(self) -> float:
+        if not self.attn_scaled:
+            return 1.0
+        if self.attn_multiplier is not None:
+            return self.attn_multiplier
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    @property
+    def rot_dim(self) -> int:
+        return self.rotary_dim or self.head_dim

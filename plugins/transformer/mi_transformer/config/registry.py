@@ -1,0 +1,150 @@
+"""The registry of supported families: ``model_type`` -> :class:`Family` (its parser, the
+config keys it reads and the ones known to be harmless). The key tables of
+docs/BACKENDS.md are generated from it (:mod:`mi_transformer.keytable`)."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import attrs
+
+from mi_transformer.config.axes import TransformerConfig
+from mi_transformer.config.families_gpt import (
+    parse_falcon, parse_gpt2, parse_gpt_neox, parse_gptj, parse_opt, parse_phi, parse_stablelm,
+)
+from mi_transformer.config.families_llama import (
+    _GEMMA3_MM_KEYS, _GEMMA_HARMLESS, parse_cohere, parse_gemma, parse_gemma2, parse_gemma3,
+    parse_gemma3_text, parse_granite, parse_helium, parse_llama, parse_mistral, parse_olmo,
+    parse_olmo2, parse_phi3, parse_qwen2, parse_qwen3, parse_smollm3, parse_starcoder2,
+)
+from mi_transformer.config.families_moe import (
+    parse_mixtral, parse_olmoe, parse_qwen2_moe, parse_qwen3_moe,
+)
+from mi_transformer.config.reader import ConfigReader
+
+
+@attrs.frozen
+class Family:
+    """One supported ``model_type``.
+
+    `reads`: every config key the parser looks at (implemented, or refused for values it
+    cannot honour). `harmless`: family keys known not to change the numbers. Any other
+    non-null key (beyond :data:`mi_core.configread.GENERIC_HARMLESS`) makes the config a
+    ``ConfigError``.
+    """
+
+    model_type: str
+    parse: Callable[[ConfigReader], TransformerConfig]
+    reads: frozenset[str]
+    harmless: frozenset[str] = frozenset()
+    note: str = ""
+
+
+_SHAPE_KEYS = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "intermediate_size",
+               "max_position_embeddings", "hidden_act", "tie_word_embeddings"}
+_ROPE = {"rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor",
+         "original_max_position_embeddings"}  # the last: yarn / longrope at the top level
+_LLAMA = _SHAPE_KEYS | _ROPE | {"rms_norm_eps", "attention_bias", "mlp_bias",
+                                "use_bidirectional_attention"}
+
+
+def _family(model_type: str, parse: Callable[[ConfigReader], TransformerConfig],
+            reads: Iterable[str], harmless: Iterable[str] = (), note: str = "") -> Family:
+    return Family(model_type, parse, frozenset(reads), frozenset(harmless), note)
+
+
+#: Keys known not to change the numbers, shared by several families.
+_GPT2_HARMLESS = {"n_special", "predict_special_tokens",  # GPT-1 leftovers, never read
+                  "summary_type", "summary_use_proj", "summary_activation",
+                  "summary_proj_to_labels", "summary_first_dropout"}
+_MOE_HARMLESS = {"output_router_logits", "router_aux_loss_coef", "router_jitter_noise"}
+_QWEN_WINDOWS = {"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"}
+
+
+#: model_type -> Family. A new family is one entry here plus a weight-name table
+#: (mi_transformer.weights.NAME_TABLES); see docs/BACKENDS.md.
+FAMILIES: dict[str, Family] = {f.model_type: f for f in [
+    _family("llama", parse_llama, _LLAMA),
+    _family("helium", parse_helium, _LLAMA, note="interleaved (GPT-J) rotary layout"),
+    _family("mistral", parse_mistral, _LLAMA | {"sliding_window"}),
+    _family("qwen2", parse_qwen2, _LLAMA | {"sliding_window", "use_sliding_window",
+                                            "max_window_layers", "layer_types"}),
+    _family("qwen3", parse_qwen3, _LLAMA | {"sliding_window", "use_sliding_window",
+                                            "max_window_layers", "layer_types"}),
+    _family("gemma", parse_gemma, _LLAMA | {"hidden_activation"}),
+    _family("gemma2", parse_gemma2, _LLAMA | {
+        "hidden_activation", "attn_logit_softcapping", "final_logit_softcapping",
+        "query_pre_attn_scalar", "sliding_window", "sliding_window_size", "layer_types"},
+        harmless=_GEMMA_HARMLESS),
+    _family("gemma3_text", parse_gemma3_text, _LLAMA | {
+        "hidden_activation", "attn_logit_softcapping", "final_logit_softcapping",
+        "query_pre_attn_scalar", "sliding_window", "layer_types", "sliding_window_pattern",
+        "_sliding_window_pattern", "rope_local_base_freq"},
+        harmless=_GEMMA_HARMLESS),
+    _family("phi3", parse_phi3, _LLAMA | {"sliding_window", "original_max_position_embeddings"}),
+    _family("cohere", parse_cohere, _LLAMA | {"layer_norm_eps", "use_qk_norm", "logit_scale"},
+            note="parallel block, one shared LayerNorm, interleaved rotary"),
+    _family("gemma3", parse_gemma3, {"text_config", "tie_word_embeddings", *_GEMMA3_MM_KEYS},
+            note="multimodal checkpoint: the language model only"),
+    _family("olmo", parse_olmo, _LLAMA | {"clip_qkv"},
+            note="non-parametric LayerNorm, clip_qkv"),
+    _family("olmo2", parse_olmo2, _LLAMA, note="post-norms only, full-width q/k norms"),
+    _family("granite", parse_granite, _LLAMA | {
+        "embedding_multiplier", "residual_multiplier", "attention_multiplier",
+        "logits_scaling"}),
+    _family("smollm3", parse_smollm3, _LLAMA | {
+        "no_rope_layers", "no_rope_layer_interval", "use_sliding_window", "sliding_window",
+        "layer_types"}, note="NoPE layers"),
+    _family("mixtral", parse_mixtral, _LLAMA | {"sliding_window", "num_local_experts",
+                                                "num_experts_per_tok"}, harmless=_MOE_HARMLESS),
+    _family("qwen2_moe", parse_qwen2_moe, _LLAMA | _QWEN_WINDOWS | {
+        "qkv_bias", "num_experts", "num_local_experts", "num_experts_per_tok",
+        "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob",
+        "decoder_sparse_step", "mlp_only_layers"}, harmless=_MOE_HARMLESS),
+    _family("qwen3_moe", parse_qwen3_moe, _LLAMA | _QWEN_WINDOWS | {
+        "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+        "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"}, harmless=_MOE_HARMLESS),
+    _family("olmoe", parse_olmoe, _LLAMA | {"num_experts", "num_local_experts",
+                                            "num_experts_per_tok", "norm_topk_prob",
+                                            "clip_qkv"}, harmless=_MOE_HARMLESS),
+    _family("gpt2", parse_gpt2, {
+        "vocab_size", "n_embd", "n_head", "n_layer", "n_inner", "n_positions", "n_ctx",
+        "layer_norm_epsilon", "activation_function", "tie_word_embeddings",
+        "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"},
+        harmless=_GPT2_HARMLESS, note="learned positions, Conv1D fused QKV"),
+    _family("gpt_neox", parse_gpt_neox, _SHAPE_KEYS | _ROPE | {
+        "layer_norm_eps", "attention_bias", "use_parallel_residual", "rotary_pct",
+        "rotary_emb_base"}, note="per-head fused QKV, partial rotary, parallel or sequential"),
+    _family("gptj", parse_gptj, {"rotary", "scale_attn_weights",
+        "vocab_size", "n_embd", "n_head", "n_layer", "n_inner", "n_positions", "rotary_dim",
+        "layer_norm_epsilon", "activation_function", "tie_word_embeddings"},
+        harmless=_GPT2_HARMLESS, note="parallel, one norm, interleaved partial rotary"),
+    _family("phi", parse_phi, _SHAPE_KEYS | _ROPE | {"layer_norm_eps", "qk_layernorm"},
+            note="parallel, one norm, partial rotary"),
+    _family("stablelm", parse_stablelm, _SHAPE_KEYS | _ROPE | {
+        "layer_norm_eps", "qk_layernorm", "use_parallel_residual", "use_qkv_bias"},
+        note="LayerNorm, partial rotary, sequential or parallel (one norm)"),
+    _family("opt", parse_opt, {
+        "vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "ffn_dim",
+        "max_position_embeddings", "activation_function",
+        "tie_word_embeddings", "do_layer_norm_before", "_remove_final_layer_norm",
+        "layer_norm_elementwise_affine", "word_embed_proj_dim", "enable_bias"},
+        note="learned positions (offset 2), ReLU; LayerNorm eps fixed at 1e-5"),
+    _family("falcon", parse_falcon, _ROPE | {"apply_residual_connection_post_layernorm",
+        "vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "num_kv_heads",
+        "ffn_hidden_size", "layer_norm_epsilon", "activation", "tie_word_embeddings", "alibi",
+        "new_decoder_architecture", "multi_query", "parallel_attn", "num_ln_in_parallel_attn",
+        "bias", "max_position_embeddings"},
+        note="multi-query / grouped (new decoder) / per-head fused QKV"),
+    _family("starcoder2", parse_starcoder2, _LLAMA | {"sliding_window", "norm_epsilon",
+                                                      "use_bias"}),
+]}
+
+
+def family_parsers() -> dict[str, Callable[[ConfigReader], TransformerConfig]]:
+    return {k: f.parse for k, f in FAMILIES.items()}
+
+
+#: Backwards-compatible view: model_type -> parser.
+FAMILY_PARSERS = family_parsers()

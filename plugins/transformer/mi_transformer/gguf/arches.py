@@ -1,0 +1,379 @@
+"""Architectures: GGUF metadata -> an HF config dict, llama.cpp tensor names -> the slots of
+the family's weight table. One :class:`GgufArch` per llama.cpp architecture
+(:data:`GGUF_ARCHES`), with what llama.cpp's converter changed (LLaMA's q/k row permutation,
+Gemma's norm gains stored as 1 + w, GPT-2's Conv1D weights stored transposed, rope factors
+stored as tensors)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import attrs
+import torch
+
+from mi_core.plugin import ConfigError, UnsupportedModelError
+
+from mi_transformer.gguf.header import GgufHeader
+
+
+def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's ``permute``: per head, rows (pair, half) -> (half, pair).
+
+    llama.cpp's converter does ``w.reshape(n_head, 2, d/2, ...).swapaxes(1, 2)`` so that
+    rotary pairs are adjacent rows (GPT-J layout); HF rotates the two halves of each head.
+    w: [n_heads * head_dim, ...] (weight or bias) -> same shape, HF row order.
+    """
+    half = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape).contiguous()
+
+
+_REQUIRED: Any = object()
+
+
+class _Meta:
+    """Typed reads of GGUF metadata: a value of the wrong type (a string where a count is
+    expected, a list, a negative or non-finite number) is a ConfigError naming the key."""
+
+    def __init__(self, header: GgufHeader, arch: str) -> None:
+        self.md, self.path, self.arch = header.metadata, header.path, arch
+
+    def raw(self, key: str) -> Any:
+        return self.md.get(key)
+
+    def _bad(self, key: str, v: Any, what: str) -> ConfigError:
+        return ConfigError(f"{self.path}: GGUF metadata {key!r} = {v!r} ({type(v).__name__}): "
+                           f"expected {what}")
+
+    def int(self, key: str, default: Any = _REQUIRED, *, arch: bool = True, min: int = 1,
+            allow_list: bool = False) -> Any:
+        k = f"{self.arch}.{key}" if arch else key
+        v = self.md.get(k)
+        if v is None:
+            if default is _REQUIRED:
+                raise ConfigError(f"{self.path}: GGUF metadata lacks required key {k!r}")
+            return default
+        if allow_list and isinstance(v, list):  # per-layer values: only uniform ones map to HF
+            if not v or len(set(map(repr, v))) != 1:
+                raise UnsupportedModelError(f"{self.path}: GGUF metadata {k!r} has per-layer "
+                                            f"values {v[:8]}; only uniform ones are supported")
+            v = v[0]
+        if isinstance(v, bool) or not isinstance(v, int) or v < min:
+            raise self._bad(k, v, f"an integer >= {min}")
+        return v
+
+    def float(self, key: str, default: Any = _REQUIRED, *, positive: bool = True) -> Any:
+        k = f"{self.arch}.{key}"
+        v = self.md.get(k)
+        if v is None:
+            if default is _REQUIRED:
+                raise ConfigError(f"{self.path}: GGUF metadata lacks required key {k!r}")
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or (positive and v <= 0):
+            raise self._bad(k, v, "a finite number" + (" > 0" if positive else ""))
+        return float(v)
+
+    def str(self, key: str, default: Any = None) -> Any:
+        v = self.md.get(key, default)
+        if v is not None and not isinstance(v, str):
+            raise self._bad(key, v, "a string")
+        return v
+
+
+@attrs.frozen
+class GgufArch:
+    """How one llama.cpp ``general.architecture`` maps onto an HF family.
+
+    `layer_slots`: llama.cpp per-layer module -> the slot of the family's weight table
+    (:func:`mi_transformer.weights.slot_names`; ``.weight`` / ``.bias`` kept), so the HF
+    tensor names come from the one table loading also uses. `permute_qk`: llama.cpp permuted
+    the q/k rows to GPT-J order (LLaMA only; the others use its NeoX rope). `norm_offset`:
+    llama.cpp stores Gemma's norm gains as 1 + w; subtracted. `transpose_linear`: GPT-2's
+    Conv1D weights are stored as [out, in]. `configure(meta, cfg, names)`: the family's
+    extra config keys.
+    """
+
+    model_type: str
+    hf_class: str
+    layer_slots: Mapping[str, str]
+    permute_qk: bool = False
+    norm_offset: float = 0.0
+    configure: Callable[["_Meta", dict[str, Any], set[str]], None] | None = None
+    transpose_linear: bool = False
+
+
+_LLAMA_LAYER = {
+    "attn_norm": "ln1", "ffn_norm": "ln2", "attn_q": "q", "attn_k": "k", "attn_v": "v",
+    "attn_output": "o", "ffn_gate": "mlp_in", "ffn_up": "mlp_up", "ffn_down": "mlp_out",
+}
+#: llama.cpp global tensors -> weight-table slots (the same in every architecture).
+_GLOBAL_SLOTS = {"token_embd.weight": "embed", "position_embd.weight": "pos_embed",
+                 "output_norm.weight": "final_norm.weight", "output_norm.bias": "final_norm.bias",
+                 "output.weight": "lm_head.weight"}
+_ROPE_FREQS = "rope_freqs.weight"  # llama3 rope factors, folded into config.rope_scaling
+_LONGROPE = {"rope_factors_long.weight": "long_factor",  # Phi-3 128k, folded into rope_scaling
+             "rope_factors_short.weight": "short_factor"}
+
+
+def _llama_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    if m.raw("llama.expert_count") is not None:  # llama.cpp writes Mixtral as llama + experts
+        cfg.update(model_type="mixtral", architectures=["MixtralForCausalLM"],
+                   num_local_experts=m.int("expert_count"),
+                   num_experts_per_tok=m.int("expert_used_count"))
+        return
+    cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+    cfg["mlp_bias"] = "blk.0.ffn_up.bias" in names
+
+
+def _qwen3_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+
+
+def _gemma_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    cfg.pop("hidden_act")
+    cfg["hidden_activation"] = "gelu_pytorch_tanh"
+
+
+def _gemma2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    _gemma_extra(m, cfg, names)
+    cfg["attn_logit_softcapping"] = m.float("attn_logit_softcapping", None)
+    cfg["final_logit_softcapping"] = m.float("final_logit_softcapping", None)
+    cfg["sliding_window"] = m.int("attention.sliding_window", None)
+    # llama.cpp scales scores by key_length**-0.5, except for the 27B model (recognised by its
+    # 46 layers), where it uses (d_model / heads)**-0.5 as Gemma 2 27B's
+    # query_pre_attn_scalar = 144 does; we do exactly the same.
+    cfg["query_pre_attn_scalar"] = (cfg["hidden_size"] // cfg["num_attention_heads"]
+                                    if cfg["num_hidden_layers"] == 46 else cfg["head_dim"])
+
+
+def _phi3_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    cfg["sliding_window"] = m.int("attention.sliding_window", None)
+    orig = m.int("rope.scaling.original_context_length", None)
+    if orig is not None:
+        cfg["original_max_position_embeddings"] = orig
+
+
+def _gpt2_config(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    """GPT-2 spells its config its own way; llama.cpp's converter also writes the (tied)
+    embedding a second time as output.weight, which is then loaded untied (same numbers)."""
+    cfg.update({
+        "n_embd": cfg.pop("hidden_size"), "n_head": cfg.pop("num_attention_heads"),
+        "n_layer": cfg.pop("num_hidden_layers"), "n_inner": cfg.pop("intermediate_size"),
+        "n_positions": cfg.pop("max_position_embeddings"),
+        "layer_norm_epsilon": m.float("attention.layer_norm_epsilon", 1e-5),
+        "activation_function": "gelu_new"})
+    for k in ("num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "rope_theta"):
+        cfg.pop(k, None)
+
+
+def _moe_extra(norm_default: bool, shared: bool) -> Callable[[_Meta, dict[str, Any], set[str]],
+                                                             None]:
+    """Qwen2-MoE / Qwen3-MoE: expert counts and sizes; llama.cpp renormalises the top-k
+    weights for qwen3moe and not for qwen2moe unless ``expert_weights_norm`` says so."""
+    def configure(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+        cfg["num_experts"] = m.int("expert_count")
+        cfg["num_experts_per_tok"] = m.int("expert_used_count")
+        cfg["moe_intermediate_size"] = m.int("expert_feed_forward_length")
+        if cfg.get("intermediate_size") is None:  # every layer is sparse
+            cfg["intermediate_size"] = cfg["moe_intermediate_size"]
+        norm = m.raw(f"{m.arch}.expert_weights_norm")
+        if norm is not None and not isinstance(norm, bool):
+            raise m._bad(f"{m.arch}.expert_weights_norm", norm, "true or false")
+        cfg["norm_topk_prob"] = norm_default if norm is None else norm
+        if shared:
+            cfg["shared_expert_intermediate_size"] = m.int("expert_shared_feed_forward_length")
+        if cfg["model_type"] == "qwen3_moe":
+            cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+    return configure
+
+
+#: MoE tensors; {block} is the family's MoE module (mlp, Mixtral's block_sparse_moe)
+_MOE_SLOTS = {"ffn_gate_inp": "moe:{block}.gate", "ffn_gate_exps": "exps:0",
+              "ffn_up_exps": "exps:1", "ffn_down_exps": "exps:2",
+              "ffn_gate_shexp": "moe:{block}.shared_expert.gate_proj",
+              "ffn_up_shexp": "moe:{block}.shared_expert.up_proj",
+              "ffn_down_shexp": "moe:{block}.shared_expert.down_proj",
+              "ffn_gate_inp_shexp": "moe:{block}.shared_expert_gate"}
+_ATTN_SLOTS = {k: v for k, v in _LLAMA_LAYER.items() if not k.startswith("ffn_")} | {
+    "ffn_norm": "ln2"}
+
+
+def _starcoder2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    cfg.pop("rms_norm_eps")
+    cfg["norm_epsilon"] = m.float("attention.layer_norm_epsilon", 1e-5)
+    cfg["hidden_act"] = "gelu_pytorch_tanh"
+    cfg["use_bias"] = "blk.0.attn_q.bias" in names
+
+
+def _olmo2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+
+
+GGUF_ARCHES: dict[str, GgufArch] = {
+    "llama": GgufArch("llama", "LlamaForCausalLM", {**_LLAMA_LAYER, **_MOE_SLOTS},
+                      permute_qk=True, configure=_llama_extra),
+    "qwen2": GgufArch("qwen2", "Qwen2ForCausalLM", _LLAMA_LAYER),
+    "qwen3": GgufArch("qwen3", "Qwen3ForCausalLM", {
+        **_LLAMA_LAYER, "attn_q_norm": "q_norm", "attn_k_norm": "k_norm"},
+        configure=_qwen3_extra),
+    "gemma": GgufArch("gemma", "GemmaForCausalLM", _LLAMA_LAYER, norm_offset=1.0,
+                      configure=_gemma_extra),
+    "gemma2": GgufArch("gemma2", "Gemma2ForCausalLM", {
+        **_LLAMA_LAYER, "post_attention_norm": "ln1_post", "ffn_norm": "ln2",
+        "post_ffw_norm": "ln2_post"}, norm_offset=1.0, configure=_gemma2_extra),
+    "phi3": GgufArch("phi3", "Phi3ForCausalLM", {
+        "attn_norm": "ln1", "ffn_norm": "ln2", "attn_qkv": "qkv", "attn_output": "o",
+        "ffn_up": "gate_up", "ffn_down": "mlp_out"}, configure=_phi3_extra),
+    "qwen2moe": GgufArch("qwen2_moe", "Qwen2MoeForCausalLM", {**_ATTN_SLOTS, **_MOE_SLOTS},
+                         configure=_moe_extra(False, shared=True)),
+    "qwen3moe": GgufArch("qwen3_moe", "Qwen3MoeForCausalLM", {
+        **_ATTN_SLOTS, **_MOE_SLOTS, "attn_q_norm": "q_norm", "attn_k_norm": "k_norm"},
+        configure=_moe_extra(True, shared=False)),
+    "starcoder2": GgufArch("starcoder2", "Starcoder2ForCausalLM", {
+        **_ATTN_SLOTS, "ffn_up": "mlp_in", "ffn_down": "mlp_out"}, configure=_starcoder2_extra),
+    "olmo2": GgufArch("olmo2", "Olmo2ForCausalLM", {
+        **{k: v for k, v in _LLAMA_LAYER.items() if not k.endswith("_norm")},
+        "attn_q_norm": "q_norm", "attn_k_norm": "k_norm", "post_attention_norm": "ln1_post",
+        "post_ffw_norm": "ln2_post"}, configure=_olmo2_extra),
+    "gpt2": GgufArch("gpt2", "GPT2LMHeadModel", {
+        "attn_norm": "ln1", "attn_qkv": "qkv", "attn_output": "o", "ffn_norm": "ln2",
+        "ffn_up": "mlp_in", "ffn_down": "mlp_out"}, configure=_gpt2_config,
+        transpose_linear=True),
+}
+
+
+def gguf_arch(header: GgufHeader) -> GgufArch:
+    arch = header.metadata.get("general.architecture")
+    if arch not in GGUF_ARCHES:
+        raise UnsupportedModelError(f"{header.path}: GGUF architecture {arch!r} is not supported "
+                                    f"(supported: {', '.join(GGUF_ARCHES)})")
+    return GGUF_ARCHES[arch]
+
+
+def slot_of(gguf_name: str, arch: GgufArch) -> tuple[int | None, str] | None:
+    """(layer or None, weight-table slot) of a llama.cpp tensor, or None when it has none."""
+    if gguf_name in _GLOBAL_SLOTS:
+        return None, _GLOBAL_SLOTS[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and \
+            parts[3] in ("weight", "bias") and parts[2] in arch.layer_slots:
+        return int(parts[1]), f"{arch.layer_slots[parts[2]]}.{parts[3]}"
+    return None
+
+
+def hf_config(header: GgufHeader) -> dict[str, Any]:
+    """An HF config.json dict from the GGUF metadata (and tensor table)."""
+    arch = gguf_arch(header)
+    name = header.metadata["general.architecture"]
+    m = _Meta(header, name)
+    path = header.path
+    hidden = m.int("embedding_length")
+    heads = m.int("attention.head_count")
+    kv_heads = m.int("attention.head_count_kv", heads, allow_list=True)
+    head_dim = m.int("attention.key_length", hidden // heads)
+    rot = m.int("rope.dimension_count", head_dim)
+    value_len = m.int("attention.value_length", head_dim)
+    if rot != head_dim or value_len != head_dim:
+        raise UnsupportedModelError(f"{path}: {name}.rope.dimension_count {rot} / "
+                                    f"value_length {value_len} differ from head dim {head_dim} "
+                                    f"(partial rotary is not supported for GGUF)")
+    names = {t.name for t in header.tensors}
+    tokens = header.metadata.get("tokenizer.ggml.tokens")
+    if tokens is not None and not isinstance(tokens, list):
+        raise m._bad("tokenizer.ggml.tokens", tokens, "a list of strings")
+    vocab = m.int("vocab_size", len(tokens) if tokens else None)
+    if vocab is None:
+        emb = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
+        if emb is None or len(emb.shape) != 2:
+            raise ConfigError(f"{path}: no vocab_size, tokenizer.ggml.tokens or token_embd.weight")
+        vocab = emb.shape[0]
+    ctx = m.int("context_length", 2048)
+    cfg: dict[str, Any] = {
+        "architectures": [arch.hf_class],
+        "model_type": arch.model_type,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": m.int("feed_forward_length", None, allow_list=True),
+        "num_hidden_layers": m.int("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": m.float("attention.layer_norm_rms_epsilon", 1e-5),
+        "rope_theta": m.float("rope.freq_base", 10000.0),
+        "max_position_embeddings": ctx,
+        "tie_word_embeddings": "output.weight" not in names,
+        "torch_dtype": "float32",
+    }
+    scaling = _rope_scaling(header, m, ctx)
+    if scaling is not None:
+        cfg["rope_scaling"] = scaling
+    if arch.configure is not None:
+        arch.configure(m, cfg, names)
+    if cfg.get("intermediate_size", cfg.get("n_inner")) is None:
+        key = f"{name}.feed_forward_length"
+        raise ConfigError(f"{path}: GGUF metadata lacks required key {key!r}")
+    for key, hf in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                    ("padding_token_id", "pad_token_id")):
+        v = m.int(f"tokenizer.ggml.{key}", None, arch=False, min=0)
+        if v is not None:
+            cfg[hf] = v
+    return {k: v for k, v in cfg.items() if v is not None}
+
+
+def llama_config(header: GgufHeader) -> dict[str, Any]:
+    """Kept for callers of the LLaMA-only reader: :func:`hf_config` for any architecture."""
+    return hf_config(header)
+
+
+def _rope_scaling(header: GgufHeader, m: _Meta, ctx: int) -> dict[str, Any] | None:
+    names = {t.name for t in header.tensors}
+    if _ROPE_FREQS in names or set(_LONGROPE) & names:
+        return None  # filled in from the factor tensors by read_gguf
+    kind = m.str(f"{m.arch}.rope.scaling.type", "none")
+    factor = m.float("rope.scaling.factor", None)
+    if kind in ("none", None) or (kind == "linear" and not factor):
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": factor}
+    if kind == "yarn":
+        out: dict[str, Any] = {"rope_type": "yarn", "factor": factor or 1.0,
+                               "original_max_position_embeddings":
+                                   m.int("rope.scaling.original_context_length", ctx)}
+        for k in ("beta_fast", "beta_slow"):
+            v = m.float(f"rope.scaling.yarn_{k}", None)
+            if v is not None:
+                out[k] = v
+        for k in ("rope.scaling.yarn_attn_factor", "rope.scaling.attn_factor"):
+            v = m.float(k, None)
+            if v is not None and v != 1.0:  # llama.cpp's multiplier on its own mscale
+                raise UnsupportedModelError(f"{header.path}: {m.arch}.{k} = {v} has no HF "
+                                            f"yarn equivalent")
+        return out
+    raise UnsupportedModelError(f"{header.path}: rope scaling type {kind!r} is not supported")
+
+
+def llama3_rope_from_factors(factors: torch.Tensor, theta: float, head_dim: int,
+                             original_ctx: int | None, path: Path) -> dict[str, Any]:
+    """Recover HF's ``rope_scaling`` (llama3) from llama.cpp's ``rope_freqs.weight``.
+
+    llama.cpp stores one divisor per frequency; HF stores the four parameters that generate
+    them. We take factor = max divisor and try the parameters Llama 3.x ships with, and accept
+    only an exact reproduction (a wrong guess would silently change every rotation).
+    """
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    wavelen = 2 * math.pi / inv
+    factor = float(factors.max())
+    for old in [original_ctx] if original_ctx else [8192, 4096, 2048, 16384, 32768]:
+        for low, high in ((1.0, 4.0), (1.0, 2.0), (2.0, 4.0)):
+            smooth = (old / wavelen - low) / (high - low)
+            mid = 1.0 / ((1 - smooth) / factor + smooth)
+            low_freq = torch.where(wavelen > old / low, torch.full_like(wavelen, factor), mid)
+            want = torch.where(wavelen < old / high, torch.ones_like(wavelen), low_freq)
+            if torch.allclose(want.float(), factors.float().flatten(), rtol=1e-4, atol=1e-6):
+                return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                        "high_freq_factor": high, "original_max_position_embeddings": old}
+    raise UnsupportedModelError(f"{path}: rope_freqs.weight does not match llama3 rope scaling "
+                                f"with any known parameters; cannot express it as an HF config")

