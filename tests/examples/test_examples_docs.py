@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import mi_core as mi
-from mi_core.cli.main import build_parser
+from mi_cli.main import build_parser
 
 ROOT = Path(__file__).parents[2]
 DOCS = [ROOT / "README.md", ROOT / "docs" / "TUTORIAL.md"]

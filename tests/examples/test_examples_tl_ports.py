@@ -32,7 +32,7 @@ FLAGS = dict(fold_ln=True, center_writing_weights=True, center_unembed=True)
 #: the ports' import lines -> the TransformerLens originals'
 ORIGINAL_IMPORTS = {
     "import mi_core as mi  # TL:": "import transformer_lens as mi  # port:",
-    "from mi_core.interp import act_patching as patching  # TL:":
+    "from mi_core.tl import patching  # TL:":
         "import transformer_lens.patching as patching  # port:",
 }
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mi_core.cli.main import main
+from mi_cli.main import main
 from mi_probing import ActivationSet
 
 from tests.support.probing_toy import LABELS, TEXTS

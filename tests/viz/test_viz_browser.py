@@ -362,7 +362,7 @@ def test_feature_activations_click_and_hover(browser, tmp_path: Path) -> None:
     (["steer", "--target", "w5", "--strengths", "0,1,2"], "#chart"),
 ])
 def test_cli_plot_html_writes_the_interactive_page(browser, argv, element, tmp_path: Path) -> None:
-    from mi_core.cli.main import main
+    from mi_cli.main import main
 
     from tests.viz.conftest import CLT_FIX
 
