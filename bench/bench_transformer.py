@@ -58,6 +58,46 @@ def _peak_rss(directory: Path) -> tuple[float, float, float]:
     return before, peak, after
 
 
+def _functions(d: Path, ids: torch.Tensor, with_tl: bool
+               ) -> tuple[dict[str, Callable[[], object]], int, int]:
+    """The timed calls (ours empty / capturing every point / all but scores and patterns,
+    transformers SDPA, TransformerBridge), the number of points and of non-pattern points."""
+    import transformers
+
+    ours = mi.MIModel.from_pretrained(d)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        d, dtype=torch.float32, attn_implementation="sdpa").eval()
+    all_points = [p for p in ours.hook_points() if not p.name.endswith("attn.hook_result")]
+    spec_all = mi.HookSpec().capture_all(all_points)
+    # Everything but scores/pattern: attention stays on the SDPA path (the cost split).
+    spec_sdpa = mi.HookSpec().capture_all(
+        [p for p in all_points if not p.name.endswith(("hook_attn_scores", "hook_pattern"))])
+
+    def hf_sdpa() -> object:
+        with torch.inference_mode():
+            return hf(ids, use_cache=False).logits
+
+    fns: dict[str, Callable[[], object]] = {
+        "ours_empty": lambda: ours.forward(ids, mi.HookSpec()).output,
+        "ours_all": lambda: ours.forward(ids, spec_all).output,
+        "ours_all_but_pattern": lambda: ours.forward(ids, spec_sdpa).output, "hf_sdpa": hf_sdpa}
+    if with_tl:
+        from transformer_lens.model_bridge import TransformerBridge
+
+        bridge = TransformerBridge.boot_transformers(str(d), device="cpu", dtype=torch.float32)
+
+        def tl_forward() -> object:
+            with torch.inference_mode():
+                return bridge(ids, return_type="logits")
+
+        def tl_cache() -> object:
+            with torch.inference_mode():
+                return bridge.run_with_cache(ids)[0]
+
+        fns.update(tl_forward=tl_forward, tl_cache=tl_cache)
+    return fns, len(all_points), len(spec_sdpa.points())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=7)
@@ -77,56 +117,16 @@ def main() -> None:
         ckpt = read_gguf(gguf_path)
         t_gguf = time.perf_counter() - t0
         d = ckpt.save_pretrained(Path(tmp) / "smollm2")
+        vocab = ckpt.config["vocab_size"]
         del ckpt
         file_size = (d / "model.safetensors").stat().st_size
-
         t0 = time.perf_counter()
-        ours = mi.MIModel.from_pretrained(d)
+        mi.MIModel.from_pretrained(d)
         t_load = time.perf_counter() - t0
-        import transformers
-
-        hf = transformers.AutoModelForCausalLM.from_pretrained(
-            d, dtype=torch.float32, attn_implementation="sdpa").eval()
-        ids = torch.randint(0, ours.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
-        all_points = [p for p in ours.hook_points() if not p.name.endswith("attn.hook_result")]
-        spec_all = mi.HookSpec().capture_all(all_points)
-        # Everything but scores/pattern: attention stays on the SDPA path (the cost split).
-        spec_sdpa = mi.HookSpec().capture_all(
-            [p for p in all_points if not p.name.endswith(("hook_attn_scores", "hook_pattern"))])
-
-        def ours_empty() -> object:
-            return ours.forward(ids, mi.HookSpec()).output
-
-        def ours_all() -> object:
-            return ours.forward(ids, spec_all).output
-
-        def ours_all_but_pattern() -> object:
-            return ours.forward(ids, spec_sdpa).output
-
-        def hf_sdpa() -> object:
-            with torch.inference_mode():
-                return hf(ids, use_cache=False).logits
-
-        fns: dict[str, Callable[[], object]] = {"ours_empty": ours_empty, "ours_all": ours_all,
-                                                "ours_all_but_pattern": ours_all_but_pattern,
-                                                "hf_sdpa": hf_sdpa}
-        if not args.no_tl:
-            from transformer_lens.model_bridge import TransformerBridge
-
-            bridge = TransformerBridge.boot_transformers(str(d), device="cpu", dtype=torch.float32)
-
-            def tl_forward() -> object:
-                with torch.inference_mode():
-                    return bridge(ids, return_type="logits")
-
-            def tl_cache() -> object:
-                with torch.inference_mode():
-                    return bridge.run_with_cache(ids)[0]
-
-            fns.update(tl_forward=tl_forward, tl_cache=tl_cache)
-
+        ids = torch.randint(0, vocab, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+        fns, n_all, n_sdpa = _functions(d, ids, not args.no_tl)
         with torch.inference_mode():  # same numbers before timing anything
-            diff = (ours_empty() - hf_sdpa()).abs().max().item()
+            diff = (fns["ours_empty"]() - fns["hf_sdpa"]()).abs().max().item()
         clock = time.process_time if args.timer == "cpu" else time.perf_counter
         t = round_robin(fns, args.reps, clock)
         before, peak, after = _peak_rss(d)
@@ -134,9 +134,9 @@ def main() -> None:
     ms = {k: v * 1e3 for k, v in t.items()}
     rows = [
         ("ours (empty HookSpec) / transformers SDPA", ms["ours_empty"], ms["hf_sdpa"], "<= 1.02"),
-        (f"ours capturing all {len(all_points)} points / ours empty", ms["ours_all"],
+        (f"ours capturing all {n_all} points / ours empty", ms["ours_all"],
          ms["ours_empty"], "<= 1.10"),
-        (f"ours capturing all but scores/pattern ({len(spec_sdpa.points())}) / ours empty",
+        (f"ours capturing all but scores/pattern ({n_sdpa}) / ours empty",
          ms["ours_all_but_pattern"], ms["ours_empty"], "-"),
     ]
     if "tl_forward" in ms:

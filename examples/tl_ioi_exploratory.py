@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 import mi_core as mi  # TL: from transformer_lens import HookedTransformer
-from mi_core.interp import act_patching as patching  # TL: import transformer_lens.patching as patching
+from mi_core.tl import patching  # TL: import transformer_lens.patching as patching
 
 PROMPT_FORMAT = ["When John and Mary went to the shops,{} gave the bag to",
                  "When Tom and James went to the park,{} gave the ball to"]
