@@ -135,6 +135,13 @@ class MIModel(metaclass=_ModelClass):
     def has_tokenizer(self) -> bool:
         return self.backend.tokenizer is not None
 
+    @property
+    def layer_types(self) -> list[str]:
+        """Each layer's mixer ("full_attention", "sliding_attention", "rwkv7", ...); a
+        CapabilityError for a backend that does not declare them."""
+        self.require(caps.LayerTypes, "layer_types")
+        return list(self.backend.layer_types)
+
     def capabilities(self) -> list[str]:
         """The capabilities the backend declares (see :mod:`mi_core.capabilities`)."""
         return caps.capabilities(self.backend)

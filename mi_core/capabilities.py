@@ -14,6 +14,7 @@ capability, what needed it and the backend. No analysis probes a backend with ``
 | :class:`Readout` | ``final_norm(x, scale)``, ``unembed(x)`` | direct logit attribution |
 | :class:`Gradients` | ``differentiable = True`` | attribution patching, gradient captures |
 | :class:`WeightProcessing` | ``process_weights(fold_ln=, ...)`` | ``MIModel.process_weights`` |
+| :class:`LayerTypes` | ``layer_types`` (one mixer name per layer) | ``MIModel.layer_types`` |
 """
 
 from __future__ import annotations
@@ -91,6 +92,14 @@ class Gradients(Protocol):
 
 
 @runtime_checkable
+class LayerTypes(Protocol):
+    """Which mixer each layer has: ``layer_types[i]`` is e.g. "full_attention",
+    "sliding_attention", "rwkv7", "mamba2", "gated_deltanet" (one string per layer)."""
+
+    layer_types: Sequence[str]
+
+
+@runtime_checkable
 class WeightProcessing(Protocol):
     """TransformerLens' weight processing in place (fold norms, centre writing weights and
     the unembedding, fold value biases); logits unchanged."""
@@ -104,7 +113,7 @@ ALL: dict[str, type] = {
     "hook shapes": HookShapes, "KV-cached generation": KVCachedGeneration,
     "layer schedule": LayerSchedule, "state interventions": StateInterventions,
     "weight access": WeightAccess, "readout": Readout, "gradients": Gradients,
-    "weight processing": WeightProcessing,
+    "weight processing": WeightProcessing, "layer types": LayerTypes,
 }
 
 

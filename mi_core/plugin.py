@@ -13,8 +13,8 @@ See docs/PLUGINS.md.
 
 from mi_core.backend import MIModel, require_points
 from mi_core.capabilities import (
-    Gradients, HookShapes, KVCachedGeneration, LayerSchedule, Readout, StateInterventions,
-    WeightAccess, WeightProcessing,
+    Gradients, HookShapes, KVCachedGeneration, LayerSchedule, LayerTypes, Readout,
+    StateInterventions, WeightAccess, WeightProcessing,
 )
 from mi_core.capabilities import capabilities as capabilities_of
 from mi_core.capabilities import has as has_capability
@@ -65,6 +65,7 @@ __all__ = [
     "GLOBAL_NAMES", "GenerationResult", "Gradients", "HFTokenizer", "HookCache", "HookError",
     "HookLike", "HookPoint", "HookRun", "HookShapes", "HookSpec", "InputError", "Intervention",
     "InterventionError", "KVCachedGeneration", "Knockout", "LAYER_SUFFIXES", "LayerSchedule",
+    "LayerTypes",
     "MIBackend", "MIError", "MIModel", "MITokenizer", "MetricError", "ModelSource",
     "OPT_IN_SUFFIXES", "PICKLE_SUFFIXES", "PRE_SOFTMAX_SCORES", "PluginError", "Progress",
     "REQUIRED", "Readout", "Replace", "SafetensorsCheckpoint", "Scale", "SparseActivations",

@@ -199,3 +199,9 @@ def test_mi_register_commands_on_the_kernels_deprecated_surface_still_run(capsys
         assert "invalid choice: 'no-such-command'" in capsys.readouterr().err
     finally:
         plugins.unregister_plugin("legacy")
+
+
+def test_layer_types_of_a_backend_that_does_not_declare_them_are_a_capability_error(
+        toy_model) -> None:
+    with pytest.raises(mi.CapabilityError, match="'layer types' capability"):
+        toy_model.layer_types

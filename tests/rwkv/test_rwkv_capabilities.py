@@ -16,8 +16,9 @@ from tests.support.rwkv_ckpt import random_ids
 def test_rwkv_declares_what_it_has_and_not_a_layer_schedule(model) -> None:
     have = set(model.capabilities())
     assert {"state interventions", "KV-cached generation", "hook shapes", "weight access",
-            "readout"} <= have
+            "readout", "layer types"} <= have
     assert "layer schedule" not in have
+    assert model.layer_types == [f"rwkv{model.config.version}"] * model.num_layers
     ids = random_ids(1, 6)
     with pytest.raises(mi.CapabilityError, match="layer schedule.*rwkv|rwkv.*layer schedule"):
         model.forward(ids, layer_schedule=[0, 1, 1])

@@ -144,6 +144,12 @@ def gemma3_mm(tmp_path_factory):
     return Tiny("gemma3_mm", path, hf)
 
 
+def test_layer_types_follow_the_configs_sliding_and_full_layers(gemma3_mm):
+    model = mi.MIModel.from_pretrained(gemma3_mm.path)
+    assert model.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
+    assert "layer types" in model.capabilities()
+
+
 def test_gemma3_multimodal_checkpoint_loads_its_language_model(gemma3_mm, make_ids):
     from safetensors import safe_open
 

@@ -203,6 +203,7 @@ class RwkvBackend:
         self.dtype = dtype
         self.chunk = chunk
         self.num_layers = config.num_layers
+        self.layer_types = [f"rwkv{config.version}"] * config.num_layers  # LayerTypes
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_heads
         self.hidden_size = config.hidden_size

@@ -62,6 +62,9 @@ class TransformerBackend:
             n.rotary = config.positions is Positions.ROPE and (
                 not config.layer_use_rope or config.layer_use_rope[i])
         self.settings = [LayerSettings.of(config, i) for i in range(config.num_layers)]
+        #: each layer's mixer (the LayerTypes capability)
+        self.layer_types = ["full_attention" if s.window is None else "sliding_attention"
+                            for s in self.settings]
         self.inv_freqs = [inv_freq(r, config.rot_dim).to(device) for r in config.ropes]
         self._warned_long = False
 
