@@ -22,9 +22,12 @@ import torch
 from mi_core.plugin import WeightLoadError, checked_tensor, progress
 
 from mi_transformer.attention import AttnWeights
-from mi_transformer.config import BlockLayout, MlpLayout, Positions, QkvLayout, TransformerConfig
+from mi_transformer.config import (BlockLayout, MlpLayout, NormType, Positions, QkvLayout,
+                                   TransformerConfig)
+from mi_transformer.mla import load_mla, mla_shapes
 from mi_transformer.mlp import MlpWeights
-from mi_transformer.moe import MoeWeights, expected_moe_shapes, load_moe
+from mi_transformer.experts import raw_names
+from mi_transformer.moe import MoeWeights, expected_moe_shapes, float32_names, load_moe
 from mi_transformer.norm import Norm
 
 
@@ -60,6 +63,7 @@ class NameTable:
     mlp_up: str = "mlp.up_proj"
     mlp_gate_up: str = "mlp.gate_up_proj"
     mlp_out: str = "mlp.down_proj"
+    attn: str = "self_attn"  # the attention module (MLA's projections and gpt-oss's sinks)
     conv1d: bool = False
     base_prefix: str = ""
     ignore: tuple[str, ...] = (r"rotary_emb\.inv_freq$",)
@@ -76,6 +80,17 @@ NAME_TABLES: dict[str, NameTable] = {
     "gemma2": NameTable(ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
                         ln2_post="post_feedforward_layernorm"),
     "starcoder2": NameTable(mlp_in="mlp.c_fc", mlp_out="mlp.c_proj"),
+    # Llama 4: the MLP (dense or MoE) is feed_forward; the multimodal checkpoint's language
+    # model under language_model. (vision tower and projector ignored, text-only forward)
+    "llama4": NameTable(mlp_in="feed_forward.gate_proj", mlp_up="feed_forward.up_proj",
+                        mlp_out="feed_forward.down_proj"),
+    "llama4_mm": NameTable(embed="language_model.model.embed_tokens",
+                           final_norm="language_model.model.norm", lm_head="language_model.lm_head",
+                           layer="language_model.model.layers.{i}.",
+                           mlp_in="feed_forward.gate_proj", mlp_up="feed_forward.up_proj",
+                           mlp_out="feed_forward.down_proj",
+                           ignore=(r"^vision_model\.", r"^multi_modal_projector\.",
+                                   r"rotary_emb\.inv_freq$")),
     # Gemma 3 multimodal: the language model's tensors under language_model.; the vision
     # tower and projector are ignored (the forward is text-only)
     "gemma3_mm": NameTable(embed="language_model.model.embed_tokens",
@@ -129,6 +144,7 @@ class Entry:
     slot: str  # e.g. "q.weight", "qkv.bias", "ln1.weight", "embed", "lm_head.bias"
     layer: int | None
     shape: tuple[int, ...]
+    raw: bool = False  # integer by design (MXFP4 blocks / scales): loaded as stored
 
 
 def _linear(names: NameTable, out: int, inp: int) -> tuple[int, ...]:
@@ -178,25 +194,30 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
     if cfg.qk_norm_heads:  # a gain per head (Cohere)
         qn, kn = (h, hd), (kv, hd)
     for i in range(cfg.num_layers):
-        if cfg.qkv_layout is QkvLayout.SEPARATE:
+        out.update(_attn_extras(cfg, t, i))  # latent projections (MLA), sinks
+        if cfg.mla is None and cfg.qkv_layout is QkvLayout.SEPARATE:
             for slot, rows in (("q", h * hd), ("k", kv * hd), ("v", kv * hd)):
                 add(i, slot, getattr(t, slot), _linear(t, rows, d), cfg.qkv_bias)
-        else:
+        elif cfg.mla is None:
             add(i, "qkv", t.qkv, _linear(t, (h + 2 * kv) * hd, d), cfg.qkv_bias)
-        add(i, "o", t.o, _linear(t, d, h * hd), cfg.o_bias)
-        if cfg.qk_norm and "{h}" in t.q_norm:  # one tensor per head (StableLM), stacked on load
+        add(i, "o", t.o, _linear(t, d, h * cfg.v_head_dim), cfg.o_bias)
+        qk_norm = cfg.qk_norm and cfg.qk_norm_affine and (
+            not cfg.layer_qk_norm or cfg.layer_qk_norm[i])  # weightless norms: no tensors
+        if qk_norm and "{h}" in t.q_norm:  # one tensor per head (StableLM), stacked on load
             for which, n, name in (("q_norm", h, t.q_norm), ("k_norm", kv, t.k_norm)):
                 for j in range(n):
                     add(i, f"{which}.{j}", name.format(h=j), (hd,), False)
-        elif cfg.qk_norm:
+        elif qk_norm:
             add(i, "q_norm", t.q_norm, qn, False)
             add(i, "k_norm", t.k_norm, kn, False)
         for slot, name in norms.items():
             add(i, slot, name, (d,), cfg.norm_bias)
         if cfg.moe is not None and cfg.layer_moe and cfg.layer_moe[i]:
             prefix = t.layer.format(i=i)  # slot "moe:<name inside the layer>"
+            raw = raw_names(cfg.moe)
             for name, shape in expected_moe_shapes(prefix, cfg.moe, d).items():
-                out[name] = Entry("moe:" + name[len(prefix):], i, shape)
+                inner = name[len(prefix):]
+                out[name] = Entry("moe:" + inner, i, shape, raw=inner in raw)
             continue
         if cfg.mlp_layout is MlpLayout.GATED_FUSED:
             add(i, "gate_up", t.mlp_gate_up, _linear(t, 2 * m, d), cfg.mlp_bias)
@@ -205,6 +226,20 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
             if cfg.mlp_layout is MlpLayout.GATED:
                 add(i, "mlp_up", t.mlp_up, _linear(t, m, d), cfg.mlp_bias)
         add(i, "mlp_out", t.mlp_out, _linear(t, d, m), cfg.mlp_bias)
+    return out
+
+
+def _attn_extras(cfg: TransformerConfig, t: NameTable, i: int) -> dict[str, Entry]:
+    """Layer i's attention tensors of the newer axes: MLA's latent projections (slots
+    ``mla:<name inside the attention module>``) and gpt-oss's sinks [heads]."""
+    prefix = f"{t.layer.format(i=i)}{t.attn}."
+    out = {}
+    if cfg.mla is not None:
+        for name, shape in mla_shapes(cfg.mla, cfg.num_heads, cfg.hidden_size,
+                                      cfg.qkv_bias).items():
+            out[prefix + name] = Entry("mla:" + name, i, shape)
+    if cfg.attn_sinks:
+        out[prefix + "sinks"] = Entry("sinks", i, (cfg.num_heads,))
     return out
 
 
@@ -220,7 +255,11 @@ def expected_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
 
 
 def is_ignorable(cfg: TransformerConfig, name: str) -> bool:
-    return any(re.search(p, name) for p in NAME_TABLES[cfg.weight_names].ignore)
+    t = NAME_TABLES[cfg.weight_names]
+    if cfg.ignored_layers and any(name.startswith(t.layer.format(i=i))
+                                  for i in cfg.ignored_layers):
+        return True  # multi-token-prediction modules stored as extra layers (DeepSeek-V3)
+    return any(re.search(p, name) for p in t.ignore)
 
 
 @attrs.define
@@ -293,7 +332,7 @@ class TensorSource(Protocol):
 
     def get(self, name: str, dtype: torch.dtype | None = None,
             device: torch.device | str | None = None,
-            shape: tuple[int, ...] | None = None) -> torch.Tensor: ...
+            shape: tuple[int, ...] | None = None, check: bool = True) -> torch.Tensor: ...
 
 
 class DictSource:
@@ -309,13 +348,16 @@ class DictSource:
 
     def get(self, name: str, dtype: torch.dtype | None = None,
             device: torch.device | str | None = None,
-            shape: tuple[int, ...] | None = None) -> torch.Tensor:
+            shape: tuple[int, ...] | None = None, check: bool = True) -> torch.Tensor:
+        """`check` False: an integer tensor by design, returned as stored (moved only)."""
         if name not in self.tensors:
             raise WeightLoadError(f"{self.origin}: tensor {name!r} not found")
         t = self.tensors[name]
         if shape is not None and tuple(t.shape) != tuple(shape):
             raise WeightLoadError(f"{self.origin}: tensor {name!r} has shape {list(t.shape)}, "
                                   f"expected {list(shape)}")
+        if not check:
+            return t.to(device=device or t.device)
         return checked_tensor(t, name, self.origin, dtype, device)
 
 
@@ -379,9 +421,14 @@ def load_weights(cfg: TransformerConfig, src: TensorSource, device: torch.device
     table, alias = tensor_table(cfg), resolve_names(cfg, src.names())
     t = NAME_TABLES[cfg.weight_names]
     tensors: dict[tuple[int | None, str], torch.Tensor] = {}
+    fp32 = {"moe:" + n for n in float32_names(cfg.moe)} if cfg.moe is not None else set()
     for name, e in progress(table.items(), "loading weights", unit="tensor",
                             enabled=None if show_progress else False):
-        w = src.get(alias[name], dtype=dtype, device=device)
+        if e.raw:
+            w = src.get(alias[name], device=device, check=False)
+        else:
+            w = src.get(alias[name], dtype=torch.float32 if e.slot in fp32 else dtype,
+                        device=device)
         if t.conv1d and w.dim() == 2 and e.layer is not None:
             w = w.t().contiguous()  # Conv1D [in, out] -> Linear [out, in]
         tensors[(e.layer, e.slot)] = w
@@ -441,23 +488,33 @@ class _Slots:
         """q/k/v [rows, d_model] as stored or as row views of the fused tensor; per-head q/k
         norm tensors stacked into one [n, d_head]."""
         cfg, tensors, opt = self.cfg, self.tensors, self.opt
-        if cfg.qkv_layout is QkvLayout.SEPARATE:
+        mla = None
+        if cfg.mla is not None:  # latent attention: no q/k/v weights of the usual kind
+            mla = load_mla(cfg.mla, lambda n: tensors[(i, "mla:" + n)],
+                           lambda n: opt(i, "mla:" + n))
+            wq = wk = wv = bq = bk = bv = None
+        elif cfg.qkv_layout is QkvLayout.SEPARATE:
             wq, wk, wv = (tensors[(i, f"{x}.weight")] for x in "qkv")
             bq, bk, bv = (opt(i, f"{x}.bias") for x in "qkv")
         else:
             wq, wk, wv = _unpack_qkv(cfg, tensors[(i, "qkv.weight")])
             b = opt(i, "qkv.bias")
             bq, bk, bv = _unpack_qkv(cfg, b) if b is not None else (None,) * 3
-        if cfg.qk_norm and (i, "q_norm.weight") not in tensors:  # per-head tensors -> [n, d_head]
+        if cfg.qk_norm and (i, "q_norm.0.weight") in tensors:  # per-head tensors -> [n, d_head]
             for which, n in (("q_norm", cfg.num_heads), ("k_norm", cfg.num_kv_heads)):
                 tensors[(i, which + ".weight")] = torch.stack(
                     [tensors.pop((i, f"{which}.{j}.weight")) for j in range(n)])
         qn = kn = None
-        if cfg.qk_norm:
+        if cfg.qk_norm and not cfg.qk_norm_affine and (
+                not cfg.layer_qk_norm or cfg.layer_qk_norm[i]):  # no weights (Llama 4): gain 1
+            one = torch.ones(cfg.head_dim, dtype=self.dtype, device=self.device)
+            qn = kn = Norm(NormType.RMS, cfg.norm_eps, one)
+        elif cfg.qk_norm and (i, "q_norm.weight") in tensors:
             qn = Norm(cfg.norm_type, cfg.norm_eps, tensors[(i, "q_norm.weight")])
             kn = Norm(cfg.norm_type, cfg.norm_eps, tensors[(i, "k_norm.weight")])
         return AttnWeights(wq, wk, wv, tensors[(i, "o.weight")], bq, bk, bv, opt(i, "o.bias"),
-                           qn, kn, qk_norm_full=cfg.qk_norm_full, clip=cfg.clip_qkv)
+                           qn, kn, qk_norm_full=cfg.qk_norm_full, clip=cfg.clip_qkv,
+                           sinks=opt(i, "sinks"), mla=mla)
 
     def mlp(self, i: int) -> MlpWeights | MoeWeights:
         """The layer's MLP: mixture of experts, gated with gate/up fused ([gate | up] rows,
@@ -465,7 +522,7 @@ class _Slots:
         cfg, tensors, opt = self.cfg, self.tensors, self.opt
         m = cfg.intermediate_size
         if cfg.moe is not None and cfg.layer_moe and cfg.layer_moe[i]:
-            return load_moe("", cfg.moe, lambda name: tensors[(i, "moe:" + name)])
+            return load_moe("", cfg.moe, lambda name: tensors[(i, "moe:" + name)], self.dtype)
         if cfg.mlp_layout is MlpLayout.GATED_FUSED:
             gate, up = tensors[(i, "gate_up.weight")].split([m, m], dim=0)
             bgu = opt(i, "gate_up.bias")

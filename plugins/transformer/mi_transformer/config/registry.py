@@ -20,6 +20,7 @@ from mi_transformer.config.families_llama import (
 from mi_transformer.config.families_moe import (
     parse_mixtral, parse_olmoe, parse_qwen2_moe, parse_qwen3_moe,
 )
+from mi_transformer.config.families_moe2 import MOE2_FAMILIES
 from mi_transformer.config.reader import ConfigReader
 
 
@@ -140,6 +141,11 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     _family("starcoder2", parse_starcoder2, _LLAMA | {"sliding_window", "norm_epsilon",
                                                       "use_bias"}),
 ]}
+
+
+# gpt-oss, DeepSeek-V2/V3, Llama 4 (config/families_moe2.py): their key sets are whole
+FAMILIES.update({mt: _family(mt, parse, reads, harmless, note)
+                 for mt, parse, reads, harmless, note in MOE2_FAMILIES})
 
 
 def family_parsers() -> dict[str, Callable[[ConfigReader], TransformerConfig]]:
