@@ -21,6 +21,8 @@ from tests.support.tiny_families_moe2 import MOE2_FAMILIES, cached_moe2
 
 TOL = 1e-4
 NAMES = list(MOE2_FAMILIES)
+#: one of each kind of attention and router (the variants' differences are in the parity test)
+CORE = ["gpt_oss", "deepseek_v2", "deepseek_v3", "llama4_text"]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,7 @@ def test_family_matches_transformers(moe2, make_ids, name):
     assert_matches_transformers(moe2(name), make_ids(2, 16, seed=41))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", CORE)
 def test_left_padding_rows_equal_running_alone(ours, make_ids, name):
     assert_left_padding_rows_alone(ours(name), [make_ids(1, 14, seed=5)[0],
                                                 make_ids(1, 8, seed=6)[0]])
@@ -212,7 +214,7 @@ def test_mtp_layers_of_the_checkpoint_are_ignored(moe2, tmp_path, make_ids):
 
 # -- routers ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", CORE)
 def test_router_points_equal_transformers_router(moe2, ours, make_ids, name):
     """hook_router_logits equals transformers' router logits; the chosen experts equal
     transformers' (as sets: transformers' top-k is unsorted) and the weights renormalise or
@@ -285,3 +287,49 @@ def test_gpt_oss_swiglu_clamp_is_reached(moe2, ours, make_ids):
         "blocks.0.mlp.hook_in"))["blocks.0.mlp.hook_in"][0]
     gu = x @ expert.gate_up + expert.gate_up_bias
     assert gu.abs().max().item() > 0.5
+
+
+@pytest.mark.parametrize("name", ["gpt_oss", "deepseek_v3"])
+def test_bfloat16_error_is_no_worse_than_transformers_in_bfloat16(moe2, make_ids, name):
+    """As tests/transformer/test_transformer_parity.py: our bf16 logits at most twice as far
+    from the f32 reference as transformers' own bf16 forward (routers, norms, softmax, the
+    sink softmax in float32; DeepSeek-V3's router and selection bias loaded in float32)."""
+    from mi_core.registry import ModelSource
+    from mi_transformer.loader import load_backend
+
+    t = moe2(name)
+    be = load_backend(ModelSource(path=t.path), torch.device("cpu"), torch.bfloat16)
+    ids = make_ids(2, 12, seed=5)
+    got = mi.MIModel(be).forward(ids).output
+    with torch.no_grad():
+        ref32 = t.hf(ids).logits
+        ref16 = copy.deepcopy(t.hf).to(torch.bfloat16)(ids).logits
+    assert got.dtype == torch.bfloat16
+    hf_err = (ref16.float() - ref32).abs().max().item()
+    assert (got.float() - ref32).abs().max().item() <= 2 * hf_err + 1e-3
+
+
+def test_llama4_multimodal_checkpoint_loads_its_language_model(tmp_path, make_ids):
+    """A tiny Llama4ForConditionalGeneration saved the hub way (language_model.*,
+    vision_model.*, multi_modal_projector.*): the text forward equals transformers'."""
+    from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+    from tests.support.tiny_families_moe2 import MOE2_FAMILIES as F
+    from tests.transformer.conftest import _randomise
+
+    text = dict(F["llama4_text"][1], hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+    vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14, vision_output_dim=32,
+                  projector_input_dim=32, projector_output_dim=32)
+    torch.manual_seed(0)
+    hf = Llama4ForConditionalGeneration(Llama4Config(text_config=text, vision_config=vision))
+    hf.config.text_config._attn_implementation = "eager"
+    _randomise(hf.eval(), 0)
+    hf.save_pretrained(tmp_path / "l4mm")
+    model = mi.MIModel.from_pretrained(tmp_path / "l4mm")
+    assert model.config.model_type == "llama4" and model.layer_types[1] == "full_attention"
+    ids = make_ids(2, 12, seed=3)
+    with torch.no_grad():
+        ref = hf(input_ids=ids).logits
+    assert (model.forward(ids).output - ref).abs().max().item() < TOL

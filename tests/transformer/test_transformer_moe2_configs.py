@@ -265,3 +265,21 @@ def test_gpt_oss_mxfp4_checkpoint_equals_transformers_on_its_dequantized_experts
     save_file(bad, str(tmp_path / "ck" / "model.safetensors"))
     with pytest.raises(mi.WeightLoadError, match="down_proj_blocks"):
         mi.MIModel.from_pretrained(tmp_path / "ck")
+
+
+def test_backends_md_lists_every_neutral_value_of_these_families():
+    """docs/BACKENDS.md's neutral-value table says what families_moe2.NEUTRAL enforces."""
+    from pathlib import Path
+
+    from mi_transformer.config.families_moe2 import NEUTRAL
+
+    text = (Path(__file__).parents[2] / "docs" / "BACKENDS.md").read_text()
+    block = text[text.index("<!-- neutral-values:begin -->"):
+                 text.index("<!-- neutral-values:end -->")]
+    rows = {line.split("|")[1].strip().split()[0].strip("`"): line
+            for line in block.splitlines() if line.startswith("| `")}
+    assert set(rows) == set(NEUTRAL)
+    for model_type, values in NEUTRAL.items():
+        for key, value in values.items():
+            assert f"`{key}` = `{value!r}`" in rows[model_type], (model_type, key)
+        assert rows[model_type].count("` = `") == len(values)
