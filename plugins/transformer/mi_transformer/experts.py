@@ -1,8 +1,8 @@
 """Experts stored stacked, as gpt-oss and Llama 4 publish them: one tensor per projection for
 all experts, ``gate_up_proj`` [E, d_model, 2 d_expert] and ``down_proj`` [E, d_expert, d_model]
 (``x @ W``, not torch.nn.Linear's ``x @ W.T``), optionally with biases [E, 2 d_expert] and
-[E, d_model]; gpt-oss publishes them as MXFP4 blocks and scales, dequantized at load
-(:mod:`mi_transformer.mxfp4`). Gate and up are the two halves of the 2 d_expert columns (``concat``: Llama 4)
+[E, d_model] (gpt-oss publishes them as MXFP4, which the loader dequantizes into this layout:
+:mod:`mi_transformer.quant`). Gate and up are the two halves of the 2 d_expert columns (``concat``: Llama 4)
 or alternate (``interleaved``: gpt-oss, gate in the even columns).
 
 Each :class:`FusedExpert` is a view of expert e's slice (no copy) and computes what
@@ -18,10 +18,7 @@ from typing import Callable
 import attrs
 import torch
 
-from mi_core.plugin import checked_tensor
-
 from mi_transformer.config import MoeConfig
-from mi_transformer.mxfp4 import dequantize_mxfp4
 
 
 @attrs.define(eq=False)
@@ -72,54 +69,19 @@ class FusedExpert:
 
 
 def fused_shapes(m: str, c: MoeConfig, d_model: int) -> dict[str, tuple[int, ...]]:
-    """Checkpoint name -> shape of one layer's stacked experts under `m` (``...mlp.``).
-
-    MXFP4 (gpt-oss as published): each projection is ``<name>_blocks`` [E, rows, cols / 32,
-    16] and ``<name>_scales`` [E, rows, cols / 32] uint8, rows the output features
-    (torch.nn.Linear's layout, the transpose of the dequantized stacked tensor)."""
+    """Checkpoint name -> shape of one layer's stacked experts under `m` (``...mlp.``)."""
     e, f = c.num_experts, c.expert_size
-    if c.quantized:
-        out = {m + "experts.gate_up_proj_blocks": (e, 2 * f, d_model // 32, 16),
-               m + "experts.gate_up_proj_scales": (e, 2 * f, d_model // 32),
-               m + "experts.down_proj_blocks": (e, d_model, f // 32, 16),
-               m + "experts.down_proj_scales": (e, d_model, f // 32)}
-    else:
-        out = {m + "experts.gate_up_proj": (e, d_model, 2 * f),
-               m + "experts.down_proj": (e, f, d_model)}
+    out = {m + "experts.gate_up_proj": (e, d_model, 2 * f),
+           m + "experts.down_proj": (e, f, d_model)}
     if c.expert_bias:
         out[m + "experts.gate_up_proj_bias"] = (e, 2 * f)
         out[m + "experts.down_proj_bias"] = (e, d_model)
     return out
 
 
-def raw_names(c: MoeConfig) -> set[str]:
-    """Names inside a layer of the tensors that are integer by design (MXFP4 blocks and
-    scales): loaded as stored, not cast or checked as weights (their values are checked once
-    dequantized)."""
-    if not (c.fused and c.quantized):
-        return set()
-    return {f"{c.block}.experts.{p}_{k}" for p in ("gate_up_proj", "down_proj")
-            for k in ("blocks", "scales")}
-
-
-def _dequantized(m: str, name: str, get: Callable[[str], torch.Tensor], dtype: torch.dtype
-                 ) -> torch.Tensor:
-    """Stacked [E, in, out] weights from MXFP4 blocks / scales stored [E, out, in]: the
-    transpose is a view (``x @ W`` reads it without a copy)."""
-    w = dequantize_mxfp4(get(f"{m}experts.{name}_blocks"), get(f"{m}experts.{name}_scales"))
-    return checked_tensor(w, f"{m}experts.{name} (dequantized MXFP4)", "MXFP4", dtype
-                          ).transpose(1, 2)
-
-
-def load_fused(m: str, c: MoeConfig, get: Callable[[str], torch.Tensor],
-               dtype: torch.dtype | None = None) -> list[FusedExpert]:
-    """One layer's experts as views of the stacked tensors (MXFP4 ones dequantized to
-    `dtype`)."""
-    if c.quantized:
-        gu = _dequantized(m, "gate_up_proj", get, dtype or torch.float32)
-        dn = _dequantized(m, "down_proj", get, dtype or torch.float32)
-    else:
-        gu, dn = get(m + "experts.gate_up_proj"), get(m + "experts.down_proj")
+def load_fused(m: str, c: MoeConfig, get: Callable[[str], torch.Tensor]) -> list[FusedExpert]:
+    """One layer's experts as views of the stacked tensors."""
+    gu, dn = get(m + "experts.gate_up_proj"), get(m + "experts.down_proj")
     gub = get(m + "experts.gate_up_proj_bias") if c.expert_bias else None
     dnb = get(m + "experts.down_proj_bias") if c.expert_bias else None
     return [FusedExpert(gu[e], dn[e], c.fused == "interleaved",

@@ -203,14 +203,13 @@ def float32_names(c: MoeConfig) -> set[str]:
     return {r + "weight"} | ({f"{c.block}.{c.selection_bias}"} if c.selection_bias else set())
 
 
-def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor],
-             dtype: torch.dtype | None = None) -> MoeWeights:
+def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor]) -> MoeWeights:
     """One layer's MoeWeights; `get(name)` returns a loaded tensor (shapes already checked
-    against :func:`expected_moe_shapes`); `dtype`: of dequantized experts."""
+    against :func:`expected_moe_shapes`)."""
     m = prefix + c.block + "."
     r = f"{m}{c.router_name}."
     g, u, dn = c.expert_names
-    experts: list[ExpertWeights] | list[FusedExpert] = load_fused(m, c, get, dtype) if c.fused else [
+    experts: list[ExpertWeights] | list[FusedExpert] = load_fused(m, c, get) if c.fused else [
         ExpertWeights(get(f"{m}experts.{e}.{g}.weight"), get(f"{m}experts.{e}.{u}.weight"),
                       get(f"{m}experts.{e}.{dn}.weight")) for e in range(c.num_experts)]
     shared = None

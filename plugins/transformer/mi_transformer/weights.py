@@ -26,7 +26,6 @@ from mi_transformer.config import (BlockLayout, MlpLayout, NormType, Positions, 
                                    TransformerConfig)
 from mi_transformer.mla import load_mla, mla_shapes
 from mi_transformer.mlp import MlpWeights
-from mi_transformer.experts import raw_names
 from mi_transformer.moe import MoeWeights, expected_moe_shapes, float32_names, load_moe
 from mi_transformer.norm import Norm
 
@@ -144,7 +143,6 @@ class Entry:
     slot: str  # e.g. "q.weight", "qkv.bias", "ln1.weight", "embed", "lm_head.bias"
     layer: int | None
     shape: tuple[int, ...]
-    raw: bool = False  # integer by design (MXFP4 blocks / scales): loaded as stored
 
 
 def _linear(names: NameTable, out: int, inp: int) -> tuple[int, ...]:
@@ -214,10 +212,8 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
             add(i, slot, name, (d,), cfg.norm_bias)
         if cfg.moe is not None and cfg.layer_moe and cfg.layer_moe[i]:
             prefix = t.layer.format(i=i)  # slot "moe:<name inside the layer>"
-            raw = raw_names(cfg.moe)
             for name, shape in expected_moe_shapes(prefix, cfg.moe, d).items():
-                inner = name[len(prefix):]
-                out[name] = Entry("moe:" + inner, i, shape, raw=inner in raw)
+                out[name] = Entry("moe:" + name[len(prefix):], i, shape)
             continue
         if cfg.mlp_layout is MlpLayout.GATED_FUSED:
             add(i, "gate_up", t.mlp_gate_up, _linear(t, 2 * m, d), cfg.mlp_bias)
@@ -332,7 +328,7 @@ class TensorSource(Protocol):
 
     def get(self, name: str, dtype: torch.dtype | None = None,
             device: torch.device | str | None = None,
-            shape: tuple[int, ...] | None = None, check: bool = True) -> torch.Tensor: ...
+            shape: tuple[int, ...] | None = None) -> torch.Tensor: ...
 
 
 class DictSource:
@@ -348,16 +344,13 @@ class DictSource:
 
     def get(self, name: str, dtype: torch.dtype | None = None,
             device: torch.device | str | None = None,
-            shape: tuple[int, ...] | None = None, check: bool = True) -> torch.Tensor:
-        """`check` False: an integer tensor by design, returned as stored (moved only)."""
+            shape: tuple[int, ...] | None = None) -> torch.Tensor:
         if name not in self.tensors:
             raise WeightLoadError(f"{self.origin}: tensor {name!r} not found")
         t = self.tensors[name]
         if shape is not None and tuple(t.shape) != tuple(shape):
             raise WeightLoadError(f"{self.origin}: tensor {name!r} has shape {list(t.shape)}, "
                                   f"expected {list(shape)}")
-        if not check:
-            return t.to(device=device or t.device)
         return checked_tensor(t, name, self.origin, dtype, device)
 
 
@@ -424,11 +417,8 @@ def load_weights(cfg: TransformerConfig, src: TensorSource, device: torch.device
     fp32 = {"moe:" + n for n in float32_names(cfg.moe)} if cfg.moe is not None else set()
     for name, e in progress(table.items(), "loading weights", unit="tensor",
                             enabled=None if show_progress else False):
-        if e.raw:
-            w = src.get(alias[name], device=device, check=False)
-        else:
-            w = src.get(alias[name], dtype=torch.float32 if e.slot in fp32 else dtype,
-                        device=device)
+        w = src.get(alias[name], dtype=torch.float32 if e.slot in fp32 else dtype,
+                    device=device)
         if t.conv1d and w.dim() == 2 and e.layer is not None:
             w = w.t().contiguous()  # Conv1D [in, out] -> Linear [out, in]
         tensors[(e.layer, e.slot)] = w
@@ -522,7 +512,7 @@ class _Slots:
         cfg, tensors, opt = self.cfg, self.tensors, self.opt
         m = cfg.intermediate_size
         if cfg.moe is not None and cfg.layer_moe and cfg.layer_moe[i]:
-            return load_moe("", cfg.moe, lambda name: tensors[(i, "moe:" + name)], self.dtype)
+            return load_moe("", cfg.moe, lambda name: tensors[(i, "moe:" + name)])
         if cfg.mlp_layout is MlpLayout.GATED_FUSED:
             gate, up = tensors[(i, "gate_up.weight")].split([m, m], dim=0)
             bgu = opt(i, "gate_up.bias")

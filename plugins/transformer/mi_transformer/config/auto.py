@@ -13,11 +13,14 @@ from mi_transformer.config.common import _all_sliding, _base
 from mi_transformer.config.families_llama import parse_llama
 from mi_transformer.config.reader import ConfigReader, UnknownKeysError
 from mi_transformer.config.registry import _LLAMA, FAMILIES, Family, _family
+from mi_transformer.quant import read_quant_config
 
 
 def _run(family: Family, cfg: Any, src: str, parse: Callable[[ConfigReader], TransformerConfig]
          | None = None) -> TransformerConfig:
     r = ConfigReader(cfg, src)
+    read_quant_config(cfg, src)  # an unsupported quant_method is refused by name
+    r.read.add("quantization_config")
     try:
         out = (parse or family.parse)(r)
     except ConfigError as exc:

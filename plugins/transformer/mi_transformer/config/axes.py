@@ -124,7 +124,6 @@ class MoeConfig:
     swiglu_limit: float | None = None  # gpt-oss clamped SwiGLU: (clamp(up) + 1) * glu(gate)
     swiglu_alpha: float = 1.702
     router_float32: bool = False  # the router computes in float32 (DeepSeek-V2, as transformers)
-    quantized: str = ""  # "mxfp4": the stacked experts are stored MXFP4 (gpt-oss as published)
 
     def __attrs_post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:

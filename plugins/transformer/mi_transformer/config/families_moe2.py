@@ -1,5 +1,5 @@
 """Parsers of the 2025 mixture-of-experts families whose attention is new: gpt-oss (attention
-sinks, alternating sliding / full layers, clamped SwiGLU experts, yarn, MXFP4 experts),
+sinks, alternating sliding / full layers, clamped SwiGLU experts, yarn),
 DeepSeek-V2 / V3 (multi-head latent attention, shared experts, group-limited routing, V3's
 sigmoid scores with a selection bias) and Llama 4 text (chunked local attention, NoPE layers
 with attention temperature tuning, weightless q/k norms after RoPE, interleaved MoE with the
@@ -67,29 +67,12 @@ _GPT_OSS_YARN = dict(scaling=RopeScaling.YARN, factor=32.0, beta_fast=32.0, beta
                      truncate=False, original_max_positions=4096)
 
 
-def _quantized_experts(r: ConfigReader) -> str:
-    """`quantization_config` of a gpt-oss checkpoint: MXFP4 experts (the only published form),
-    dequantized at load; any other method is refused by name."""
-    q = r.mapping("quantization_config")
-    if q is None:
-        return ""
-    sub = r.sub("quantization_config", q)
-    method = sub.str("quant_method")
-    if method != "mxfp4":
-        raise ConfigError(f"{sub.src}: quant_method {method!r} is not supported for gpt-oss "
-                          f"(only its published MXFP4 experts, dequantized at load)")
-    sub.list("modules_to_not_convert")  # which tensors are not quantized: the tensor table says
-    extra = sub.unread()
-    if extra:
-        raise ConfigError(f"{sub.src}: keys {extra} are not understood")
-    return "mxfp4"
-
-
 def parse_gpt_oss(r: ConfigReader) -> TransformerConfig:
     """gpt-oss: GQA with biases and a learned sink logit per head, alternating sliding /
     full layers (``layer_types``), yarn RoPE, every MLP a mixture of experts (router with
     bias, softmax over the top-k logits, stacked experts with biases, gate / up interleaved,
-    clamped SwiGLU)."""
+    clamped SwiGLU). Its published MXFP4 experts are dequantized by the loader
+    (:mod:`mi_transformer.quant`): the weight table is the dequantized one."""
     base = _base(r, "gpt_oss", eps_default=1e-5)
     r.read.add("hidden_act")  # transformers' gpt-oss never reads it: the experts' SwiGLU is fixed
     bias = r.bool("attention_bias", True)
@@ -100,10 +83,7 @@ def parse_gpt_oss(r: ConfigReader) -> TransformerConfig:
         expert_size=base["intermediate_size"], norm_topk_prob=True, router_name="router",
         router_bias=True, fused="interleaved", expert_bias=True,
         swiglu_limit=r.float("swiglu_limit", 7.0, gt=0),
-        swiglu_alpha=r.float("swiglu_alpha", 1.702, gt=0), quantized=_quantized_experts(r))
-    if moe.quantized and (base["hidden_size"] % 32 or moe.expert_size % 32):
-        raise ConfigError(f"{r.src}: MXFP4 experts need hidden_size and intermediate_size that "
-                          f"are multiples of 32 (its block size)")
+        swiglu_alpha=r.float("swiglu_alpha", 1.702, gt=0))
     base.update(qkv_bias=bias, o_bias=bias, attn_sinks=True, moe=moe, layer_moe=(True,) * n)
     ropes = _ropes_by_type(r)
     if not (r.has("rope_parameters") or r.has("rope_scaling")):
@@ -352,7 +332,7 @@ MOE2_FAMILIES: list[tuple[str, Callable[[ConfigReader], TransformerConfig], set[
     ("gpt_oss", parse_gpt_oss, _SHAPES | _ROPE_KEYS | {
         "num_local_experts", "num_experts", "num_experts_per_tok", "experts_per_token",
         "swiglu_limit", "swiglu_alpha", "sliding_window", "layer_types",
-        "initial_context_length", "quantization_config"}, set(_ROUTER_HARMLESS),
+        "initial_context_length"}, set(_ROUTER_HARMLESS),
      "attention sinks, sliding / full layers, clamped-SwiGLU experts, MXFP4 experts"),
     ("deepseek_v2", parse_deepseek_v2, _DEEPSEEK | {"topk_method", "num_experts", "mlp_bias"},
      {"aux_loss_alpha", "seq_aux", "ep_size", *_ROUTER_HARMLESS},
