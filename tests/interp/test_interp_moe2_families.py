@@ -103,6 +103,12 @@ def test_transformerlens_layer_on_each_family(model_of, ids):
     logits, cache = gpt.run_with_cache(ids)
     torch.testing.assert_close(logits, gpt.forward(ids).output)
     assert cache["blocks.0.attn.hook_sinks"].shape == (gpt.num_heads,)
+    # the sinks have no batch axis: TransformerLens' batch operations leave them alone
+    one = cache.apply_slice_to_batch_dim(0)
+    assert one["blocks.0.attn.hook_sinks"].shape == (gpt.num_heads,)
+    assert one["blocks.0.hook_resid_pre"].shape == (9, 64)
+    cache.remove_batch_dim()
+    assert cache["blocks.0.attn.hook_sinks"].shape == (gpt.num_heads,)
     assert gpt.W_Q.shape == (3, 4, 64, 24) and gpt.W_O.shape == (3, 4, 24, 64)
     ds = model_of("deepseek_v3")
     logits, cache = ds.run_with_cache(ids)
