@@ -51,6 +51,7 @@ _NEUTRAL: dict[str, dict[str, Any]] = {
                          "mlp_bias": False, "add_classification_head": False},
     "glm4_moe": {"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
     "ernie4_5_moe": {"use_rmsnorm": True, "moe_use_aux_free": True},
+    "apertus": {"qk_norm": True, "post_norm": False, "mlp_bias": False},
 }
 
 
@@ -312,6 +313,7 @@ def parse_apertus(r: ConfigReader) -> TransformerConfig:
     (``mlp.act_fn.alpha_p`` / ``alpha_n`` / ``beta`` / ``eps``), per-head q/k RMS norms,
     norms named ``attention_layernorm`` / ``feedforward_layernorm``."""
     _defaults(r, {"rms_norm_eps": 1e-5, "hidden_act": "xielu"})
+    _neutral(r, "apertus")
     if r.get("rope_parameters") is None and r.get("rope_scaling") is None:
         _defaults(r, {"rope_parameters": dict(_APERTUS_ROPE)})
     xielu = r.str("hidden_act", choices={*_ACTIVATIONS, "xielu"}) == "xielu"
@@ -367,12 +369,13 @@ RECENT_FAMILIES: list[tuple[str, Callable[[ConfigReader], TransformerConfig], se
         "moe_layer_end_index", "moe_layer_interval", "moe_norm_min", "moe_num_experts",
         "num_experts", "moe_k", "num_experts_per_tok", *_NEUTRAL["ernie4_5_moe"]},
      {"output_router_logits", "router_aux_loss_coef", "num_nextn_predict_layers",
-      "multi_token_pred_lambda"},
+      "multi_token_pred_lambda", "moe_capacity", "moe_gate"},
      "softmax router with selection bias, shared experts; MTP modules ignored"),
     ("hunyuan_v1_dense", parse_hunyuan_v1_dense, {
         "attention_head_dim", *_HUNYUAN_UNUSED, *_NEUTRAL["hunyuan_v1_dense"]}, set(),
      "q/k norms after RoPE, NTK-alpha RoPE"),
     ("seed_oss", parse_seed_oss, {"attention_out_bias"}, {"residual_dropout"},
      "q/k/v and output biases set apart"),
-    ("apertus", parse_apertus, set(), set(), "xIELU plain MLP, per-head q/k norms"),
+    ("apertus", parse_apertus, set(_NEUTRAL["apertus"]), set(),
+     "xIELU plain MLP, per-head q/k norms"),
 ]
