@@ -170,7 +170,10 @@ def _rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
     `norm`: a q/k norm applied after the rotation (Hunyuan), before ``hook_rot_*``."""
     xt = x.transpose(1, 2)
     if rope is not None:
-        xt = (apply_rope_interleaved if interleaved else apply_rope)(xt, *rope)
+        rotate = apply_rope_interleaved if interleaved else apply_rope
+        # float32 tables (rope_float32) rotate a half-precision q / k in float32
+        xt = rotate(xt, *rope) if rope[0].dtype == xt.dtype else \
+            rotate(xt.float(), *rope).to(xt.dtype)
     y = xt.transpose(1, 2)
     if norm is not None:
         y = norm(y, run, scale_name)

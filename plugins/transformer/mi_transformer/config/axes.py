@@ -192,6 +192,7 @@ class TransformerConfig:
     # -- axes of the 2025 families (config/families_recent.py) --
     qk_norm_after_rope: bool = False  # q/k norms applied to the rotated q/k (Hunyuan)
     ignored_layers: tuple[int, ...] = ()  # checkpoint layers outside the forward (MTP modules)
+    rope_float32: bool = False  # cos/sin kept and q/k rotated in float32 (OLMo2/3, ERNIE-4.5)
 
     def __attrs_post_init__(self) -> None:
         """Relations between axes; the parsers check the same on JSON keys first, so this
