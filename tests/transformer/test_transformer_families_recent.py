@@ -155,3 +155,13 @@ def test_bfloat16_is_no_worse_than_transformers_in_bfloat16(tiny, make_ids, name
     ours = mi.MIModel(be).forward(ids).output.float()
     ours_err, hf_err = (ours - ref).abs().max().item(), (hf_bf16 - ref).abs().max().item()
     assert ours_err <= 1.5 * hf_err, (ours_err, hf_err)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_config_transformers_writes_parses_as_its_saved_file(tiny, name):
+    """``to_dict()`` (everything, defaults included) and ``save_pretrained``'s config.json give
+    the same axes."""
+    from mi_transformer.config import parse_config
+
+    t = tiny(name)
+    assert parse_config(t.hf.config.to_dict()) == parse_config(t.config)

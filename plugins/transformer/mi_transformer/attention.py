@@ -174,9 +174,11 @@ def _rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
         # float32 tables (rope_float32) rotate a half-precision q / k in float32
         xt = rotate(xt, *rope) if rope[0].dtype == xt.dtype else \
             rotate(xt.float(), *rope).to(xt.dtype)
+    if norm is not None and not run.wants(scale_name):
+        xt = norm(xt)  # over d_head: the contiguous [b, n, s, d] layout gives the same numbers
     y = xt.transpose(1, 2)
-    if norm is not None:
-        y = norm(y, run, scale_name)
+    if norm is not None and run.wants(scale_name):
+        y = norm(y, run, scale_name)  # its scale hook sees the documented [b, s, n, 1]
     return run.apply(name, y).transpose(1, 2)
 
 

@@ -48,15 +48,15 @@ from mi_transformer.config.reader import ConfigReader, UnknownKeysError
 from mi_transformer.config.registry import FAMILIES, FAMILY_PARSERS, Family, family_parsers
 
 __all__ = [
-    "AUTO_FAMILY", "Activation", "REFUSED", "parse_apertus", "parse_ernie4_5",
-    "parse_ernie4_5_moe", "parse_exaone4", "parse_glm", "parse_glm4", "parse_glm4_moe",
-    "parse_hunyuan_v1_dense", "parse_olmo3", "parse_seed_oss", "BlockLayout", "ConfigReader", "FAMILIES", "FAMILY_PARSERS",
-    "Family", "MlpLayout", "MoeConfig", "NormType", "Positions", "QkvLayout", "RopeConfig",
-    "RopeLayout", "RopeScaling", "TransformerConfig", "UnknownKeysError", "auto_config",
-    "family_parsers", "parse_cohere", "parse_config", "parse_falcon", "parse_gemma",
-    "parse_gemma2", "parse_gemma3", "parse_gemma3_text", "parse_gpt2", "parse_gpt_neox",
-    "parse_gptj", "parse_granite", "parse_helium", "parse_llama", "parse_mistral",
-    "parse_mixtral", "parse_olmo", "parse_olmo2", "parse_olmoe", "parse_opt", "parse_phi",
+    "AUTO_FAMILY", "Activation", "BlockLayout", "ConfigReader", "FAMILIES", "FAMILY_PARSERS",
+    "Family", "MlpLayout", "MoeConfig", "NormType", "Positions", "QkvLayout", "REFUSED",
+    "RopeConfig", "RopeLayout", "RopeScaling", "TransformerConfig", "UnknownKeysError",
+    "auto_config", "family_parsers", "parse_apertus", "parse_cohere", "parse_config",
+    "parse_ernie4_5", "parse_ernie4_5_moe", "parse_exaone4", "parse_falcon", "parse_gemma",
+    "parse_gemma2", "parse_gemma3", "parse_gemma3_text", "parse_glm", "parse_glm4",
+    "parse_glm4_moe", "parse_gpt2", "parse_gpt_neox", "parse_gptj", "parse_granite",
+    "parse_helium", "parse_hunyuan_v1_dense", "parse_llama", "parse_mistral", "parse_mixtral",
+    "parse_olmo", "parse_olmo2", "parse_olmo3", "parse_olmoe", "parse_opt", "parse_phi",
     "parse_phi3", "parse_qwen2", "parse_qwen2_moe", "parse_qwen3", "parse_qwen3_moe",
-    "parse_smollm3", "parse_stablelm", "parse_starcoder2",
+    "parse_seed_oss", "parse_smollm3", "parse_stablelm", "parse_starcoder2",
 ]
