@@ -13,7 +13,8 @@ from mi_transformer.weights import check_tensors
 BACKEND = "transformer"
 #: the llama.cpp architectures mi_transformer.gguf reads (its GGUF_ARCHES; not imported here,
 #: the gguf package is optional)
-_GGUF = "llama, qwen2, qwen3, gemma, gemma2, phi3, starcoder2, olmo2, gpt2, qwen2moe, qwen3moe"
+_GGUF = ("llama, qwen2, qwen3, gemma, gemma2, phi3, starcoder2, olmo2, gpt2, qwen2moe, qwen3moe, "
+         "exaone4, seed_oss, ernie4_5")
 
 
 @plugin_impl

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping
 
-from mi_core.plugin import ConfigError
+from mi_core.plugin import ConfigError, UnsupportedModelError
 
 from mi_transformer.config.axes import MlpLayout, QkvLayout, TransformerConfig
 from mi_transformer.config.common import _all_sliding, _base
 from mi_transformer.config.families_llama import parse_llama
+from mi_transformer.config.families_recent import REFUSED
 from mi_transformer.config.reader import ConfigReader, UnknownKeysError
 from mi_transformer.config.registry import _LLAMA, FAMILIES, Family, _family
 
@@ -43,6 +44,9 @@ def parse_config(cfg: Mapping[str, Any], src: str = "config.json",
     family = FAMILIES.get(mt)
     if family is not None:
         return _run(family, cfg, src)
+    if mt in REFUSED:
+        raise UnsupportedModelError(f"{src}: model_type {mt!r} is not supported by the "
+                                    f"transformer backend: {REFUSED[mt]}")
     return auto_config(cfg, src, list(tensor_names or []))
 
 

@@ -152,7 +152,7 @@ def parse_olmo2(r: ConfigReader) -> TransformerConfig:
     base = _base(r, "olmo2", eps_default=1e-5)
     bias = r.bool("attention_bias", False)
     base.update(qkv_bias=bias, o_bias=bias, qk_norm=True, qk_norm_full=True, pre_norms=False,
-                post_norms=True, weight_names="olmo2")
+                post_norms=True, weight_names="olmo2", rope_float32=True)
     return _full(r, base)
 
 

@@ -20,6 +20,7 @@ from mi_transformer.config.families_llama import (
 from mi_transformer.config.families_moe import (
     parse_mixtral, parse_olmoe, parse_qwen2_moe, parse_qwen3_moe,
 )
+from mi_transformer.config.families_recent import RECENT_FAMILIES
 from mi_transformer.config.reader import ConfigReader
 
 
@@ -140,6 +141,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     _family("starcoder2", parse_starcoder2, _LLAMA | {"sliding_window", "norm_epsilon",
                                                       "use_bias"}),
 ]}
+
+
+FAMILIES.update({mt: _family(mt, parse, _LLAMA | reads, harmless, note)
+                 for mt, parse, reads, harmless, note in RECENT_FAMILIES})
 
 
 def family_parsers() -> dict[str, Callable[[ConfigReader], TransformerConfig]]:

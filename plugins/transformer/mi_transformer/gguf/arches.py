@@ -207,8 +207,37 @@ def _starcoder2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
     cfg["use_bias"] = "blk.0.attn_q.bias" in names
 
 
+def sliding_layer_types(m: _Meta, cfg: dict[str, Any]) -> int | None:
+    """``{arch}.attention.sliding_window`` and ``sliding_window_pattern`` (one bool per layer,
+    True = sliding) -> ``cfg["layer_types"]`` and ``cfg["sliding_window"]``; returns the
+    window (None: no sliding metadata, every layer full)."""
+    window = m.int("attention.sliding_window", None)
+    n = cfg["num_hidden_layers"]
+    if window is None:
+        cfg["layer_types"] = ["full_attention"] * n
+        return None
+    key = f"{m.arch}.attention.sliding_window_pattern"
+    pattern = m.raw(key)
+    if not (isinstance(pattern, list) and len(pattern) == n
+            and all(isinstance(p, bool) for p in pattern)):
+        raise ConfigError(f"{m.path}: GGUF metadata {key!r} = {pattern!r}: expected {n} "
+                          f"booleans (one per layer) beside attention.sliding_window")
+    cfg["sliding_window"] = window
+    cfg["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
+    return window
+
+
+
 def _olmo2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    """OLMo2; with sliding-window metadata, OLMo-3 (llama.cpp writes both as ``olmo2``)."""
     cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+    if m.raw("olmo2.attention.sliding_window") is None:
+        return
+    sliding_layer_types(m, cfg)
+    if "rope_scaling" in cfg:  # HF scales the full layers only; llama.cpp's olmo2 is unmapped
+        raise UnsupportedModelError(f"{m.path}: an OLMo-3 GGUF (olmo2 with sliding layers) "
+                                    f"with RoPE scaling is not supported")
+    cfg.update(model_type="olmo3", architectures=["Olmo3ForCausalLM"])
 
 
 GGUF_ARCHES: dict[str, GgufArch] = {
@@ -320,7 +349,9 @@ def hf_config(header: GgufHeader) -> dict[str, Any]:
         v = m.int(f"tokenizer.ggml.{key}", None, arch=False, min=0)
         if v is not None:
             cfg[hf] = v
-    return {k: v for k, v in cfg.items() if v is not None}
+    # a null sliding_window is kept: for EXAONE-4 / OLMo-3 it means "no sliding layers",
+    # while an absent one means the class default window
+    return {k: v for k, v in cfg.items() if v is not None or k == "sliding_window"}
 
 
 def llama_config(header: GgufHeader) -> dict[str, Any]:

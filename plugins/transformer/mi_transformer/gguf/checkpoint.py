@@ -16,9 +16,10 @@ import torch
 from mi_core.plugin import HFTokenizer, UnsupportedModelError, WeightLoadError, progress
 
 from mi_transformer.gguf.arches import (
-    _LONGROPE, _ROPE_FREQS, GgufArch, _Meta, gguf_arch, hf_config, llama3_rope_from_factors,
-    slot_of, unpermute_qk,
+    _LONGROPE, _ROPE_FREQS, GGUF_ARCHES, GgufArch, _Meta, gguf_arch, hf_config,
+    llama3_rope_from_factors, slot_of, unpermute_qk,
 )
+from mi_transformer.gguf.arches_recent import RECENT_GGUF_ARCHES
 from mi_transformer.gguf.header import (
     GgufHeader, GgufTensorInfo, _quant_type, iter_dequantized, read_gguf_header,
 )
@@ -32,6 +33,7 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 #: Tensors that are rope parameters, not weights: folded into the config's rope_scaling.
 _FACTOR_TENSORS = {_ROPE_FREQS, *_LONGROPE}
+GGUF_ARCHES.update(RECENT_GGUF_ARCHES)  # the 2025-26 families (arches_recent.py)
 
 
 @attrs.define
