@@ -24,6 +24,8 @@ _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
 def _kind(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "a regular file"
     if stat.S_ISLNK(mode):
         return "a symbolic link"
     if stat.S_ISDIR(mode):
@@ -32,7 +34,7 @@ def _kind(mode: int) -> str:
         return "a FIFO"
     if stat.S_ISSOCK(mode):
         return "a socket"
-    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file"
 
 
 def oserror(exc: OSError, path: Path | str, doing: str) -> StoreError:
@@ -205,8 +207,8 @@ class StoreDir:
                           | (os.O_APPEND if append else 0), "create")
 
     def create_fresh(self, name: str) -> int:
-        """:meth:`create` after removing a leftover `name` (a temporary file of a killed
-        run, or a link planted under its name: the link goes, never its target)."""
+        """:meth:`create` after removing a leftover regular file `name` (the temporary file
+        of a killed run); a link or anything else under that name is a StoreError."""
         self.unlink(name)
         return self.create(name)
 
@@ -254,27 +256,25 @@ class StoreDir:
         self.sync()
 
     def replace(self, src: str, dst: str) -> None:
-        st = self.lstat(dst)
-        if st is not None and stat.S_ISDIR(st.st_mode):
-            raise StoreError(f"{self.file(dst)} is a directory, not a file of the store; "
-                             f"remove it")
+        """Rename `src` to `dst`; `dst` must be absent or a regular file (a link or a
+        directory planted there is a StoreError naming it)."""
+        self.is_file(dst)
         try:
             os.replace(self._name(src), self._name(dst), src_dir_fd=self.fd, dst_dir_fd=self.fd)
         except OSError as exc:
             raise oserror(exc, self.file(dst), "write") from None
 
     def unlink(self, name: str) -> None:
-        """Remove the entry `name` if present (a link itself, never its target); a directory
-        under a store file's name is a StoreError."""
+        """Remove the regular file `name` if present. Anything else under a store file's
+        name (a link, a directory, a FIFO) is a StoreError naming it: a store never touches
+        what it did not write, not even to remove it."""
+        if not self.is_file(name):
+            return
         try:
             os.unlink(self._name(name), dir_fd=self.fd)
         except FileNotFoundError:
             pass
         except OSError as exc:
-            st = self.lstat(name)
-            if st is not None and stat.S_ISDIR(st.st_mode):
-                raise StoreError(f"{self.file(name)} is a directory, not a file of the store; "
-                                 f"remove it") from None
             raise oserror(exc, self.file(name), "remove") from None
 
 

@@ -241,7 +241,6 @@ def fn_identity(fn: Callable[..., Any]) -> dict[str, Any]:
         target = target.func if isinstance(target, functools.partial) else target.__func__
     name = getattr(target, "__qualname__", None) or _qualified(type(target))
     d = _Digest()
-    d.active.add(id(fn))
     try:
         parts = _parts(fn, name, d)
     except _Unstable as exc:

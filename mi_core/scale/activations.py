@@ -240,6 +240,7 @@ def _prepare(sdir: StoreDir, manifest: dict[str, Any], rows: torch.Tensor,
              overwrite: bool) -> CacheReport:
     """Check an existing store against the plan (or discard it), remove a killed run's
     temporary files, write the manifest; the report of what is done and what is to do."""
+    old = None
     if overwrite:
         _discard(sdir)
     else:
@@ -260,7 +261,8 @@ def _prepare(sdir: StoreDir, manifest: dict[str, Any], rows: torch.Tensor,
                 s["sha256"] = file_sha256(fd)
         finally:
             os.close(fd)
-    write_manifest(sdir, manifest)
+    if manifest != old:  # a finished store is not rewritten (it may be read-only)
+        write_manifest(sdir, manifest)
     per_token = sum(v["bytes_per_token"] for v in manifest["hooks"].values()) + 4
     todo_tokens = manifest["tokens"] - sum(s["tokens"] for s in done)
     return CacheReport(manifest["tokens"], manifest["rows"], len(manifest["shards"]), len(done),

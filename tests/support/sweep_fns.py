@@ -61,6 +61,14 @@ def sometimes_fails(model: Any, job: dict[str, Any]) -> dict[str, Any]:
     return toy_logits(model, job)
 
 
+def tagged_fn() -> Any:
+    """A partial bound to a set of strings and a dict: values whose iteration order depends
+    on the hash seed (the identity test digests it in two processes)."""
+    import functools
+
+    return functools.partial(toy_logits, tags={"a", "b", "c", "d"}, cfg={"z": 1, "y": 2})
+
+
 def fails_on_odd(model: Any, job: dict[str, Any]) -> dict[str, Any]:
     if job["ids"][0] % 2:
         raise ValueError(f"odd first token {job['ids'][0]}")
