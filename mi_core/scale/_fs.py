@@ -37,6 +37,12 @@ def _kind(mode: int) -> str:
     return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file"
 
 
+def not_ours(path: Path, mode: int) -> StoreError:
+    """The error for something planted under a store file's name."""
+    return StoreError(f"{path} is {_kind(mode)}, not a file of the store: remove it (a store "
+                      f"opens only its own regular files and never follows a link)")
+
+
 def oserror(exc: OSError, path: Path | str, doing: str) -> StoreError:
     """A StoreError for a failed file operation on `path`, saying why in words."""
     e = exc.errno
@@ -73,6 +79,9 @@ class StoreDir:
         try:
             if p.parent != p:
                 p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a parent that is a file, a read-only parent
+            raise oserror(exc, p.parent, "create the directory") from None
+        try:
             os.mkdir(p, 0o755)
         except FileExistsError:
             pass  # a directory, a file or a link: _open_dir says which
@@ -150,8 +159,7 @@ class StoreDir:
         if st is None:
             return False
         if not stat.S_ISREG(st.st_mode):
-            raise StoreError(f"{self.file(name)} is {_kind(st.st_mode)}, not a file of the "
-                             f"store; a store never follows links: remove it")
+            raise not_ours(self.file(name), st.st_mode)
         return True
 
     # -- opening files --------------------------------------------------------------------
@@ -162,8 +170,7 @@ class StoreDir:
         except OSError as exc:
             st = None if exc.errno == errno.ENOENT else self.lstat(name)
             if st is not None and not stat.S_ISREG(st.st_mode):
-                raise StoreError(f"{path} is {_kind(st.st_mode)}, not a file of the store (a "
-                                 f"store never follows links): remove it") from None
+                raise not_ours(path, st.st_mode) from None
             if exc.errno == errno.EEXIST:
                 raise StoreError(f"{path} already exists (another writer, or a planted file: "
                                  f"remove it)") from None
@@ -171,8 +178,7 @@ class StoreDir:
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise StoreError(f"{path} is {_kind(st.st_mode)}, not a file of the store; "
-                                 f"remove it")
+                raise not_ours(path, st.st_mode)
             if single_link and st.st_nlink != 1:
                 raise StoreError(f"{path} has {st.st_nlink} hard links: writing it would change "
                                  f"a file outside the store; remove it")

@@ -85,6 +85,19 @@ def test_manifest_records_index_token_range_size_and_checksums(built, tmp_path):
     store.verify()  # the full-content check passes on an untouched store
 
 
+def test_a_finished_shard_without_its_checksum_gets_it_on_resume(model, built, tmp_path):
+    """A run killed between a shard's rename and the manifest update leaves the shard
+    without `sha256`; the next run checks the shard's header and records its sum."""
+    out = copy_of(built, tmp_path).directory
+    man = json.loads((out / "manifest.json").read_text())
+    want = man["shards"][1].pop("sha256")
+    (out / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(mi.StoreError, match=r"shard-00001.*sha256: no content checksum"):
+        mi.ActivationStore(out).verify()
+    assert cache(model, out).report.shards_done_before == 3
+    assert mi.ActivationStore(out).manifest["shards"][1]["sha256"] == want
+
+
 def test_swapped_shards_are_refused_naming_the_index(built, tmp_path):
     store = copy_of(built, tmp_path)
     a, b = store.shards[0], store.shards[1]
