@@ -127,9 +127,11 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def strict_json(raw: bytes, where: str) -> Any:
-    """Parse a store file's JSON strictly: UTF-8, no NaN / Infinity, no duplicate keys;
-    StoreError naming `where` otherwise."""
+def strict_json(raw: bytes, where: str, duplicates: bool = True) -> Any:
+    """Parse a store file's JSON strictly: UTF-8, no NaN / Infinity and, with `duplicates`,
+    no duplicate keys; StoreError naming `where` otherwise. (Sweep records skip the
+    duplicate check, a Python call per object: every field of a record is checked after
+    parsing, and its key against its job as parsed.)"""
     def no_constant(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
@@ -142,7 +144,7 @@ def strict_json(raw: bytes, where: str) -> Any:
 
     try:
         return json.loads(raw.decode("utf-8"), parse_constant=no_constant,
-                          object_pairs_hook=pairs)
+                          object_pairs_hook=pairs if duplicates else None)
     except (ValueError, RecursionError) as exc:
         raise StoreError(f"{where}: not valid JSON ({exc})") from None
 

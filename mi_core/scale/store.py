@@ -102,33 +102,45 @@ def read_manifest(sdir: StoreDir) -> dict[str, Any] | None:
     return data
 
 
-def _record(raw: Any, where: str) -> SweepRecord:
-    """The record of one parsed line, every field checked (StoreError naming it)."""
-    def need(cond: bool, field: str, msg: str) -> None:
-        if not cond:
-            raise StoreError(f"{where}: field {field!r}: {msg}; the store is corrupt or was "
-                             f"edited (records are written by mi-core only)")
-
-    need(isinstance(raw, dict), "record", f"expected a JSON object, got {type(raw).__name__}")
-    need(tuple(sorted(raw)) == tuple(sorted(_FIELDS)), "record",
-         f"fields {sorted(raw)}, expected {sorted(_FIELDS)}")
-    ok, error, attempts, seconds = raw["ok"], raw["error"], raw["attempts"], raw["seconds"]
-    need(isinstance(ok, bool), "ok", f"{ok!r:.40} is not true or false")
-    need(type(raw["index"]) is int and raw["index"] >= 0, "index",
-         f"{raw['index']!r:.40} is not an integer >= 0")
-    need(type(attempts) is int and attempts >= 1, "attempts",
-         f"{attempts!r:.40} is not an integer >= 1")
-    need(type(seconds) in (int, float) and seconds >= 0, "seconds",
-         f"{seconds!r:.40} is not a number >= 0")
-    need(error is None if ok else isinstance(error, str), "error",
-         "a result has no error" if ok else "a failure needs its error text")
-    need(ok or raw["result"] is None, "result", "a failure has no result")
+def _problem(raw: Any) -> tuple[str, str] | None:
+    """(field, what is wrong) of the first field of a parsed line that is not what
+    :func:`mi_core.scale.sweep._record_line` writes; None for a valid record. Messages are
+    built only on failure (a store of 100,000 records is checked on every load)."""
+    if not isinstance(raw, dict):
+        return "record", f"expected a JSON object, got {type(raw).__name__}"
+    if len(raw) != len(_FIELDS) or any(f not in raw for f in _FIELDS):
+        return "record", f"fields {sorted(raw)}, expected {sorted(_FIELDS)}"
+    ok, index, error = raw["ok"], raw["index"], raw["error"]
+    attempts, seconds = raw["attempts"], raw["seconds"]
+    if ok is not True and ok is not False:
+        return "ok", f"{ok!r:.40} is not true or false"
+    if type(index) is not int or index < 0:
+        return "index", f"{index!r:.40} is not an integer >= 0"
+    if type(attempts) is not int or attempts < 1:
+        return "attempts", f"{attempts!r:.40} is not an integer >= 1"
+    if type(seconds) not in (int, float) or seconds < 0:
+        return "seconds", f"{seconds!r:.40} is not a number >= 0"
+    if ok and error is not None:
+        return "error", "a result has no error"
+    if not ok and (not isinstance(error, str) or raw["result"] is not None):
+        return ("error", "a failure needs its error text") if not isinstance(error, str) else (
+            "result", "a failure has no result")
     try:
         key = job_key(raw["job"])
     except SweepError as exc:
-        raise StoreError(f"{where}: field 'job': {exc}") from None
-    need(raw["key"] == key, "key", f"{raw['key']!r:.40} is not the key of its job "
-         f"({key}): the record would pair a result with another job")
+        return "job", str(exc)
+    if raw["key"] != key:
+        return "key", (f"{raw['key']!r:.40} is not the key of its job ({key}): the record "
+                       f"would pair a result with another job")
+    return None
+
+
+def _record(raw: Any, where: str) -> SweepRecord:
+    """The record of one parsed line, every field checked (StoreError naming it)."""
+    problem = _problem(raw)
+    if problem is not None:
+        raise StoreError(f"{where}: field {problem[0]!r}: {problem[1]}; the store is corrupt or "
+                         f"was edited (records are written by mi-core only)")
     return SweepRecord(**raw)
 
 
@@ -147,7 +159,7 @@ def scan_part(sdir: StoreDir, name: str, repair: bool) -> tuple[list[SweepRecord
     torn = len(tail)
     for i, line in enumerate(lines):
         try:
-            raw = strict_json(line, f"{path}: line {i + 1}")
+            raw = strict_json(line, f"{path}: line {i + 1}", duplicates=False)
         except StoreError as exc:
             if i == len(lines) - 1 and not tail:
                 torn = len(line) + 1  # a complete-looking but unparsable last line
