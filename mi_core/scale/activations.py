@@ -337,9 +337,11 @@ def _discard(sdir: StoreDir) -> None:
 
 
 class _Writer:
-    """The writer thread of :func:`_fill`: puts each captured batch at its offsets in its
-    shard file, finishing a shard (and recording its checksum in the manifest) when its last
-    batch is in; the first error stops it."""
+    """The two threads of :func:`_fill`. :meth:`run` puts each captured batch at its offsets
+    in its shard file and hands a shard whose last batch is in to :meth:`finish_all`, which
+    fsyncs it, hashes it (hashlib releases the GIL: this overlaps the next shard's writes
+    and forwards), renames it into place and records its checksum in the manifest (the only
+    writer of the manifest while they run). The first error stops both."""
 
     def __init__(self, sdir: StoreDir, manifest: dict[str, Any], rows: torch.Tensor,
                  n_batches: dict[int, int]) -> None:
@@ -347,7 +349,16 @@ class _Writer:
         self.hooks = manifest["hooks"]
         self.files: dict[int, ShardFile] = {}
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=4)
+        self.finished: queue.Queue[Any] = queue.Queue()  # (shard index, ShardFile) | None
         self.failure: list[BaseException] = []
+
+    def _failed(self, exc: BaseException, si: int) -> None:
+        if isinstance(exc, OSError):
+            shards = self.manifest["shards"]
+            saved = sum(1 for s in shards if s.get("sha256"))
+            exc = disk_error(exc, self.sdir.file(shards[si]["file"]),
+                             f"the {saved} complete shards are intact")
+        self.failure.append(exc)
 
     def open_shard(self, si: int) -> ShardFile:
         s = self.manifest["shards"][si]
@@ -365,13 +376,20 @@ class _Writer:
             si, r0, r1, acts = item
             try:
                 self.write(si, r0, r1, acts)
-            except OSError as exc:
-                shards = self.manifest["shards"]
-                saved = sum(1 for s in shards if s.get("sha256"))
-                self.failure.append(disk_error(exc, self.sdir.file(shards[si]["file"]),
-                                               f"the {saved} complete shards are intact"))
             except BaseException as exc:  # noqa: BLE001 - re-raised in the driver
-                self.failure.append(exc)
+                self._failed(exc, si)
+
+    def finish_all(self) -> None:
+        while True:
+            item = self.finished.get()
+            if item is None:
+                return
+            si, f = item
+            try:  # a complete shard is finished even after another one failed
+                self.manifest["shards"][si]["sha256"] = f.finish()
+                write_manifest(self.sdir, self.manifest)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the driver
+                self._failed(exc, si)
 
     def write(self, si: int, r0: int, r1: int, acts: dict[str, torch.Tensor]) -> None:
         ctx = self.manifest["context_len"]
@@ -389,8 +407,7 @@ class _Writer:
         f.left -= 1
         if f.left == 0:
             del self.files[si]
-            self.manifest["shards"][si]["sha256"] = f.finish()
-            write_manifest(self.sdir, self.manifest)
+            self.finished.put((si, f))
 
 
 def _fill(sdir: StoreDir, manifest: dict[str, Any], rows: torch.Tensor, ex: Any,
@@ -413,7 +430,9 @@ def _fill(sdir: StoreDir, manifest: dict[str, Any], rows: torch.Tensor, ex: Any,
         n_batches[si] += 1
     w = _Writer(sdir, manifest, rows, n_batches)
     th = threading.Thread(target=w.run, name="mi-activation-writer", daemon=True)
+    fin = threading.Thread(target=w.finish_all, name="mi-activation-finisher", daemon=True)
     th.start()
+    fin.start()
     bar = Progress(manifest["tokens"], "cache activations", unit="tok", enabled=progress,
                    initial=manifest["tokens"] - sum(s["tokens"] for _, s in todo))
     try:
@@ -431,6 +450,8 @@ def _fill(sdir: StoreDir, manifest: dict[str, Any], rows: torch.Tensor, ex: Any,
     finally:
         w.queue.put(None)
         th.join()
+        w.finished.put(None)
+        fin.join()
         bar.close()
         for f in w.files.values():
             f.abort()
