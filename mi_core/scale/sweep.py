@@ -21,6 +21,8 @@ from mi_core.scale.executors import ensure_shippable, make_executor
 from mi_core.scale.store import FORMAT, FORMAT_VERSION, SweepRecord, SweepStore, read_manifest
 
 T = TypeVar("T")
+#: marks a result strict JSON cannot hold in what _sweep_task returns
+_UNSTORABLE = "mi-sweep-unstorable"
 
 
 class SweepRun:
@@ -118,9 +120,12 @@ def _check_same(directory: Path, old: dict[str, Any], new: dict[str, Any]) -> No
                 f"be comparable. Use a new store, or overwrite=True to discard the old results")
 
 
-def _sweep_task(fn: Callable[..., Any], batched: bool, model: Any, jobs: list[Any]) -> list[str]:
+def _sweep_task(fn: Callable[..., Any], batched: bool, model: Any, jobs: list[Any]
+                ) -> list[str | tuple[str, str]]:
     """Run `fn` on one job (or a batch of them); each result as JSON text (cattrs unstructures
-    attrs results; tensors become lists)."""
+    attrs results; tensors become lists), or ``(_UNSTORABLE, why)`` for a result strict JSON
+    cannot hold (NaN, infinities, lone surrogates, objects): that job's error, not its
+    batch's."""
     if batched:
         out = fn(model, jobs)
         if not isinstance(out, (list, tuple)) or len(out) != len(jobs):
@@ -129,26 +134,33 @@ def _sweep_task(fn: Callable[..., Any], batched: bool, model: Any, jobs: list[An
                              f"for {len(jobs)} jobs")
     else:
         out = [fn(model, jobs[0])]
-    texts = []
-    for i, r in enumerate(out):
-        what = "fn returned a result that" if len(out) == 1 else f"fn's result {i}"
+    texts: list[str | tuple[str, str]] = []
+    for r in out:
         try:
             text = json.dumps(converter.unstructure(r), separators=(",", ":"),
                               ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError, RecursionError) as exc:
-            raise SweepError(f"{what} is not JSON-able ({exc}; NaN and infinities are not "
-                             f"JSON: return None or a string): {r!r:.200}") from None
-        check_utf8(text, f"{what} (its JSON)")
+            texts.append((_UNSTORABLE, f"SweepError: fn returned a result that is not JSON-able "
+                          f"({exc}; NaN and infinities are not JSON: return None or a "
+                          f"string): {r!r:.200}"))
+            continue
+        try:
+            check_utf8(text, "fn's result")
+        except SweepError as exc:
+            texts.append((_UNSTORABLE, f"SweepError: {exc}"))
+            continue
         texts.append(text)
     return texts
 
 
-def _record_line(key: str, index: int, job: Any, ok: bool, value: str, attempts: int,
+def _record_line(key: str, index: int, job: Any, ok: bool, value: Any, attempts: int,
                  seconds: float) -> tuple[SweepRecord, bytes]:
     """A job's record and its line (strict JSON, UTF-8). `value`: the result's JSON text, or
     the error text. A result that does not read back as strict JSON (a duplicate key, e.g.
     ``{1: ..., "1": ...}``) is recorded as the job's error: what is written always loads."""
     result = None
+    if ok and isinstance(value, tuple):  # (_UNSTORABLE, why) from _sweep_task
+        ok, value = False, value[1]
     if ok:
         try:
             result = strict_json(value.encode("utf-8"), "fn's result")

@@ -312,6 +312,16 @@ def test_non_json_results_are_the_jobs_errors_and_the_run_goes_on(toy, tmp_path)
     assert again.results() == run.results() and len(again.failed()) == 4
 
 
+def test_in_a_batch_only_the_job_with_a_non_json_result_fails(toy, tmp_path):
+    def batch(model, jobs):
+        return [weird(model, j) for j in jobs]
+
+    jobs = [{"n": 4, "k": 0}, {"n": 0}, {"n": 4, "k": 1}]
+    run = mi.run_sweep(batch, jobs, model=toy, store=tmp_path / "s", batch_size=3)
+    assert [j for j, _ in run.results()] == [jobs[0], jobs[2]]
+    assert [j for j, _ in run.failed()] == [jobs[1]]
+
+
 def raises_surrogate(model, job):
     raise ValueError("bad \udcff byte")
 
