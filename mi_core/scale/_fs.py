@@ -117,7 +117,10 @@ class StoreDir:
         self.close()
 
     def __del__(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
     def sync(self) -> None:
         """fsync the directory (a rename or a new file survives an OS crash)."""
