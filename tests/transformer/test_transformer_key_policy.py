@@ -16,6 +16,8 @@ from mi_transformer.keytable import key_table_markdown
 
 _LLAMA = {"model_type": "llama", "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 1,
           "num_attention_heads": 2, "intermediate_size": 32}
+_FALCON = {"model_type": "falcon", "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 1,
+           "num_attention_heads": 2, "ffn_hidden_size": 64}
 _PHI = {"model_type": "phi", "vocab_size": 32, "hidden_size": 64, "num_hidden_layers": 1,
         "num_attention_heads": 4, "intermediate_size": 32, "partial_rotary_factor": 0.5}
 
@@ -27,6 +29,7 @@ _PHI = {"model_type": "phi", "vocab_size": 32, "hidden_size": 64, "num_hidden_la
     dict(_PHI, rotary_dim=8.0),  # the same number as a JSON float
     dict(_LLAMA, model_type="starcoder2", mlp_type="default", norm_type="layer_norm"),
     dict(_LLAMA, model_type="cohere", rope_interleaved=True),  # interleaved rotary family
+    dict(_FALCON, intermediate_size=64, num_key_value_heads=1),  # transformers' GGUF output
 ])
 def test_key_at_its_neutral_value_is_accepted(cfg):
     parse_config(cfg)
@@ -41,6 +44,10 @@ def test_key_at_its_neutral_value_is_accepted(cfg):
     (dict(_PHI, attention_bias=True), "attention_bias", "True", "False"),
     (dict(_LLAMA, model_type="starcoder2", norm_type="rms_norm"), "norm_type", "'rms_norm'",
      "'layer_norm'"),
+    # transformers' GGUF conversion repeats Falcon's sizes under LLaMA's names: only the
+    # values Falcon's own keys give are accepted (multi-query: 1 KV head)
+    (dict(_FALCON, intermediate_size=96), "intermediate_size", "96", "64"),
+    (dict(_FALCON, num_key_value_heads=2), "num_key_value_heads", "2", "1"),
 ])
 def test_key_at_another_value_is_refused_naming_key_value_and_neutral_value(cfg, key, value,
                                                                           neutral):

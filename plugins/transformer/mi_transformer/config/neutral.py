@@ -45,6 +45,10 @@ class Derived:
 
 #: The rotary width the family uses: the rotated leading dims of each head.
 ROTARY_DIM = Derived("the rotary width", lambda c: c.rot_dim)
+#: The MLP width and the KV head count the family reads under its own key names (Falcon's
+#: ffn_hidden_size / num_kv_heads), repeated under LLaMA's by transformers' GGUF conversion.
+MLP_WIDTH = Derived("the MLP width", lambda c: c.intermediate_size)
+KV_HEADS = Derived("the number of KV heads", lambda c: c.num_kv_heads)
 #: ``rope_interleaved`` is nanotron's spelling of the rotary layout (SmolLM2 says ``false``):
 #: neutral when it names the family's own layout. Every rotate-half family shares
 #: :data:`ROTARY`; the interleaved (GPT-J layout) ones use :data:`ROTARY_INTERLEAVED`.

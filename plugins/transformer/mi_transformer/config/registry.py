@@ -21,7 +21,8 @@ from mi_transformer.config.families_llama import (
 from mi_transformer.config.families_moe import (
     parse_mixtral, parse_olmoe, parse_qwen2_moe, parse_qwen3_moe,
 )
-from mi_transformer.config.neutral import ROTARY, ROTARY_DIM, ROTARY_INTERLEAVED
+from mi_transformer.config.neutral import (KV_HEADS, MLP_WIDTH, ROTARY, ROTARY_DIM,
+                                           ROTARY_INTERLEAVED)
 from mi_transformer.config.reader import ConfigReader
 
 
@@ -162,7 +163,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
         "ffn_hidden_size", "layer_norm_epsilon", "activation", "tie_word_embeddings", "alibi",
         "new_decoder_architecture", "multi_query", "parallel_attn", "num_ln_in_parallel_attn",
         "bias", "max_position_embeddings"},
-        note="multi-query / grouped (new decoder) / per-head fused QKV"),
+        note="multi-query / grouped (new decoder) / per-head fused QKV",
+        # transformers' GGUF conversion writes LLaMA's names, which its Falcon never reads
+        neutral={**ROTARY, "intermediate_size": MLP_WIDTH, "num_key_value_heads": KV_HEADS}),
     _family("starcoder2", parse_starcoder2, _LLAMA | {"sliding_window", "norm_epsilon",
                                                       "use_bias"},
             # StarCoder2's config.json names its (only) MLP and norm kinds
