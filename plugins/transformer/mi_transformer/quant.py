@@ -123,8 +123,15 @@ def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor,
         raise ValueError(f"scale grid {list(scale_inv.shape)} does not fit weight "
                          f"{list(weight.shape)} in blocks of {list(block)} (expected "
                          f"{[*weight.shape[:-2], *grid]})")
-    s = scale_inv.float().repeat_interleave(bh, dim=-2).repeat_interleave(bw, dim=-1)
-    return weight.float() * s[..., :rows, :cols]
+    pad = (grid[0] * bh - rows, grid[1] * bw - cols)
+    w = weight.float()
+    if any(pad):  # partial edge blocks: pad to whole blocks, crop after
+        w = torch.nn.functional.pad(w, (0, pad[1], 0, pad[0]))
+    lead = w.shape[:-2]
+    w = w.view(*lead, grid[0], bh, grid[1], bw)
+    w.mul_(scale_inv.float().view(*lead, grid[0], 1, grid[1], 1))
+    w = w.view(*lead, grid[0] * bh, grid[1] * bw)
+    return w[..., :rows, :cols].contiguous() if any(pad) else w
 
 
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -139,9 +146,10 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
         raise ValueError(f"MXFP4 blocks {list(blocks.shape)} and scales {list(scales.shape)} "
                          f"do not match ([..., groups, bytes] and [..., groups])")
     lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
-    b = blocks.long()
-    vals = torch.stack([lut[b & 0x0F], lut[b >> 4]], dim=-1).flatten(-2)  # [..., G, 2 * bytes]
-    out = torch.ldexp(vals, (scales.long() - 127).unsqueeze(-1).float())
+    codes = torch.arange(256)
+    pairs = torch.stack([lut[codes & 0x0F], lut[codes >> 4]], dim=-1)  # byte -> (low, high)
+    out = pairs[blocks.int()].flatten(-2)  # [..., groups, 32]: the low nibble first
+    out.mul_(torch.exp2(scales.float() - 127).unsqueeze(-1))  # exact: a power of two
     return out.flatten(-2)
 
 
