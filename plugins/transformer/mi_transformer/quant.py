@@ -124,7 +124,7 @@ def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor,
                          f"{list(weight.shape)} in blocks of {list(block)} (expected "
                          f"{[*weight.shape[:-2], *grid]})")
     pad = (grid[0] * bh - rows, grid[1] * bw - cols)
-    w = weight.float()
+    w = weight.to(torch.float32, copy=True)  # scaled in place below
     if any(pad):  # partial edge blocks: pad to whole blocks, crop after
         w = torch.nn.functional.pad(w, (0, pad[1], 0, pad[0]))
     lead = w.shape[:-2]
