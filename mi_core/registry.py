@@ -114,10 +114,10 @@ class CompatibilityReport:
             d.implements or d.ok for d in self.detections)
 
     def summary(self) -> str:
+        verdict = f"supported by {self.backend}" if self.supported else "NOT supported"
         lines = [f"no installed plugin implements model_type {self.model_type!r}"] \
             if self.unimplemented else []
-        lines.append(f"{self.source}: model_type={self.model_type!r}, "
-                     f"{'supported by ' + str(self.backend) if self.supported else 'NOT supported'}")
+        lines.append(f"{self.source}: model_type={self.model_type!r}, {verdict}")
         for d in sorted(self.detections, key=lambda d: -d.score):
             lines.append(f"  [{d.plugin or '?'}:{d.backend}] score={d.score:.2f}: {d.reason}")
             if d.missing:

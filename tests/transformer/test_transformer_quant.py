@@ -269,3 +269,13 @@ def test_fp8_settings_not_implemented_are_refused_naming_them(key, value):
 def test_transformers_gguf_marker_is_accepted_as_already_dequantized():
     qc = {"quant_method": "gguf", "gguf_file": "model.gguf", "dequantize": False}
     assert parse_config(_llama_cfg(quantization_config=qc)).model_type == "llama"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (unmeasured here)")
+def test_fp8_checkpoint_on_cuda_gives_the_cpu_numbers(qwen3_fp8, make_ids):
+    """Dequantization runs on the CPU and the weights move to the device like any other."""
+    _, path, _ = qwen3_fp8
+    ids = make_ids(1, 12, seed=6)
+    cpu = mi.MIModel.from_pretrained(path).forward(ids).output
+    gpu = mi.MIModel.from_pretrained(path, device="cuda").forward(ids.cuda()).output
+    assert (gpu.cpu() - cpu).abs().max().item() < TOL
