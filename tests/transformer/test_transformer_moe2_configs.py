@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 
+import attrs
 import pytest
 import torch
 
@@ -270,19 +271,40 @@ def test_gpt_oss_mxfp4_checkpoint_equals_transformers_on_its_dequantized_experts
         mi.MIModel.from_pretrained(tmp_path / "ck")
 
 
-def test_backends_md_lists_every_neutral_value_of_these_families():
-    """docs/BACKENDS.md's neutral-value table says what families_moe2.NEUTRAL enforces."""
-    from pathlib import Path
-
+def test_neutral_values_of_these_families_are_in_their_registry_tables():
+    """families_moe2.NEUTRAL is data in each family's neutral table (the one the key policy
+    reads and docs/BACKENDS.md's generated key table shows), beside the rotary layout."""
+    from mi_transformer.config import FAMILIES
     from mi_transformer.config.families_moe2 import NEUTRAL
+    from mi_transformer.keytable import key_table_markdown
 
-    text = (Path(__file__).parents[2] / "docs" / "BACKENDS.md").read_text()
-    block = text[text.index("<!-- neutral-values:begin -->"):
-                 text.index("<!-- neutral-values:end -->")]
-    rows = {line.split("|")[1].strip().split()[0].strip("`"): line
-            for line in block.splitlines() if line.startswith("| `")}
-    assert set(rows) == set(NEUTRAL)
+    table = key_table_markdown()
     for model_type, values in NEUTRAL.items():
-        for key, value in values.items():
-            assert f"`{key}` = `{value!r}`" in rows[model_type], (model_type, key)
-        assert rows[model_type].count("` = `") == len(values)
+        assert dict(FAMILIES[model_type].neutral).items() >= values.items(), model_type
+        row = next(line for line in table.splitlines() if line.startswith(f"| `{model_type}` |"))
+        for key in values:
+            assert f"`{key}` = " in row, (model_type, key)
+    assert FAMILIES["deepseek_v3"].neutral["rope_interleaved"] is True
+    assert FAMILIES["gpt_oss"].neutral["rope_interleaved"] is False
+
+
+def test_llama3_rope_with_equal_frequency_factors_is_transformers_step():
+    """Llama-4-Scout as published: llama3 RoPE with low_freq_factor = high_freq_factor = 1.0
+    (no medium band; transformers only warns). The inverse frequencies equal transformers'."""
+    from transformers import Llama4TextConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from mi_transformer.config import parse_config
+    from mi_transformer.rope import inv_freq
+
+    scaling = {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 1.0, "original_max_position_embeddings": 8192}
+    hf = Llama4TextConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=16, num_hidden_layers=4, rope_theta=500000.0,
+                          rope_scaling=scaling)
+    want, _ = ROPE_INIT_FUNCTIONS["llama3"](hf)
+    c = parse_config(hf.to_dict(), "config.json")
+    got = inv_freq(c.ropes[c.layer_rope[0]], 16)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    smooth = attrs.evolve(c.ropes[c.layer_rope[0]], high_freq_factor=4.0)
+    assert got.isfinite().all() and not torch.equal(got, inv_freq(smooth, 16))

@@ -164,7 +164,7 @@ class LayerSettings:
     window: int | None = None  # sliding window (None = full causal)
     rope: int | None = 0  # index of the layer's (cos, sin) table; None = no rotary
     interleaved: bool = False  # GPT-J rotary layout (pairs of adjacent dims)
-    qk_norm_after_rope: bool = False  # q/k norms on the rotated q/k (Llama 4)
+    qk_norm_after_rope: bool = False  # q/k norms on the rotated q/k (Hunyuan, Llama 4)
     chunk: int | None = None  # chunked local attention (Llama 4)
     rope_tail: int = 0  # rotate the trailing dims of each head, not the leading ones (MLA)
     temperature: tuple[float, float] | None = None  # Llama 4's query scale (NoPE layers)
@@ -206,17 +206,23 @@ def _rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, ls:
     so SDPA reads contiguous inputs; the hook sees the documented [b, s, n, d_head] view.
     Without rotary (learned positions) ``hook_rot_*`` equals ``hook_q`` / ``hook_k``.
     `ls.rope_tail`: only the trailing dims rotate (MLA's rope part). `norm`: a q/k norm
-    applied after the rotation (Llama 4), before ``hook_rot_*``."""
+    applied after the rotation (Hunyuan, Llama 4), before ``hook_rot_*``."""
     xt = x.transpose(1, 2)
     if rope is not None:
         f = apply_rope_interleaved if ls.interleaved else apply_rope
+        # float32 tables (rope_float32) rotate a half-precision q / k in float32
+        rotate = f if rope[0].dtype == xt.dtype else (
+            lambda t, cos, sin: f(t.float(), cos, sin).to(t.dtype))
         if ls.rope_tail:
-            xt = torch.cat((xt[..., :-ls.rope_tail], f(xt[..., -ls.rope_tail:], *rope)), dim=-1)
+            xt = torch.cat((xt[..., :-ls.rope_tail], rotate(xt[..., -ls.rope_tail:], *rope)),
+                           dim=-1)
         else:
-            xt = f(xt, *rope)
+            xt = rotate(xt, *rope)
+    if norm is not None and not run.wants(scale_name):
+        xt = norm(xt)  # over d_head: the contiguous [b, n, s, d] layout gives the same numbers
     y = xt.transpose(1, 2)
-    if norm is not None:
-        y = norm(y, run, scale_name)
+    if norm is not None and run.wants(scale_name):
+        y = norm(y, run, scale_name)  # its scale hook sees the documented [b, s, n, 1]
     return run.apply(name, y).transpose(1, 2)
 
 
@@ -253,7 +259,7 @@ def attention(w: AttnWeights, x: torch.Tensor,
     q = run.apply(n.q, q)  # [b, s, heads, d_head], before RoPE
     k = run.apply(n.k, k)
     v = run.apply(n.v, v)
-    if ls.qk_norm_after_rope:  # Llama 4: the q/k norms read the rotated q / k
+    if ls.qk_norm_after_rope:  # Hunyuan, Llama 4: the q/k norms read the rotated q / k
         q = _rotate(q, rope, ls, run, n.rot_q, w.q_norm, n.q_scale)
         k = _rotate(k, rope, ls, run, n.rot_k, w.k_norm, n.k_scale)
     else:

@@ -2,8 +2,8 @@
 all experts, ``gate_up_proj`` [E, d_model, 2 d_expert] and ``down_proj`` [E, d_expert, d_model]
 (``x @ W``, not torch.nn.Linear's ``x @ W.T``), optionally with biases [E, 2 d_expert] and
 [E, d_model] (gpt-oss publishes them as MXFP4, which the loader dequantizes into this layout:
-:mod:`mi_transformer.quant`). Gate and up are the two halves of the 2 d_expert columns (``concat``: Llama 4)
-or alternate (``interleaved``: gpt-oss, gate in the even columns).
+:mod:`mi_transformer.quant`). Gate and up are the two halves of the 2 d_expert columns
+(``concat``: Llama 4) or alternate (``interleaved``: gpt-oss, gate in the even columns).
 
 Each :class:`FusedExpert` is a view of expert e's slice (no copy) and computes what
 transformers does with it: one matmul for gate and up, then the split. gpt-oss's experts apply

@@ -1,5 +1,5 @@
 """Loading a TransformerBackend from a safetensors directory, a tensor dict, or a GGUF file;
-quantized checkpoints (MXFP4) are dequantized as they load (:mod:`mi_transformer.quant`)."""
+quantized checkpoints (FP8, MXFP4) are dequantized as they load (:mod:`mi_transformer.quant`)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def from_tensors(config: Mapping[str, Any], tensors: TensorSource | Mapping[str,
                  ) -> TransformerBackend:
     """A backend from an HF-style config dict and either a SafetensorsCheckpoint (or any
     TensorSource) or an in-memory ``{hf_name: tensor}`` dict. With a ``quantization_config``
-    of MXFP4 the tensors are dequantized to `dtype` as they load."""
+    of FP8 or MXFP4 the tensors are dequantized to `dtype` as they load."""
     src: TensorSource = DictSource(tensors, origin) if isinstance(tensors, Mapping) else tensors
     src = dequantizing(src, config, origin)
     cfg = parse_config(config, f"{origin}/config.json", src.names())

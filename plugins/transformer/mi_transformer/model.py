@@ -184,8 +184,9 @@ class TransformerBackend:
         if c.positions is not Positions.ROPE:
             return []
         out = []
+        dtype = torch.float32 if c.rope_float32 else self.dtype  # then q/k rotate in float32
         for r, inv in zip(c.ropes, self.inv_freqs):
-            cos, sin = cos_sin(self._inv_freq(r, inv, positions), positions, self.dtype,
+            cos, sin = cos_sin(self._inv_freq(r, inv, positions), positions, dtype,
                                attention_scaling(r))
             if c.rope_layout is RopeLayout.INTERLEAVED:
                 half = cos.shape[-1] // 2

@@ -89,7 +89,7 @@ class MoeWeights:
     experts: list[ExpertWeights] | list[FusedExpert]
     shared: ExpertWeights | None = None
     shared_gate: torch.Tensor | None = None  # [1, d_model]
-    selection_bias: torch.Tensor | None = None  # [n_experts]: choice only (DeepSeek-V3)
+    selection_bias: torch.Tensor | None = None  # [n_experts]: choice only (GLM-4.5, V3)
     router_bias: torch.Tensor | None = None  # [n_experts] (gpt-oss)
 
 
@@ -101,10 +101,10 @@ def route(w: MoeWeights, x: torch.Tensor, run: HookRun, names: MoeNames
     the other routers in :func:`mi_transformer.routing.scores_and_choice`.
     """
     c = w.config
-    # float32 routers (the sigmoid / grouped ones, loaded so) compute in float32, as transformers
+    # float32 routers (the biased / sigmoid ones, loaded so) compute in float32, as transformers
     logits = run.apply(names.router_logits,
                        F.linear(x.to(w.router.dtype), w.router, w.router_bias))
-    if not c.plain_routing:
+    if not c.plain_routing:  # sigmoid / biased / grouped / scaled (mi_transformer.routing)
         top_w, top_i = scores_and_choice(c, logits, w.selection_bias)
     else:
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
@@ -183,6 +183,9 @@ def expected_moe_shapes(prefix: str, c: MoeConfig, d_model: int) -> dict[str, tu
         out[ep + g + ".weight"] = (c.expert_size, d_model)
         out[ep + u + ".weight"] = (c.expert_size, d_model)
         out[ep + dn + ".weight"] = (d_model, c.expert_size)
+    if c.selection_bias:
+        out[m + c.selection_bias] = (1, c.num_experts) if c.selection_bias_rows \
+            else (c.num_experts,)
     if c.shared_expert_size:
         for name, shape in (("gate_proj", (c.shared_expert_size, d_model)),
                             ("up_proj", (c.shared_expert_size, d_model)),
@@ -219,5 +222,6 @@ def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor]) -> M
     return MoeWeights(config=c, router=get(r + "weight"), experts=experts, shared=shared,
                       shared_gate=get(m + "shared_expert_gate.weight")
                       if c.shared_expert_gate else None,
-                      selection_bias=get(m + c.selection_bias) if c.selection_bias else None,
+                      selection_bias=get(m + c.selection_bias).reshape(-1)
+                      if c.selection_bias else None,
                       router_bias=get(r + "bias") if c.router_bias else None)

@@ -1,10 +1,11 @@
-"""Routers beyond softmax-top-k: sigmoid scores, a selection bias, group-limited choice and
-routed scaling, as transformers computes them (``DeepseekV2TopkRouter``,
-``DeepseekV3TopkRouter``, ``Llama4Router``).
+"""Routers beyond softmax-top-k: sigmoid scores, a selection bias, group-limited choice,
+a clamped renormalisation and routed scaling (GLM-4.5, ERNIE-4.5, DeepSeek-V2 / V3, Llama 4),
+as transformers computes them (``Glm4MoeTopkRouter``, ``Ernie4_5_MoeTopKRouter``,
+``DeepseekV2Moe``, ``DeepseekV3TopkRouter``, ``Llama4Router``).
 
 The selection bias (``e_score_correction_bias``) only decides *which* experts run: the
-weights are the unbiased scores of the chosen experts. The hooks are the plain router's
-(:mod:`mi_transformer.moe`): ``hook_router_logits`` before the softmax / sigmoid,
+weights are the unbiased scores of the chosen experts. The hooks are the same as the plain
+router's (:mod:`mi_transformer.moe`): ``hook_router_logits`` before the softmax / sigmoid,
 ``hook_expert_weights`` after renormalisation and scaling, ``hook_expert_indices``.
 """
 
@@ -22,11 +23,11 @@ def scores_and_choice(c: MoeConfig, logits: torch.Tensor, bias: torch.Tensor | N
 
     Softmax or sigmoid scores in float32; top-k of (scores + bias), within the `topk_group`
     groups that score highest when experts are grouped (a group's score: its best expert's
-    with `group_by_max`, DeepSeek-V2; else the sum of its best two, DeepSeek-V3); weights are
-    the chosen experts' unbiased scores, renormalised when `norm_topk_prob` (sum + 1e-20, as
-    DeepSeek-V3) and multiplied by `routed_scaling`. Llama 4's router (top-k of the logits,
-    sigmoid of the chosen) is sigmoid scoring without renormalisation: the sigmoid keeps the
-    order of the logits.
+    with `group_by_max`, DeepSeek-V2; else the sum of its two best biased scores, GLM /
+    DeepSeek-V3); weights are the chosen experts' unbiased scores, renormalised (sum + 1e-20
+    for sigmoid scores, as GLM / DeepSeek-V3; max(sum, norm_min) for softmax, as ERNIE) and
+    multiplied by `routed_scaling`. Llama 4's router (top-k of the logits, sigmoid of the
+    chosen) is sigmoid scoring without renormalisation: the sigmoid keeps the logits' order.
     """
     lead = logits.shape[:-1]
     flat = logits.reshape(-1, c.num_experts).float()
@@ -48,7 +49,11 @@ def scores_and_choice(c: MoeConfig, logits: torch.Tensor, bias: torch.Tensor | N
     idx = torch.topk(choice, c.top_k, dim=-1)[1]
     weights = scores.gather(1, idx)
     if c.norm_topk_prob:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        total = weights.sum(dim=-1, keepdim=True)
+        if c.scoring == "sigmoid":
+            weights = weights / (total + 1e-20)
+        else:
+            weights = weights / total.clamp(min=c.norm_min)
     if c.routed_scaling != 1.0:
         weights = weights * c.routed_scaling
     return weights.view(*lead, c.top_k), idx.view(*lead, c.top_k)

@@ -22,10 +22,10 @@ import torch
 from mi_core.plugin import WeightLoadError, checked_tensor, progress
 
 from mi_transformer.attention import AttnWeights
-from mi_transformer.config import (BlockLayout, MlpLayout, NormType, Positions, QkvLayout,
-                                   TransformerConfig)
+from mi_transformer.config import (Activation, BlockLayout, MlpLayout, NormType, Positions,
+                                   QkvLayout, TransformerConfig)
 from mi_transformer.mla import load_mla, mla_shapes
-from mi_transformer.mlp import MlpWeights
+from mi_transformer.mlp import MlpWeights, XIeLU
 from mi_transformer.moe import MoeWeights, expected_moe_shapes, float32_names, load_moe
 from mi_transformer.norm import Norm
 
@@ -62,6 +62,7 @@ class NameTable:
     mlp_up: str = "mlp.up_proj"
     mlp_gate_up: str = "mlp.gate_up_proj"
     mlp_out: str = "mlp.down_proj"
+    mlp_act: str = "mlp.act_fn"  # a learned activation's parameters (xIELU)
     attn: str = "self_attn"  # the attention module (MLA's projections and gpt-oss's sinks)
     conv1d: bool = False
     base_prefix: str = ""
@@ -84,12 +85,20 @@ NAME_TABLES: dict[str, NameTable] = {
     "llama4": NameTable(mlp_in="feed_forward.gate_proj", mlp_up="feed_forward.up_proj",
                         mlp_out="feed_forward.down_proj"),
     "llama4_mm": NameTable(embed="language_model.model.embed_tokens",
-                           final_norm="language_model.model.norm", lm_head="language_model.lm_head",
+                           final_norm="language_model.model.norm",
+                           lm_head="language_model.lm_head",
                            layer="language_model.model.layers.{i}.",
                            mlp_in="feed_forward.gate_proj", mlp_up="feed_forward.up_proj",
                            mlp_out="feed_forward.down_proj",
                            ignore=(r"^vision_model\.", r"^multi_modal_projector\.",
                                    r"rotary_emb\.inv_freq$")),
+    # the 2025 families (config/families_recent.py)
+    "glm4": NameTable(ln1_post="post_self_attn_layernorm", ln2_post="post_mlp_layernorm"),
+    "hunyuan": NameTable(q_norm="self_attn.query_layernorm", k_norm="self_attn.key_layernorm"),
+    "apertus": NameTable(ln1="attention_layernorm", ln2="feedforward_layernorm",
+                         mlp_in="mlp.up_proj"),
+    # ERNIE-4.5 MoE: the published multi-token-prediction modules (mtp_*) are not run
+    "ernie4_5_moe": NameTable(ignore=(r"(^|\.)mtp_", r"rotary_emb\.inv_freq$")),
     # Gemma 3 multimodal: the language model's tensors under language_model.; the vision
     # tower and projector are ignored (the forward is text-only)
     "gemma3_mm": NameTable(embed="language_model.model.embed_tokens",
@@ -222,7 +231,14 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
             if cfg.mlp_layout is MlpLayout.GATED:
                 add(i, "mlp_up", t.mlp_up, _linear(t, m, d), cfg.mlp_bias)
         add(i, "mlp_out", t.mlp_out, _linear(t, d, m), cfg.mlp_bias)
+        if cfg.activation is Activation.XIELU:  # its learned parameters, per layer
+            for p, shape in _XIELU:
+                out[f"{t.layer.format(i=i)}{t.mlp_act}.{p}"] = Entry("act." + p, i, shape)
     return out
+
+
+_XIELU: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("alpha_p", (1,)), ("alpha_n", (1,)), ("beta", ()), ("eps", ()))
 
 
 def _attn_extras(cfg: TransformerConfig, t: NameTable, i: int) -> dict[str, Entry]:
@@ -254,7 +270,7 @@ def is_ignorable(cfg: TransformerConfig, name: str) -> bool:
     t = NAME_TABLES[cfg.weight_names]
     if cfg.ignored_layers and any(name.startswith(t.layer.format(i=i))
                                   for i in cfg.ignored_layers):
-        return True  # multi-token-prediction modules stored as extra layers (DeepSeek-V3)
+        return True  # multi-token-prediction modules stored as extra layers (GLM-4.5, V3)
     return any(re.search(p, name) for p in t.ignore)
 
 
@@ -519,6 +535,9 @@ class _Slots:
             bg, bu = bgu.split([m, m]) if bgu is not None else (None, None)
             return MlpWeights(cfg.mlp_layout, gate, tensors[(i, "mlp_out.weight")], up, bg, bu,
                               opt(i, "mlp_out.bias"))
+        act = XIeLU(*(tensors[(i, "act." + p)] for p, _ in _XIELU)) \
+            if cfg.activation is Activation.XIELU else None
         return MlpWeights(cfg.mlp_layout, tensors[(i, "mlp_in.weight")],
                           tensors[(i, "mlp_out.weight")], opt(i, "mlp_up.weight"),
-                          opt(i, "mlp_in.bias"), opt(i, "mlp_up.bias"), opt(i, "mlp_out.bias"))
+                          opt(i, "mlp_in.bias"), opt(i, "mlp_up.bias"), opt(i, "mlp_out.bias"),
+                          act=act)

@@ -26,6 +26,7 @@ class Activation(enum.Enum):
     GELU_TANH = "gelu_tanh"
     GELU = "gelu"
     RELU = "relu"
+    XIELU = "xielu"  # Apertus: learned alpha_p / alpha_n / beta / eps per layer (mlp.py)
 
 
 class QkvLayout(enum.Enum):
@@ -107,13 +108,16 @@ class MoeConfig:
     # checkpoint names: the block module and each expert's (gate, up, down) projections
     block: str = "mlp"
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
-    # -- routing beyond softmax-top-k (mi_transformer.routing: DeepSeek-V2/V3, Llama 4) --
-    scoring: str = "softmax"  # or "sigmoid": per-expert sigmoid scores (DeepSeek-V3, Llama 4)
-    selection_bias: str = ""  # name inside the block of a bias added for choosing only (V3)
+    # -- routing beyond softmax-top-k (mi_transformer.routing: GLM-4.5, ERNIE-4.5,
+    # DeepSeek-V2/V3, Llama 4) --
+    scoring: str = "softmax"  # or "sigmoid": per-expert sigmoid scores (GLM-4.5, V3, Llama 4)
+    selection_bias: str = ""  # name inside the block of a bias added for choosing only
+    selection_bias_rows: bool = False  # the bias stored [1, n_experts] (ERNIE's moe_statics)
     n_group: int = 1  # group-limited routing: experts in n_group groups, topk_group kept
     topk_group: int = 1
     group_by_max: bool = False  # a group scores its best expert (V2), else its best two (V3)
     routed_scaling: float = 1.0  # the routing weights multiplied by this after renormalising
+    norm_min: float = 0.0  # renormalisation divides by max(sum, norm_min) (ERNIE-4.5)
     shared_name: str = "shared_expert"  # the always-on expert's module ("shared_experts")
     # -- experts and routers stored or computed differently (mi_transformer.experts) --
     router_name: str = "gate"  # the router's module inside the block ("router": gpt-oss)
@@ -140,7 +144,7 @@ class MoeConfig:
     def plain_routing(self) -> bool:
         """Softmax over all experts, top-k, optional renormalisation (mi_transformer.moe)."""
         return (self.scoring == "softmax" and not self.selection_bias and self.n_group == 1
-                and self.routed_scaling == 1.0)
+                and self.routed_scaling == 1.0 and self.norm_min == 0.0)
 
 
 @attrs.frozen
@@ -211,11 +215,12 @@ class TransformerConfig:
     qk_norm_heads: bool = False  # q/k norm gains per head, [heads, d_head] (Cohere)
     moe: MoeConfig | None = None  # the mixture-of-experts MLP of the layers layer_moe marks
     layer_moe: tuple[bool, ...] = ()  # per layer, True = MoE MLP; () = all dense
-    # -- axes of gpt-oss, DeepSeek-V2/V3, Llama 4 (config/families_moe2.py) --
-    qk_norm_after_rope: bool = False  # q/k norms applied to the rotated q/k (Llama 4)
+    # -- axes of the 2025-26 families (config/families_recent.py, config/families_moe2.py) --
+    qk_norm_after_rope: bool = False  # q/k norms applied to the rotated q/k (Hunyuan, Llama 4)
     qk_norm_affine: bool = True  # False: q/k norms without weights (Llama 4's L2 norm)
     layer_qk_norm: tuple[bool, ...] = ()  # per layer, False = no q/k norm there; () = all
     ignored_layers: tuple[int, ...] = ()  # checkpoint layers outside the forward (MTP modules)
+    rope_float32: bool = False  # cos/sin kept and q/k rotated in float32 (OLMo2/3, ERNIE-4.5)
     attn_sinks: bool = False  # a learned sink logit per head joins each softmax (gpt-oss)
     layer_chunks: tuple[int | None, ...] = ()  # chunked local attention per layer (Llama 4)
     # Llama 4 on its layers without RoPE: q *= log1p(floor((pos + 1) / floor)) * scale + 1

@@ -8,8 +8,8 @@ routing weight on the expert's input), as transformers' ``GptOss*``, ``DeepseekV
 
 Keys these families' published configs carry that the forward does not read are accepted at
 their *neutral value* only (the value that leaves the numbers unchanged; any other value is a
-``ConfigError`` naming the key, the value and the neutral one), listed per family in
-:data:`NEUTRAL` and docs/BACKENDS.md.
+``ConfigError`` naming the key, the value and the neutral one): :data:`NEUTRAL`, which the
+registry adds to each family's ``neutral`` table (generated into docs/BACKENDS.md).
 """
 
 from __future__ import annotations
@@ -25,26 +25,19 @@ from mi_transformer.config.axes import (MlaConfig, MoeConfig, RopeConfig, RopeLa
                                         RopeScaling, TransformerConfig)
 from mi_transformer.config.common import (_activation, _base, _finish, _layer_types,
                                           _partial_rotary, _ropes_by_type)
+from mi_transformer.config.neutral import ROTARY_INTERLEAVED, policy_violations
 from mi_transformer.config.reader import ConfigReader, UnknownKeysError
 
-#: model_type -> {key: neutral value}: keys read only to check they hold the value that
-#: leaves the forward unchanged (transformers ignores them, or they describe what this family
-#: always does).
+#: model_type -> {key: neutral value}: keys the forward does not read, accepted only at the
+#: value that leaves it unchanged (transformers ignores them, or they describe what this
+#: family always does); the registry adds them to the family's ``neutral`` table
+#: (:mod:`mi_transformer.config.neutral`), with the rotary layout's ``rope_interleaved``.
 NEUTRAL: dict[str, dict[str, Any]] = {
     "deepseek_v2": {"moe_layer_freq": 1, "scoring_func": "softmax", "norm_topk_prob": False,
                     "mlp_bias": False},
     "deepseek_v3": {"moe_layer_freq": 1, "scoring_func": "sigmoid", "topk_method": "noaux_tc"},
     "llama4_text": {"for_llm_compressor": False},
 }
-
-
-def _neutral(r: ConfigReader, model_type: str) -> None:
-    for key, value in NEUTRAL.get(model_type, {}).items():
-        v = r.get(key)
-        if v is not None and v != value:
-            raise ConfigError(f"{r.src}: {key} = {v!r} would change the numbers of this "
-                              f"{model_type} forward (not implemented); only the neutral "
-                              f"value {value!r} is accepted")
 
 
 def _agree(r: ConfigReader, keys: tuple[str, ...], default: Any = None) -> Any:
@@ -140,8 +133,9 @@ def _deepseek_moe(r: ConfigReader, model_type: str, defaults: dict[str, Any]) ->
     if v3:  # sigmoid scores, a selection bias, groups scored by their best two experts
         groups = dict(n_group=r.int("n_group", defaults["n_group"]),
                       topk_group=r.int("topk_group", defaults["topk_group"]))
-        route: dict[str, Any] = dict(scoring="sigmoid", norm_topk_prob=r.bool("norm_topk_prob", True),
-                                     selection_bias="gate.e_score_correction_bias", **groups)
+        route: dict[str, Any] = dict(
+            scoring="sigmoid", norm_topk_prob=r.bool("norm_topk_prob", True),
+            selection_bias="gate.e_score_correction_bias", **groups)
     else:
         method = r.str("topk_method", "greedy", choices=("greedy", "group_limited_greedy"))
         grouped = method == "group_limited_greedy"
@@ -160,7 +154,6 @@ def _deepseek(r: ConfigReader, model_type: str) -> TransformerConfig:
     """DeepSeek-V2 / V3: MLA attention, the first `first_k_dense_replace` MLPs dense, the rest
     MoE with shared experts."""
     defaults = _DEEPSEEK_DEFAULTS[model_type]
-    _neutral(r, model_type)
     mla = _mla(r, defaults)
     hidden, heads = r.int("hidden_size"), r.int("num_attention_heads")
     kv = r.int("num_key_value_heads", heads)
@@ -240,7 +233,6 @@ def _temperature_tuning(r: ConfigReader) -> bool:
 
 def parse_llama4_text(r: ConfigReader) -> TransformerConfig:
     base = _base(r, "llama4_text", eps_default=1e-5)
-    _neutral(r, "llama4_text")
     n = base["num_layers"]
     bias = r.bool("attention_bias", False)
     interval = r.int("no_rope_layer_interval", 4)
@@ -292,7 +284,8 @@ def parse_llama4(r: ConfigReader) -> TransformerConfig:
         raise ConfigError(f"{r.src}: llama4 config lacks 'text_config' (the language model)")
     sub = r.sub("text_config", tc)
     cfg = parse_llama4_text(sub)
-    unknown = sub.unread(LLAMA4_HARMLESS)
+    unknown = policy_violations(sub.cfg, sub.read, LLAMA4_HARMLESS,
+                                {**ROTARY_INTERLEAVED, **NEUTRAL["llama4_text"]}, cfg, sub.src)
     if unknown:
         raise UnknownKeysError(f"{sub.src}: keys that change the numbers and are not "
                                f"implemented (or are unknown): {', '.join(unknown)}", unknown)
@@ -319,12 +312,12 @@ _DEEPSEEK = _SHAPES | _ROPE_KEYS | {
     "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
     "qk_head_dim", "n_routed_experts", "num_experts_per_tok", "n_shared_experts",
     "moe_intermediate_size", "routed_scaling_factor", "first_k_dense_replace", "n_group",
-    "topk_group", "norm_topk_prob", "rope_interleave", "moe_layer_freq", "scoring_func"}
+    "topk_group", "rope_interleave"}
 _LLAMA4 = _SHAPES | _ROPE_KEYS | {
     "intermediate_size_mlp", "num_local_experts", "num_experts_per_tok", "moe_layers",
     "interleave_moe_layer_step", "use_qk_norm", "no_rope_layers", "no_rope_layer_interval",
     "attention_chunk_size", "layer_types", "attn_temperature_tuning", "floor_scale",
-    "attn_scale", "for_llm_compressor"}
+    "attn_scale"}
 
 #: (model_type, parser, keys read, keys known to be harmless, note)
 MOE2_FAMILIES: list[tuple[str, Callable[[ConfigReader], TransformerConfig], set[str], set[str],
@@ -334,11 +327,11 @@ MOE2_FAMILIES: list[tuple[str, Callable[[ConfigReader], TransformerConfig], set[
         "swiglu_limit", "swiglu_alpha", "sliding_window", "layer_types",
         "initial_context_length"}, set(_ROUTER_HARMLESS),
      "attention sinks, sliding / full layers, clamped-SwiGLU experts, MXFP4 experts"),
-    ("deepseek_v2", parse_deepseek_v2, _DEEPSEEK | {"topk_method", "num_experts", "mlp_bias"},
+    ("deepseek_v2", parse_deepseek_v2, _DEEPSEEK | {"topk_method", "num_experts"},
      {"aux_loss_alpha", "seq_aux", "ep_size", *_ROUTER_HARMLESS},
      "multi-head latent attention, shared experts, group-limited routing"),
     ("deepseek_v3", parse_deepseek_v3, _DEEPSEEK | {
-        "topk_method", "num_local_experts", "num_nextn_predict_layers"},
+        "norm_topk_prob", "num_local_experts", "num_nextn_predict_layers"},
      {"aux_loss_alpha", "seq_aux", "ep_size", *_ROUTER_HARMLESS},
      "MLA; sigmoid routing with a selection bias; MTP layers ignored"),
     ("llama4_text", parse_llama4_text, _LLAMA4, set(LLAMA4_HARMLESS),
