@@ -10,6 +10,7 @@ latents; routing indices and greedy tokens exactly equal.
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -333,3 +334,10 @@ def test_llama4_multimodal_checkpoint_loads_its_language_model(tmp_path, make_id
     with torch.no_grad():
         ref = hf(input_ids=ids).logits
     assert (model.forward(ids).output - ref).abs().max().item() < TOL
+    # the config object's to_dict() (every attribute) loads with the same numbers
+    d = tmp_path / "to_dict"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(hf.config.to_dict()))
+    (d / "model.safetensors").symlink_to(tmp_path / "l4mm" / "model.safetensors")
+    got = mi.MIModel.from_pretrained(d).forward(ids).output
+    assert (got - ref).abs().max().item() < TOL

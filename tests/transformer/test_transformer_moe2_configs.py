@@ -308,3 +308,18 @@ def test_llama3_rope_with_equal_frequency_factors_is_transformers_step():
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     smooth = attrs.evolve(c.ropes[c.layer_rope[0]], high_freq_factor=4.0)
     assert got.isfinite().all() and not torch.equal(got, inv_freq(smooth, 16))
+
+
+@pytest.mark.parametrize("arch", ["gpt-oss", "deepseek2", "llama4"])
+def test_gguf_of_these_families_is_refused_plainly_pointing_to_safetensors(arch):
+    """llama.cpp's GGUF of gpt-oss / DeepSeek / Llama 4 is not mapped: the refusal says so in
+    its first words and names the model_type that loads from safetensors."""
+    from types import SimpleNamespace
+
+    from mi_transformer.gguf.arches import gguf_arch
+
+    header = SimpleNamespace(metadata={"general.architecture": arch}, path="m.gguf")
+    with pytest.raises(mi.UnsupportedModelError,
+                       match=rf"^no installed plugin implements GGUF architecture '{arch}'.*"
+                             rf"loads from its safetensors checkpoint"):
+        gguf_arch(header)
