@@ -323,3 +323,42 @@ def test_gguf_of_these_families_is_refused_plainly_pointing_to_safetensors(arch)
                        match=rf"^no installed plugin implements GGUF architecture '{arch}'.*"
                              rf"loads from its safetensors checkpoint"):
         gguf_arch(header)
+
+
+def test_deepseek_v3_as_published_in_fp8_equals_transformers_dequantization(tmp_path, moe2,
+                                                                             make_ids):
+    """DeepSeek-V3 is published block-scaled FP8 (its latent projections, attention output and
+    every expert; router and norms as stored): the tiny V3 written that way loads through
+    quant.py with transformers' own dequantization's logits (F32, < 1e-4). Blocks of 8 divide
+    every tiny dimension: transformers' CPU dequantization mis-scales partial edge blocks
+    (q_lora_rank 24 in blocks of 16; quant.py's partial blocks are tested against an
+    independent reference in test_transformer_quant.py)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from tests.transformer.test_transformer_quant import _quantize_blocks
+
+    t = moe2("deepseek_v3")
+    linears = (".q_a_proj.", ".q_b_proj.", ".kv_a_proj_with_mqa.", ".kv_b_proj.", ".o_proj.",
+               ".gate_proj.", ".up_proj.", ".down_proj.")
+    tensors = {}
+    for name, w in load_file(str(t.path / "model.safetensors")).items():
+        if name.endswith(".weight") and any(k in name for k in linears):
+            tensors[name], tensors[name + "_scale_inv"] = _quantize_blocks(w.float(), (8, 8))
+        else:
+            tensors[name] = w
+    assert sum(n.endswith("_scale_inv") for n in tensors) > 20
+    out = tmp_path / "v3_fp8"
+    out.mkdir()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = dict(t.config, quantization_config={"activation_scheme": "dynamic", "fmt": "e4m3",
+                                              "quant_method": "fp8",
+                                              "weight_block_size": [8, 8]})
+    (out / "config.json").write_text(json.dumps(cfg))
+    ref = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    ids = make_ids(2, 12, seed=5)
+    with torch.no_grad():
+        want, unquantized = ref(ids).logits, t.hf(ids).logits
+    got = mi.MIModel.from_pretrained(out).forward(ids).output
+    assert (got - want).abs().max().item() < 1e-4
+    assert (got - unquantized).abs().max().item() > 1e-3  # the FP8 rounding is really there
