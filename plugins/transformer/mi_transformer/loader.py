@@ -16,7 +16,7 @@ from mi_core.plugin import (
 
 from mi_transformer.config import parse_config
 from mi_transformer.model import TransformerBackend
-from mi_transformer.placement import Layout, layout
+from mi_transformer.placement import Layout, canonical, layout
 from mi_transformer.quant import dequantizing
 from mi_transformer.weights import (DictSource, TensorSource, check_tensors, load_weights,
                                    tensor_table)
@@ -41,7 +41,7 @@ def from_tensors(config: Mapping[str, Any], tensors: TensorSource | Mapping[str,
                 f"are not LLaMA-like; missing: {', '.join(chk.missing[:10]) or 'none'}; "
                 f"unexpected: {', '.join(chk.unexpected[:10]) or 'none'}")
     device = torch.device(device)
-    lay = Layout.single(device, cfg.num_layers) if placement is None else \
+    lay = Layout.single(canonical(device), cfg.num_layers) if placement is None else \
         layout(placement, *part_sizes(cfg, dtype))
     if lay.offload == "disk" and not isinstance(src, SafetensorsCheckpoint):
         raise InputError(f"{origin}: offload='disk' leaves the weights memory-mapped in "

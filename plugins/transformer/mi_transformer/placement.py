@@ -41,13 +41,27 @@ class Layout:
 def layout(placement: Placement, layer_sizes: list[int], embed_size: int, unembed_size: int
            ) -> Layout:
     """The layout for a model of these parts (bytes as loaded); InputError when a map
-    leaves a block out or names one past the model, or when the parts do not fit."""
+    leaves a block out or names one past the model, or when the parts do not fit. Devices
+    are spelled as tensors report them ("cpu", "cuda:0"), so a part is moved only when it
+    really changes device."""
     n = len(layer_sizes)
     if placement.mode == "none":
-        return attrs.evolve(Layout.single(placement.device, n), offload=placement.offload)
-    if placement.mode == "map":
-        return _mapped(placement, n)
-    return _filled(placement, layer_sizes, embed_size, unembed_size)
+        got = attrs.evolve(Layout.single(placement.device, n), offload=placement.offload)
+    elif placement.mode == "map":
+        got = _mapped(placement, n)
+    else:
+        got = _filled(placement, layer_sizes, embed_size, unembed_size)
+    return Layout(canonical(got.embed), tuple(canonical(d) for d in got.layers),
+                  canonical(got.unembed), got.offload)
+
+
+def canonical(device: torch.device) -> torch.device:
+    """The device as a tensor on it reports it: "cpu:0" is "cpu", "cuda" the current GPU."""
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.index is None and device.type == "cuda" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _mapped(placement: Placement, n: int) -> Layout:
