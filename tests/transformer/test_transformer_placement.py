@@ -167,3 +167,42 @@ def test_cuda_offload_cpu_runs_each_block_on_the_gpu(tiny_llama, llama, make_ids
     placed = mi.MIModel.from_pretrained(tiny_llama.path, device="cuda", offload="cpu")
     ids = make_ids(2, 8)
     assert (placed.forward(ids).output.cpu() - llama.forward(ids).output).abs().max() < 1e-4
+
+
+_MEMORY_PROBE = r"""
+import json, sys, torch, mi_core as mi
+def anon():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("RssAnon"))
+before = anon()
+model = mi.MIModel.from_pretrained(sys.argv[1], dtype=torch.float32, **json.loads(sys.argv[2]))
+model.forward(torch.randint(0, 1000, (1, 16)))
+print(anon() - before)
+"""
+
+
+def test_disk_offload_holds_a_few_blocks_not_the_model(tmp_path):
+    """8 blocks of 16.8 MB each in float32, bfloat16 on disk: loaded with offload="disk",
+    a forward leaves anonymous memory (RssAnon, in a fresh process) under 3 blocks plus
+    activations; the same load without offload holds all 8 (the measurement can fail)."""
+    import json
+    import subprocess
+    import sys
+
+    import transformers
+
+    cfg = transformers.LlamaConfig(hidden_size=512, intermediate_size=2048, num_hidden_layers=8,
+                                   num_attention_heads=8, num_key_value_heads=8, vocab_size=1000,
+                                   tie_word_embeddings=True)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path)
+    block = 4 * (4 * 512 * 512 + 3 * 512 * 2048)  # bytes of one block in float32
+
+    def anon_growth(kwargs: dict) -> int:
+        out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, str(tmp_path),
+                              json.dumps(kwargs)], capture_output=True, text=True, check=True)
+        return int(out.stdout.split()[-1])
+
+    offloaded, resident = anon_growth({"offload": "disk"}), anon_growth({})
+    assert offloaded < 3 * block + (8 << 20), (offloaded, block)
+    assert resident > 7 * block, (resident, block)
