@@ -3,7 +3,7 @@
 :func:`check_placement` validates them before anything is read (an :class:`~mi_core.InputError`
 naming the part, range, device or size) into a :class:`Placement` the backend's loader
 receives (``load(source, device, dtype, placement=...)``); the backend turns it into a
-device per part from its own sizes (the transformer backend: ``mi_transformer.placement``).
+device per part from its own sizes (docs/BACKENDS.md, "Placement").
 """
 
 from __future__ import annotations
