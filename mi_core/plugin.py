@@ -39,6 +39,7 @@ from mi_core.loading import (
     looks_like_hub_id, read_config, read_json, refuse_pickle, require_field, resolve_source,
     safetensors_header,
 )
+from mi_core.placement import Placement, check_placement
 from mi_core.plugins import (
     dictionary_formats, get_plugin_manager, plugin_infos, register_plugin, unregister_plugin,
     view,
@@ -67,11 +68,13 @@ __all__ = [
     "InterventionError", "KVCachedGeneration", "Knockout", "LAYER_SUFFIXES", "LayerSchedule",
     "LayerTypes",
     "MIBackend", "MIError", "MIModel", "MITokenizer", "MetricError", "ModelSource",
-    "OPT_IN_SUFFIXES", "PICKLE_SUFFIXES", "PRE_SOFTMAX_SCORES", "PluginError", "Progress",
+    "OPT_IN_SUFFIXES", "PICKLE_SUFFIXES", "PRE_SOFTMAX_SCORES", "Placement", "PluginError",
+    "Progress",
     "REQUIRED", "Readout", "Replace", "SafetensorsCheckpoint", "Scale", "SparseActivations",
     "SparseDictionary", "StateInterventions", "StateKnockoutSpec", "StateSteeringSpec", "Steer",
     "TokenizerError", "TokenizerSpec", "UnsupportedModelError", "ViewSpec", "WeightAccess",
     "WeightLoadError", "WeightProcessing", "Zero", "capabilities_of", "check_broadcast",
+    "check_placement",
     "check_dtype", "checked_tensor", "converter", "dictionary_formats", "from_json",
     "get_plugin_manager",
     "has_capability", "hook_name", "hookimpl", "is_generic_harmless", "load_dictionary",

@@ -51,7 +51,9 @@ class Detection:
 
 @attrs.define
 class BackendSpec:
-    """A backend a plugin provides. `load(source, device, dtype) -> MIBackend`."""
+    """A backend a plugin provides. `load(source, device, dtype) -> MIBackend`; a backend
+    that can place a model across devices takes ``placement=`` (a checked
+    :class:`~mi_core.placement.Placement`) too."""
 
     name: str
     load: "Callable[[ModelSource, torch.device, torch.dtype], MIBackend]"

@@ -75,17 +75,19 @@ class KnockoutSpec:
 def _mask_cached(spec: KnockoutSpec, n_heads: int, seq: int, device: str,
                  dtype: torch.dtype) -> torch.Tensor:
     heads = check_heads(spec.heads, n_heads)
-    keep = torch.ones(n_heads, seq, seq, dtype=torch.bool)
+    # built on the CPU (a few small index writes) and moved once; the result is cached
+    cpu = torch.device("cpu")
+    keep = torch.ones(n_heads, seq, seq, dtype=torch.bool, device=cpu)
     for q, k in spec.edges:
         qq, kk = norm_position(q, seq, "query position"), norm_position(k, seq, "key position")
         keep[heads, qq, kk] = False
     if spec.from_positions is not None or spec.to_positions is not None:
         qs = norm_positions(spec.from_positions, seq, "query position")
         ks = norm_positions(spec.to_positions, seq, "key position")
-        sel = torch.zeros(seq, seq, dtype=torch.bool)
-        sel[torch.tensor(qs)[:, None], torch.tensor(ks)[None, :]] = True
+        sel = torch.zeros(seq, seq, dtype=torch.bool, device=cpu)
+        sel[torch.tensor(qs, device=cpu)[:, None], torch.tensor(ks, device=cpu)[None, :]] = True
         keep[heads] &= ~sel
-    mask = torch.zeros(1, n_heads, seq, seq, dtype=dtype)
+    mask = torch.zeros(1, n_heads, seq, seq, dtype=dtype, device=cpu)
     mask[0][~keep] = float("-inf")
     return mask.to(device)
 

@@ -86,6 +86,12 @@ class Masks:
         self._add: dict[tuple[int | None, int | None, torch.dtype], torch.Tensor] = {}
         self._temps: dict[tuple[float, float], torch.Tensor] = {}
 
+    def to(self, device: torch.device) -> "Masks":
+        """The same masks built on `device` (a placed model's blocks on another device)."""
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Masks(move(self.key_valid), self.offset, self.seq, device,
+                     move(self.key_positions))
+
     def allowed(self, window: int | None, chunk: int | None = None) -> torch.Tensor:
         """bool [batch or 1, 1, seq, offset + seq]."""
         q = torch.arange(self.offset, self.offset + self.seq, device=self.device)[:, None]

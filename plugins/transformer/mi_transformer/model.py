@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from mi_core.plugin import (
-    HookCache, HookPoint, HookRun, HookSpec, MIError, MITokenizer, WeightLoadError,
+    HookCache, HookPoint, HookRun, HookSpec, InputError, MIError, MITokenizer, WeightLoadError,
     standard_shape,
 )
 
@@ -25,6 +25,7 @@ from mi_transformer.config import (BlockLayout, MlpLayout, Positions, RopeConfig
                                    TransformerConfig)
 from mi_transformer.mlp import ACTIVATIONS, mlp
 from mi_transformer.moe import MoeNames, moe
+from mi_transformer.placement import Layout
 from mi_transformer.processing import process_weights
 from mi_transformer.rope import attention_scaling, cos_sin, inv_freq
 from mi_transformer.weights import LayerWeights, Weights
@@ -41,10 +42,13 @@ class TransformerBackend:
     differentiable = True
 
     def __init__(self, config: TransformerConfig, weights: Weights, device: torch.device,
-                 dtype: torch.dtype, tokenizer: MITokenizer | None = None) -> None:
+                 dtype: torch.dtype, tokenizer: MITokenizer | None = None, *,
+                 layout: Layout | None = None) -> None:
         self.config = config
         self.w = weights
-        self.device, self.dtype = device, dtype
+        self.device, self.dtype = device, dtype  # device: the embedding's (inputs, logits)
+        #: each part's device (mi_transformer.placement); one device unless placed
+        self.layout = layout if layout is not None else Layout.single(device, config.num_layers)
         self.tokenizer = tokenizer
         self.num_layers = config.num_layers
         self.num_heads = config.num_heads
@@ -102,20 +106,30 @@ class TransformerBackend:
                       key_positions if key_valid is not None else None)
         rope = self._rope_tables(positions)
         explicit = {None: None, "explicit": True, "sdpa": False}[attn_impl]
+        placed = self.layout.placed
+        on = {ids.device: (rope, masks)}  # per device: rotary tables and masks
 
         x = self._embed(ids, positions, run)
         for step, layer in enumerate(schedule):
+            if placed and x.device != self.layout.layers[layer]:
+                x = x.to(self.layout.layers[layer])  # the block's device (autograd follows)
+            if x.device not in on:
+                on[x.device] = ([(c_.to(x.device), s_.to(x.device)) for c_, s_ in rope],
+                                masks.to(x.device))
+            r_tables, r_masks = on[x.device]
             r = self.settings[layer].rope
             update = past.updater(step) if past is not None else None
-            x = self._block(layer, x, run, rope[r] if r is not None else None, masks, explicit,
-                            update)
+            x = self._block(layer, x, run, r_tables[r] if r is not None else None, r_masks,
+                            explicit, update)
             if between_layers is not None:
                 x = between_layers(step, layer, x)
-        x = w.final_norm(x, run, "ln_final.hook_scale", "ln_final.hook_normalized")
+        x = w.final_norm(x.to(self.layout.unembed) if placed else x, run, "ln_final.hook_scale",
+                         "ln_final.hook_normalized")
         logits = self.unembed(x)
         if past is not None:
             past.length += seq
-        return run.finish(logits, past=past)
+        # logits come back where the ids went in (accelerate's io_same_device)
+        return run.finish(logits.to(ids.device) if placed else logits, past=past)
 
     def _block(self, i: int, x: torch.Tensor, run: HookRun,
                rope: tuple[torch.Tensor, torch.Tensor] | None, masks: Masks,
@@ -317,11 +331,20 @@ class TransformerBackend:
 
     # -- pieces for analyses (logit lens, attribution) ---------------------------------
     def final_norm(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-        """The final norm of x [..., d_model]; `scale` [..., 1] replaces the computed divisor."""
-        return self.w.final_norm(x, scale=scale)
+        """The final norm of x [..., d_model]; `scale` [..., 1] replaces the computed divisor.
+        On a placed model computed on the unembedding's device, returned on x's."""
+        dev = self.layout.unembed
+        if x.device == dev:
+            return self.w.final_norm(x, scale=scale)
+        return self.w.final_norm(x.to(dev), scale=None if scale is None else
+                                 scale.to(dev)).to(x.device)
 
     def unembed(self, normalized: torch.Tensor) -> torch.Tensor:
-        """[..., d_model] (after the final norm) -> logits [..., vocab], soft-capped if configured."""
+        """[..., d_model] (after the final norm) -> logits [..., vocab], soft-capped if
+        configured; on a placed model computed on the unembedding's device, returned on the
+        input's."""
+        if normalized.device != self.layout.unembed:
+            return self.unembed(normalized.to(self.layout.unembed)).to(normalized.device)
         logits = F.linear(normalized, self.w.lm_head, self.w.lm_head_bias)
         if self.config.logit_scale != 1.0:  # Granite 1 / logits_scaling, Cohere logit_scale
             logits = logits * self.config.logit_scale
@@ -334,6 +357,10 @@ class TransformerBackend:
 
     def process_weights(self, **flags: bool) -> None:
         """TransformerLens' weight processing, in place (mi_transformer.processing)."""
+        if self.layout.offload is not None:
+            raise InputError(f"weight processing rewrites weights in place; an offloaded model "
+                             f"(offload={self.layout.offload!r}) assembles each block afresh. "
+                             f"Load without offload to process weights")
         process_weights(self, **flags)
 
     def get_weight(self, name: str, layer: int | None = None) -> torch.Tensor:
