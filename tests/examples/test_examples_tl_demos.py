@@ -37,9 +37,12 @@ RUNTIME = "runtime: the same code on fewer iterations (2-core CI)"
 
 
 def _load(model: str, name: str, rest: str = "") -> tuple[str, str]:
-    """(the reference's line, the port's line) loading checkpoint `name` as `model`."""
-    return (f'{model} = _reference("{name}")',
-            f"{model} = HookedTransformer.from_pretrained(CHECKPOINTS[{name!r}]{rest})")
+    """(the reference's line, the port's line) loading checkpoint `name` as `model`; both
+    keep the random state (tests.support.tl_demos.same_rng: TransformerLens draws random
+    numbers while building a model, which would shift the cells' later draws)."""
+    return (f'with _same_rng(): {model} = _reference("{name}")',
+            f"with _same_rng(): {model} = HookedTransformer.from_pretrained("
+            f"CHECKPOINTS[{name!r}]{rest})")
 
 
 DEMOS = {
@@ -74,7 +77,11 @@ DEMOS = {
                     *_load("model", "smollm2_3l")),
                34: ('attn_only = HookedTransformer.from_pretrained("attn-only-2l")',
                     *_load("attn_only", "gpt2"))},
-        trims=[(19, "DO_SLOW_RUNS = True", "DO_SLOW_RUNS = False", RUNTIME)],
+        trims=[(19, "DO_SLOW_RUNS = True", "DO_SLOW_RUNS = False", RUNTIME),
+               (15, "clean_tokens = model.to_tokens(prompts)",
+                "prompts, answers = prompts[:2], answers[:2]\n"
+                "clean_tokens = model.to_tokens(prompts)", RUNTIME + ": 2 of the 8 prompts"),
+               (34, "batch = 4\nseq_len = 20", "batch = 2\nseq_len = 10", RUNTIME)],
         skip={4: SETUP}),
     "Head_Detector_Demo": td.Demo(
         "Head_Detector_Demo",
@@ -113,19 +120,26 @@ def test_port_changes_only_imports_and_loading_lines(name):
                 imports += 1
     assert imports > 0
 
-@pytest.mark.parametrize("name", sorted(DEMOS))
-def test_demo_shows_what_transformerlens_shows(name, tl_checkpoints):  # noqa: F811
-    demo = DEMOS[name]
+@pytest.fixture(scope="module")
+def references(tl_checkpoints):  # noqa: F811
+    """checkpoint name -> TransformerLens' model of it, built once for all the demos (none of
+    them edits weights; hooks and switches are reset before each demo)."""
     built: dict = {}
 
-    def reference(kind: str):
+    def get(kind: str):
         if kind not in built:
             built[kind] = tl_model(tl_checkpoints[kind])
         reset_tl(built[kind])
         return built[kind]
 
+    return get
+
+
+@pytest.mark.parametrize("name", sorted(DEMOS))
+def test_demo_shows_what_transformerlens_shows(name, tl_checkpoints, references):  # noqa: F811
+    demo = DEMOS[name]
     paths = {k: str(v) for k, v in tl_checkpoints.items()}
-    theirs = td.run_cells(td.prepare(demo, "tl"), {"_reference": reference})
+    theirs = td.run_cells(td.prepare(demo, "tl"), {"_reference": references})
     ours = td.run_cells(td.prepare(demo, "mi"), {"CHECKPOINTS": paths})
     problems = td.compare(ours, theirs)
     assert not problems, "\n".join(p[:600] for p in problems)

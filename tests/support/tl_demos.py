@@ -29,6 +29,7 @@ import json
 import random
 import re
 import sys
+import time
 import types
 from pathlib import Path
 from typing import Any, Callable
@@ -59,6 +60,7 @@ class CellResult:
     value: str | None = None
     error: BaseException | None = None
     compare_output: bool = True
+    seconds: float = 0.0
 
 
 def notebook(name: str) -> dict[str, Any]:
@@ -226,7 +228,7 @@ def run_cells(cells: list[tuple[int, str, bool]], namespace: dict[str, Any]
     rec = Recorder()
     namespace.setdefault("__name__", "__notebook__")
     namespace.update(IN_COLAB=False, IN_GITHUB=False, DEVELOPMENT_MODE=False, DEBUG_MODE=False,
-                     display=rec.plotter("display"))
+                     display=rec.plotter("display"), _same_rng=same_rng)
     results = []
     with notebook_environment(rec):
         torch.set_grad_enabled(True)
@@ -236,6 +238,7 @@ def run_cells(cells: list[tuple[int, str, bool]], namespace: dict[str, Any]
             random.seed(1000 + index)
             start = len(rec.figures)
             out = io.StringIO()
+            t0 = time.perf_counter()
             with contextlib.redirect_stdout(out):
                 try:
                     value = _exec_cell(src, namespace)
@@ -243,10 +246,18 @@ def run_cells(cells: list[tuple[int, str, bool]], namespace: dict[str, Any]
                         result.value = repr(value)
                 except Exception as exc:  # noqa: BLE001  (recorded, compared with the other side)
                     result.error = exc
+            result.seconds = time.perf_counter() - t0
             result.stdout = out.getvalue()
             result.figures = rec.figures[start:]
             results.append(result)
     return results
+
+
+def same_rng() -> Any:
+    """The loading lines run under this (``with _same_rng(): model = ...``): building a
+    model may draw random numbers (TransformerLens initialises its modules before loading the
+    weights), which must not shift the draws of the cells that follow."""
+    return torch.random.fork_rng(devices=[])
 
 
 def _exec_cell(src: str, namespace: dict[str, Any]) -> Any:
