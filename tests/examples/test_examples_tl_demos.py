@@ -53,7 +53,7 @@ DEMOS = {
                52: ('distilgpt2 = HookedTransformer.from_pretrained("distilgpt2", '
                     'device=device)', *_load("distilgpt2", "gpt2", ", device=device"))},
         trims=[(37, "for layer in tqdm.tqdm(range(model.cfg.n_layers)):",
-                "for layer in tqdm.tqdm(range(2)):", RUNTIME),
+                "for layer in tqdm.tqdm(range(1)):", RUNTIME + ": layer 0 only"),
                (44, "batch_size = 10", "batch_size = 2", RUNTIME),
                (124, "max_new_tokens=50", "max_new_tokens=8", RUNTIME)],
         skip={4: SETUP, 116: "loads gpt2-xl-sized weights (memory)", 117: "uses cell 116",

@@ -30,10 +30,10 @@ def smollm2_layers(gguf: Path, n_layers: int, root: Path) -> Path:
     """SmolLM2's first `n_layers` layers (embedding, final norm and tokenizer kept)."""
     from safetensors.torch import load_file, save_file
 
-    src = smollm2_hf_dir(gguf)
     out = root / f"smollm2-{n_layers}l"
     if out.exists():
         return out
+    src = smollm2_hf_dir(gguf)
     out.mkdir(parents=True)
     cfg = json.loads((src / "config.json").read_text())
     cfg["num_hidden_layers"] = n_layers
