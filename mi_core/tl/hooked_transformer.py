@@ -145,7 +145,7 @@ class HookedTransformer(TokensMixin, HookedRootModule):
                         center_writing_weights: bool = True, center_unembed: bool = True,
                         refactor_factored_attn_matrices: bool = False,
                         checkpoint_index: Optional[int] = None,
-                        checkpoint_value: Optional[int] = None, hf_model: Any = None,
+                        checkpoint_value: Optional[int] = None, hf_model: Any = None, *,
                         device: Any = None, n_devices: int = 1, tokenizer: Any = None,
                         move_to_device: bool = True, fold_value_biases: bool = True,
                         default_prepend_bos: Optional[bool] = None,
@@ -248,7 +248,7 @@ class HookedTransformer(TokensMixin, HookedRootModule):
                 loss_per_token: bool = False, prepend_bos: Optional[bool] = USE_DEFAULT_VALUE,
                 padding_side: Optional[str] = USE_DEFAULT_VALUE,
                 start_at_layer: Optional[int] = None, tokens: Optional[torch.Tensor] = None,
-                shortformer_pos_embed: Optional[torch.Tensor] = None,
+                shortformer_pos_embed: Optional[torch.Tensor] = None, *,
                 attention_mask: Optional[torch.Tensor] = None,
                 stop_at_layer: Optional[int] = None, past_kv_cache: Any = None) -> Any:
         """Text, a list of texts (padded), tokens [batch, pos] (or the residual stream

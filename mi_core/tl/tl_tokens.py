@@ -153,7 +153,7 @@ class TokensMixin:
     def generate(self, input: Any = "", max_new_tokens: int = 10, stop_at_eos: bool = True,
                  eos_token_id: Optional[int | Sequence[int]] = None, do_sample: bool = True,
                  top_k: Optional[int] = None, top_p: Optional[float] = None,
-                 temperature: float = 1.0, freq_penalty: float = 0.0,
+                 temperature: float = 1.0, *, freq_penalty: float = 0.0,
                  use_past_kv_cache: bool = True, prepend_bos: Optional[bool] = USE_DEFAULT_VALUE,
                  padding_side: Optional[str] = USE_DEFAULT_VALUE, return_type: str = "input",
                  verbose: bool = True) -> Any:
