@@ -78,11 +78,15 @@ DEMOS = {
                34: ('attn_only = HookedTransformer.from_pretrained("attn-only-2l")',
                     *_load("attn_only", "gpt2"))},
         trims=[(19, "DO_SLOW_RUNS = True", "DO_SLOW_RUNS = False", RUNTIME),
-               (15, "clean_tokens = model.to_tokens(prompts)",
-                "prompts, answers = prompts[:2], answers[:2]\n"
-                "clean_tokens = model.to_tokens(prompts)", RUNTIME + ": 2 of the 8 prompts"),
                (34, "batch = 4\nseq_len = 20", "batch = 2\nseq_len = 10", RUNTIME)],
-        skip={4: SETUP}),
+        skip={4: SETUP},
+        # The IOI metric divides logit differences by clean - corrupted, which SmolLM2's
+        # first 3 layers barely separate (|clean - corrupted| ~ 1e-2 with 2 of the prompts;
+        # logits reach ~50): F32 rounding of the logits (~1e-5 on either side) is magnified
+        # by that division. Measured: figures agree within 2.4e-4 (8 prompts) to 3.1e-4
+        # (2 prompts) of their largest value; 5e-4 leaves room, still far below any real
+        # difference (the BOS one shifts these figures by up to 27%).
+        figure_rel=5e-4, figure_rel_why="the metric's small denominator magnifies rounding"),
     "Head_Detector_Demo": td.Demo(
         "Head_Detector_Demo",
         loads={18: ('model = HookedTransformer.from_pretrained("gpt2-small", device=device)',
@@ -141,7 +145,7 @@ def test_demo_shows_what_transformerlens_shows(name, tl_checkpoints, references)
     paths = {k: str(v) for k, v in tl_checkpoints.items()}
     theirs = td.run_cells(td.prepare(demo, "tl"), {"_reference": references})
     ours = td.run_cells(td.prepare(demo, "mi"), {"CHECKPOINTS": paths})
-    problems = td.compare(ours, theirs)
+    problems = td.compare(ours, theirs, figure_rel=demo.figure_rel)
     assert not problems, "\n".join(p[:600] for p in problems)
     seen = td.counted(theirs)
     assert seen["numbers"] + seen["figures"] > 0, seen  # the comparison compared something

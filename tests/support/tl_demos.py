@@ -50,6 +50,10 @@ class Demo:
     trims: list[tuple[int, str, str, str]] = attrs.field(factory=list)
     #: cell -> why both sides skip it
     skip: dict[int, str] = attrs.field(factory=dict)
+    #: tolerance of the plotted arrays, relative to their largest value (and why, when not
+    #: the default 1e-4)
+    figure_rel: float = 1e-4
+    figure_rel_why: str = ""
 
 
 @attrs.define
@@ -323,6 +327,8 @@ def same_figure(a: Any, b: Any, rel: float = 1e-4) -> str | None:
         return None
     if isinstance(b, str):
         return same_text(a, b, rel) if isinstance(a, str) else f"{a!r:.80} vs {b!r:.80}"
+    if isinstance(b, float) and isinstance(a, (int, float)):  # e.g. zmax=a computed baseline
+        return None if abs(a - b) <= rel * max(abs(b), 1e-2) else f"{a!r} vs {b!r}"
     return None if a == b else f"{a!r:.80} vs {b!r:.80}"
 
 
@@ -338,7 +344,8 @@ def same_error(ours: BaseException | None, theirs: BaseException | None) -> str 
         f"ours raised {type(ours).__name__}: {ours}; TransformerLens {kind.__name__}: {theirs}")
 
 
-def compare(ours: list[CellResult], theirs: list[CellResult]) -> list[str]:
+def compare(ours: list[CellResult], theirs: list[CellResult], figure_rel: float = 1e-4
+            ) -> list[str]:
     """Every difference, as "cell N: ..." lines (empty: the port shows what the original does)."""
     problems = []
     for a, b in zip(ours, theirs):
@@ -355,7 +362,7 @@ def compare(ours: list[CellResult], theirs: list[CellResult]) -> list[str]:
         else:
             for fa, fb in zip(a.figures, b.figures):
                 errs.append(None if fa[0] == fb[0] else f"figure {fa[0]} vs {fb[0]}")
-                errs.append(same_figure(fa[1], fb[1]))
+                errs.append(same_figure(fa[1], fb[1], figure_rel))
         problems += [f"cell {a.index}: {e}" for e in errs if e]
     return problems
 
