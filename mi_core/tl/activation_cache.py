@@ -109,9 +109,14 @@ _PROBE_BATCH = 100_003
 class ActivationCache(HookCache):
     """HookCache + TransformerLens' ActivationCache interface (see the module docstring)."""
 
-    def __init__(self, output: torch.Tensor, captures: dict[str, torch.Tensor] | None = None,
-                 model: MIModel | None = None, has_batch_dim: bool = True,
-                 **extra: Any) -> None:
+    def __init__(self, output: Any, captures: Any = None, model: Any = None,
+                 has_batch_dim: bool = True, **extra: Any) -> None:
+        """``ActivationCache(cache_dict, model, has_batch_dim=True)`` as in TransformerLens
+        (a dict of activations by hook name, no output), or ``(output, captures, model)``."""
+        if isinstance(output, dict):  # TransformerLens' signature: (cache_dict, model, ...)
+            if model is not None:
+                raise HookError("ActivationCache(cache_dict, model): model given twice")
+            output, captures, model = None, output, captures
         super().__init__(output, captures, **extra)
         self.model = model
         self.has_batch_dim = has_batch_dim
@@ -190,7 +195,8 @@ class ActivationCache(HookCache):
         s = _slice(batch_slice)
         caps = {k: s.apply(v, 0) if self._batched(k, v) else v
                 for k, v in self._captures.items()}
-        out = ActivationCache(s.apply(self.output, 0), caps, self.model,
+        output = None if self.output is None else s.apply(self.output, 0)
+        out = ActivationCache(output, caps, self.model,
                               self.has_batch_dim and s.mode != "int", **self.extra)
         return out
 
@@ -199,10 +205,11 @@ class ActivationCache(HookCache):
 
     # -- model facts ----------------------------------------------------------------------
     def _need_model(self) -> MIModel:
+        """The MIModel behind `model` (a HookedTransformer wraps one: ``mi_model``)."""
         if self.model is None:
             raise MIError("this ActivationCache has no model (build it with "
                           "ActivationCache.of(cache, model) or model.run_with_cache)")
-        return self.model
+        return getattr(self.model, "mi_model", self.model)
 
     def _n_layers(self) -> int:
         return self._need_model().num_layers
@@ -333,8 +340,8 @@ class ActivationCache(HookCache):
             comps = ps.apply(self["resid_post", layer - 1], dim=-2)[None]
             labels.append("remainder")
         else:
-            comps = torch.zeros(0, *ps.apply(self["hook_embed"], dim=-2).shape,
-                                dtype=self.output.dtype, device=self.output.device)
+            like = ps.apply(self["hook_embed"], dim=-2)
+            comps = torch.zeros(0, *like.shape, dtype=like.dtype, device=like.device)
         if apply_ln:
             comps = self.apply_ln_to_stack(comps, layer, pos_slice=ps)
         return (comps, labels) if return_labels else comps
