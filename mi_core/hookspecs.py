@@ -13,7 +13,7 @@ from typing import Any
 import pluggy
 
 from mi_core.registry import (
-    BackendSpec, Detection, DictionaryFormat, ModelSource, TokenizerSpec, ViewSpec,
+    BackendSpec, Detection, DictionaryFormat, MixerSpec, ModelSource, TokenizerSpec, ViewSpec,
 )
 
 #: Marks a specification of the plugin surface (used in this module only).
@@ -39,6 +39,12 @@ def mi_detect_backend(source: ModelSource) -> list[Detection] | Detection | None
 @plugin_spec
 def mi_register_dictionary_formats() -> list[DictionaryFormat]:
     """Return the SAE / transcoder / CLT file formats this plugin can detect and load."""
+
+
+@plugin_spec
+def mi_register_mixers() -> list[MixerSpec]:
+    """Return the sequence mixers this plugin provides to generic blocks, by layer type name
+    (a backend finds them through ``mi_core.plugin.mixer(name)``, never by importing you)."""
 
 
 @plugin_spec
