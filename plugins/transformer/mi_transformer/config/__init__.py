@@ -17,7 +17,8 @@ Every name is importable from here; the modules, in import order (none imports a
 - :mod:`~mi_transformer.config.common`: helpers shared by the parsers (RoPE, heads,
   ``_base``, ``_finish``);
 - :mod:`~mi_transformer.config.families_llama`, :mod:`~mi_transformer.config.families_gpt`,
-  :mod:`~mi_transformer.config.families_moe`: one ``parse_<family>`` per family;
+  :mod:`~mi_transformer.config.families_moe`, :mod:`~mi_transformer.config.families_ssm`: one
+  ``parse_<family>`` per family (the state-space ones run a plugin's mixer);
 - :mod:`~mi_transformer.config.registry`: ``Family`` and ``FAMILIES`` (parser + keys read +
   keys known to be harmless);
 - :mod:`~mi_transformer.config.auto`: ``parse_config`` and ``auto_config``.
@@ -25,8 +26,8 @@ Every name is importable from here; the modules, in import order (none imports a
 
 from mi_transformer.config.auto import AUTO_FAMILY, auto_config, parse_config
 from mi_transformer.config.axes import (
-    Activation, BlockLayout, MlpLayout, MoeConfig, NormType, Positions, QkvLayout, RopeConfig,
-    RopeLayout, RopeScaling, TransformerConfig,
+    ATTENTION, Activation, BlockLayout, MixerConfig, MlpLayout, MoeConfig, NormType, Positions,
+    QkvLayout, RopeConfig, RopeLayout, RopeScaling, TransformerConfig,
 )
 from mi_transformer.config.families_gpt import (
     parse_falcon, parse_gpt2, parse_gpt_neox, parse_gptj, parse_opt, parse_phi, parse_stablelm,
@@ -39,16 +40,18 @@ from mi_transformer.config.families_llama import (
 from mi_transformer.config.families_moe import (
     parse_mixtral, parse_olmoe, parse_qwen2_moe, parse_qwen3_moe,
 )
+from mi_transformer.config.families_ssm import parse_falcon_mamba, parse_mamba, parse_mamba2
 from mi_transformer.config.reader import ConfigReader, UnknownKeysError
 from mi_transformer.config.registry import FAMILIES, FAMILY_PARSERS, Family, family_parsers
 
 __all__ = [
-    "AUTO_FAMILY", "Activation", "BlockLayout", "ConfigReader", "FAMILIES", "FAMILY_PARSERS",
-    "Family", "MlpLayout", "MoeConfig", "NormType", "Positions", "QkvLayout", "RopeConfig",
-    "RopeLayout", "RopeScaling", "TransformerConfig", "UnknownKeysError", "auto_config",
-    "family_parsers", "parse_cohere", "parse_config", "parse_falcon", "parse_gemma",
-    "parse_gemma2", "parse_gemma3", "parse_gemma3_text", "parse_gpt2", "parse_gpt_neox",
-    "parse_gptj", "parse_granite", "parse_helium", "parse_llama", "parse_mistral",
+    "ATTENTION", "AUTO_FAMILY", "Activation", "BlockLayout", "ConfigReader", "FAMILIES",
+    "FAMILY_PARSERS", "Family", "MixerConfig", "MlpLayout", "MoeConfig", "NormType",
+    "Positions", "QkvLayout", "RopeConfig", "RopeLayout", "RopeScaling", "TransformerConfig",
+    "UnknownKeysError", "auto_config", "family_parsers", "parse_cohere", "parse_config",
+    "parse_falcon", "parse_falcon_mamba", "parse_gemma", "parse_gemma2", "parse_gemma3",
+    "parse_gemma3_text", "parse_gpt2", "parse_gpt_neox", "parse_gptj", "parse_granite",
+    "parse_helium", "parse_llama", "parse_mamba", "parse_mamba2", "parse_mistral",
     "parse_mixtral", "parse_olmo", "parse_olmo2", "parse_olmoe", "parse_opt", "parse_phi",
     "parse_phi3", "parse_qwen2", "parse_qwen2_moe", "parse_qwen3", "parse_qwen3_moe",
     "parse_smollm3", "parse_stablelm", "parse_starcoder2",

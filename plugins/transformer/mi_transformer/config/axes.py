@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
+from typing import Any
 
 import attrs
 
@@ -47,6 +48,7 @@ class MlpLayout(enum.Enum):
 class Positions(enum.Enum):
     ROPE = "rope"  # rotary embedding of q and k
     LEARNED = "learned"  # a learned absolute position embedding added to the token embedding
+    NONE = "none"  # no positions (state-space models: the recurrence orders the tokens)
 
 
 class RopeLayout(enum.Enum):
@@ -114,6 +116,20 @@ class MoeConfig:
                               f"1..{self.num_experts} (the number of experts)")
 
 
+#: The layer type of an attention layer in ``TransformerConfig.layer_mixers``.
+ATTENTION = "attention"
+
+
+@attrs.frozen
+class MixerConfig:
+    """A sequence mixer a plugin provides (``mi_core.plugin.mixer(name)``) that some layers run
+    instead of attention: its spec (``MixerSpec``) and the settings it read from the config."""
+
+    name: str  # the layer type, e.g. "mamba2"
+    spec: Any = attrs.field(eq=False, repr=False)
+    settings: Any = None
+
+
 @attrs.frozen
 class TransformerConfig:
     """The axes the generic forward pass reads. Per-layer tuples have `num_layers` entries."""
@@ -167,6 +183,11 @@ class TransformerConfig:
     qk_norm_heads: bool = False  # q/k norm gains per head, [heads, d_head] (Cohere)
     moe: MoeConfig | None = None  # the mixture-of-experts MLP of the layers layer_moe marks
     layer_moe: tuple[bool, ...] = ()  # per layer, True = MoE MLP; () = all dense
+    # -- mixer schedule (state-space and hybrid models, mi_transformer.mixers) --
+    layer_mixers: tuple[str, ...] = ()  # per layer, ATTENTION or a mixer's name; () = all attention
+    mixers: tuple[MixerConfig, ...] = ()  # the non-attention mixers layer_mixers names
+    layer_mlp: tuple[bool, ...] = ()  # per layer, False = no MLP sublayer (Mamba); () = all
+    residual_fp32: bool = False  # the residual stream kept in F32 (Mamba's residual_in_fp32)
 
     def __attrs_post_init__(self) -> None:
         """Relations between axes; the parsers check the same on JSON keys first, so this
@@ -200,10 +221,15 @@ class TransformerConfig:
                 if rope.scaling is RopeScaling.LONGROPE and n != self.rot_dim // 2:
                     raise ConfigError(f"{where}: longrope {key} has {n} entries; the rotary "
                                       f"dimension {self.rot_dim} needs {self.rot_dim // 2}")
-        for name, flags in (("layer_use_rope", self.layer_use_rope), ("layer_moe", self.layer_moe)):
+        for name, flags in (("layer_use_rope", self.layer_use_rope), ("layer_moe", self.layer_moe),
+                            ("layer_mixers", self.layer_mixers), ("layer_mlp", self.layer_mlp)):
             if flags and len(flags) != self.num_layers:
                 raise ConfigError(f"{where}: {name} has {len(flags)} entries for "
                                   f"{self.num_layers} layers")
+        named = {m.name for m in self.mixers}
+        unknown = sorted({t for t in self.layer_mixers if t != ATTENTION and t not in named})
+        if unknown:
+            raise ConfigError(f"{where}: layer_mixers names {unknown}, which no mixer config gives")
         if any(self.layer_moe) and self.moe is None:
             raise ConfigError(f"{where}: layer_moe marks MoE layers but no MoE config is given")
         if not self.pre_norms and not self.post_norms:
@@ -226,3 +252,11 @@ class TransformerConfig:
     @property
     def rot_dim(self) -> int:
         return self.rotary_dim or self.head_dim
+
+    def mixer_of(self, layer: int) -> MixerConfig | None:
+        """The non-attention mixer of `layer`, or None for an attention layer."""
+        name = self.layer_mixers[layer] if self.layer_mixers else ATTENTION
+        return None if name == ATTENTION else next(m for m in self.mixers if m.name == name)
+
+    def has_mlp(self, layer: int) -> bool:
+        return not self.layer_mlp or self.layer_mlp[layer]

@@ -20,6 +20,10 @@ from mi_transformer.config.families_llama import (
 from mi_transformer.config.families_moe import (
     parse_mixtral, parse_olmoe, parse_qwen2_moe, parse_qwen3_moe,
 )
+from mi_transformer.config.families_ssm import (
+    FALCON_MAMBA_READS, MAMBA2_READS, MAMBA_READS, SSM_HARMLESS, parse_falcon_mamba,
+    parse_mamba, parse_mamba2,
+)
 from mi_transformer.config.reader import ConfigReader
 
 
@@ -139,6 +143,13 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
         note="multi-query / grouped (new decoder) / per-head fused QKV"),
     _family("starcoder2", parse_starcoder2, _LLAMA | {"sliding_window", "norm_epsilon",
                                                       "use_bias"}),
+    # state-space families: the layers run a plugin's mixer (mi-ssm), not attention
+    _family("mamba", parse_mamba, MAMBA_READS, harmless=SSM_HARMLESS,
+            note="Mamba-1 mixer (mi-ssm), no MLP"),
+    _family("falcon_mamba", parse_falcon_mamba, FALCON_MAMBA_READS, harmless=SSM_HARMLESS,
+            note="Mamba-1 mixer with B/C/dt RMS norms (mi-ssm), no MLP"),
+    _family("mamba2", parse_mamba2, MAMBA2_READS, harmless=SSM_HARMLESS | {"time_step_rank"},
+            note="Mamba-2 mixer (mi-ssm), no MLP"),
 ]}
 
 
