@@ -257,8 +257,12 @@ class MIModel(metaclass=_ModelClass):
         """HookError naming the first point this model lacks (for analyses that need them)."""
         for p in points:
             if not self.has_hook_point(p):
-                raise HookError(f"{needed_for} needs hook point {HookPoint.parse(p).name!r}, "
-                                f"which the {self.backend_name} backend does not provide")
+                hp = HookPoint.parse(p)
+                kind = (f" (layer {hp.layer} is a {self.backend.layer_types[hp.layer]!r} layer)"
+                        if hp.layer is not None and hp.layer < self.num_layers
+                        and caps.has(self.backend, caps.LayerTypes) else "")
+                raise HookError(f"{needed_for} needs hook point {hp.name!r}, which the "
+                                f"{self.backend_name} backend does not provide{kind}")
 
     def check_ids(self, ids: Any, what: str = "ids") -> torch.Tensor:
         """Token ids as LongTensor [batch, seq] on the model's device; InputError (shape,
