@@ -10,7 +10,9 @@ Three forms of the same numbers:
 
 - :func:`diagonal_scan`, the forward: chunked. Inside a chunk of L tokens the pairwise decays
   ``exp(G_t - G_s)`` (G: cumulative log-decay, float64, exponents <= 0) make an L x L
-  matrix; chunks are chained by one state update each; one token is a plain step.
+  matrix; chunks are chained by one state update each; one token is a plain step. A scalar
+  value per head with a decay per key channel (one recurrence per channel, nothing for a
+  matmul to gain) runs the exact recurrence instead, vectorised over the channels.
 - :func:`diagonal_states`, the exact recurrence token by token, returning every per-step
   state (only for a state hook: [batch, seq, heads, K, V] is materialised only then).
 - :func:`diagonal_effective_attention`, the [batch, heads, seq, seq] matrix A with
@@ -53,8 +55,35 @@ def diagonal_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: 
         read = new if inclusive else state
         y = (q[:, 0].unsqueeze(-2) @ read).transpose(1, 2)
         return (y if extra is None else y + extra), new
-    y, s = _chunked(q, kw, v, log_decay, state, inclusive, chunk)
+    if v.shape[-1] == 1 and log_decay.shape[-1] > 1:
+        # a scalar value per head with a decay per key channel (one recurrence per channel):
+        # the chunked form's L x L matrices would multiply vectors, so the exact recurrence,
+        # vectorised over batch, heads and key channels, is the faster forward
+        y, s = _sequential(q, kw, v, log_decay, state, inclusive)
+    else:
+        y, s = _chunked(q, kw, v, log_decay, state, inclusive, chunk)
     return (y if extra is None else y + extra), s
+
+
+def _sequential(q: torch.Tensor, kw: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                state: torch.Tensor, inclusive: bool, block: int = 64
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token by token, `block` tokens' states at a time (memory [B, block, H, K, V])."""
+    w = g.exp()
+    ys = []
+    s = state
+    for t0 in range(0, q.shape[1], block):
+        t1 = min(q.shape[1], t0 + block)
+        kv = kw[:, t0:t1].unsqueeze(-1) * v[:, t0:t1].unsqueeze(-2)       # [B, b, H, K, V]
+        states = torch.empty_like(kv)
+        before = s
+        for i in range(t1 - t0):
+            s = torch.addcmul(kv[:, i], w[:, t0 + i].unsqueeze(-1), s)
+            states[:, i] = s
+        if not inclusive:
+            states = torch.cat([before.unsqueeze(1), states[:, :-1]], dim=1)
+        ys.append((q[:, t0:t1].unsqueeze(-1) * states).sum(-2))
+    return torch.cat(ys, dim=1), s
 
 
 def _chunked(q: torch.Tensor, kw: torch.Tensor, v: torch.Tensor, g: torch.Tensor,

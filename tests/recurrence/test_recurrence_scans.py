@@ -32,20 +32,22 @@ def naive_diagonal(q, k, v, g, s, inclusive, bonus=None):
     return torch.stack(ys, 1), s
 
 
-def _inputs(scalar: bool, span: tuple[float, float] = (-4.0, 1.0)):
+def _inputs(scalar: bool, span: tuple[float, float] = (-4.0, 1.0), vd: int = V):
     q, k = _rand(B, T, H, K, seed=1), _rand(B, T, H, K, seed=2)
-    v = _rand(B, T, H, V, seed=3)
+    v = _rand(B, T, H, vd, seed=3)
     lo, hi = span
     u = torch.rand(B, T, H, 1 if scalar else K, generator=torch.Generator().manual_seed(4))
     g = -torch.exp(lo + (hi - lo) * u)
-    return q, k, v, g, _rand(B, H, K, V, seed=5)
+    return q, k, v, g, _rand(B, H, K, vd, seed=5)
 
 
 @pytest.mark.parametrize("scalar", [False, True], ids=["per_channel", "per_head"])
 @pytest.mark.parametrize("inclusive", [True, False], ids=["inclusive", "exclusive"])
-@pytest.mark.parametrize("chunk", [1, 16, 64])
-def test_the_chunked_diagonal_scan_is_the_recurrence(scalar, inclusive, chunk) -> None:
-    q, k, v, g, s0 = _inputs(scalar)
+@pytest.mark.parametrize("chunk, vd", [(1, V), (16, V), (64, V), (16, 1)],
+                         ids=["chunk1", "chunk16", "chunk64", "value1"])
+def test_the_chunked_diagonal_scan_is_the_recurrence(scalar, inclusive, chunk, vd) -> None:
+    """(value1 with a per-channel decay takes the vectorised token-by-token path.)"""
+    q, k, v, g, s0 = _inputs(scalar, vd=vd)
     bonus = None if inclusive else _rand(H, K, seed=6)
     y, s = diagonal_scan(q, k, v, g, s0, inclusive=inclusive, bonus=bonus, chunk=chunk)
     y_ref, s_ref = naive_diagonal(q, k, v, g, s0, inclusive, bonus)
