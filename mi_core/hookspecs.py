@@ -61,6 +61,12 @@ def mi_declare_hook_points() -> dict[str, str]:
 
 
 @plugin_spec
+def mi_opt_in_hook_points() -> list[str]:
+    """Suffixes of your per-layer points that are large or costly (per-step states, seq x seq
+    matrices): computed only when hooked, and left out of a default ``run_with_cache``."""
+
+
+@plugin_spec
 def mi_hub_file_patterns() -> list[str]:
     """Extra glob patterns a hub download must fetch for this plugin's models/dictionaries."""
 

@@ -51,9 +51,10 @@ _ALIASES_LAYER = {"attn.hook_scores": "attn.hook_attn_scores",
 #: (:func:`declare_layer_points`). Any other name is a custom point, kept verbatim.
 KNOWN_LAYER_SUFFIXES: set[str] = set(LAYER_SUFFIXES)
 KNOWN_GLOBAL_NAMES = GLOBAL_NAMES
-#: Points computed only when hooked (extra work or memory): a default run_with_cache skips them.
-OPT_IN_SUFFIXES = ("attn.hook_result", "hook_attn_in", "hook_q_input", "hook_k_input",
-                   "hook_v_input")
+#: Points computed only when hooked (extra work or memory): a default run_with_cache skips them
+#: (plugins add theirs through ``mi_opt_in_hook_points``).
+OPT_IN_SUFFIXES: set[str] = {"attn.hook_result", "hook_attn_in", "hook_q_input",
+                             "hook_k_input", "hook_v_input"}
 
 
 class LayerIndex(int):

@@ -100,6 +100,13 @@ def test_mi_register_mixers_offers_the_state_space_mixers_by_layer_type() -> Non
         plugins.mixer("nope", "a test")
 
 
+def test_mi_opt_in_hook_points_leaves_a_plugins_large_points_out_of_run_with_cache() -> None:
+    plugins.get_plugin_manager()
+    from mi_core.plugin import OPT_IN_SUFFIXES
+
+    assert {"ssm.hook_state", "ssm.hook_effective_attn", "attn.hook_result"} <= OPT_IN_SUFFIXES
+
+
 def test_mi_register_tokenizers_offers_the_rwkv_world_tokenizer() -> None:
     assert "rwkv-world" in [t.name for t in plugins.tokenizer_specs()]
 

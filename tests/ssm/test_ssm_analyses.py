@@ -60,6 +60,10 @@ def test_decomposition_sums_the_mixer_outputs_to_the_final_residual(family, ssm_
     final = cache[mi.HookPoint.resid_post(model.num_layers - 1)]
     assert (stack.sum(0) - final).abs().max().item() < 1e-4
     logits, tl = model.run_with_cache(ssm_ids(1, 9, seed=3))
+    # the per-step states and effective attention are opt-in (large): hooked by name only
+    assert "blocks.0.ssm.hook_state" not in tl and "blocks.0.ssm.hook_y" in tl
+    _, named = model.run_with_cache(ssm_ids(1, 9), names_filter="blocks.0.ssm.hook_state")
+    assert tuple(named["blocks.0.ssm.hook_state"].shape)[:2] == (1, 9)
     parts, names = tl.decompose_resid(return_labels=True)
     assert names == ["embed"] + [f"{i}_mixer_out" for i in range(model.num_layers)]
     assert (parts.sum(0) - final).abs().max().item() < 1e-4

@@ -32,5 +32,13 @@ def mi_declare_hook_points() -> dict[str, str]:
 
 
 @plugin_impl
+def mi_opt_in_hook_points() -> list[str]:
+    """Per-step states ([b, s, heads, head_dim, d_state]) and effective attention ([b, heads,
+    s, s]; Mamba-1's heads are its d_inner channels) are large: a default run_with_cache
+    leaves them out (hook them by name)."""
+    return ["ssm.hook_state", "ssm.hook_effective_attn"]
+
+
+@plugin_impl
 def mi_plugin_info() -> dict[str, Any]:
     return {"provides": ["mixer mamba (Mamba, Falcon-Mamba)", "mixer mamba2 (Mamba-2)"]}
