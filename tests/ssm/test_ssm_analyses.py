@@ -69,19 +69,21 @@ def test_decomposition_sums_the_mixer_outputs_to_the_final_residual(family, ssm_
     assert (parts.sum(0) - final).abs().max().item() < 1e-4
 
 
-def test_an_sae_spliced_at_a_mixer_point_changes_the_output(ssm_model) -> None:
+def test_an_sae_splices_into_a_mixer_point_and_its_error_term_restores_the_output(
+        ssm_model, tmp_path: Path) -> None:
+    """A SAELens-format SAE on ``ssm.hook_in`` (the mixer's input): the reconstruction changes
+    the logits; with the error term added they are the model's own."""
+    from tests.support.sae_tiny_backend import write_saelens_sae
+
     model = ssm_model("mamba")
-    point = "blocks.0.ssm.hook_in"
-    d = model.hidden_size
-    g = torch.Generator().manual_seed(0)
-    w_enc, w_dec = torch.randn(d, 16, generator=g) / d ** 0.5, torch.randn(16, d, generator=g)
-
-    def splice(x: torch.Tensor, hook=None) -> torch.Tensor:
-        return torch.relu(x @ w_enc) @ w_dec
-
+    sae = mi.load_dictionary(write_saelens_sae(tmp_path / "sae", "blocks.1.ssm.hook_in",
+                                               model.hidden_size, 48))
     ids = ssm_ids(1, 6)
-    out = model.forward(ids, mi.HookSpec().intervene(point, splice).capture(point))
-    assert (out.output - model.forward(ids).output).abs().max().item() > 1e-3
+    plain = model.forward(ids).output
+    spliced = model.forward(ids, sae.splice(mi.HookSpec(), model=model)).output
+    assert (spliced - plain).abs().max().item() > 1e-3
+    exact = model.forward(ids, sae.splice(mi.HookSpec(), include_error=True, model=model)).output
+    assert (exact - plain).abs().max().item() < 1e-4
 
 
 def test_the_attention_view_draws_effective_attention(ssm_model, tmp_path: Path) -> None:

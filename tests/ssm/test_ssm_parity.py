@@ -64,6 +64,18 @@ def test_state_cached_greedy_generation_equals_transformers_tokens(family, tiny_
     assert torch.equal(out[:, :9], ref[:, :9])
 
 
+def test_left_padded_batched_generation_equals_each_row_alone(ssm_model) -> None:
+    model = ssm_model("mamba")
+    ids = ssm_ids(2, 8, seed=8)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    ids[0, :3] = 0
+    batch = model.generate(ids, max_new_tokens=6, attention_mask=mask, stop_at_eos=False)
+    for row, start in ((0, 3), (1, 0)):
+        alone = model.generate(ids[row:row + 1, start:], max_new_tokens=6, stop_at_eos=False)
+        assert torch.equal(batch.tokens[row, 8:], alone.tokens[0, 8 - start:])
+
+
 def test_token_by_token_with_the_state_equals_the_sequence(family, ssm_model) -> None:
     model = ssm_model(family)
     ids = ssm_ids(2, 11, seed=4)

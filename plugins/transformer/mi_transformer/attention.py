@@ -75,6 +75,15 @@ class Masks:
         self.offset, self.seq, self.device = offset, seq, device
         self._bool: dict[int | None, torch.Tensor | None] = {}
         self._add: dict[tuple[int | None, torch.dtype], torch.Tensor] = {}
+        self._new: list[torch.Tensor | None] = []
+
+    def new_valid(self) -> torch.Tensor | None:
+        """[batch, seq] bool: which of this call's tokens are real; None when all are (a
+        recurrent mixer then takes its path without padding). One check per call."""
+        if not self._new:
+            new = None if self.key_valid is None else self.key_valid[:, self.offset:]
+            self._new.append(None if new is None or bool(new.all()) else new)
+        return self._new[0]
 
     def allowed(self, window: int | None) -> torch.Tensor:
         """bool [batch or 1, 1, seq, offset + seq]."""

@@ -43,8 +43,7 @@ def mixer_block(be: Backend, i: int, x: torch.Tensor, run: HookRun,
         state = past.states.get(step)
         if state is None:
             state = past.states[step] = mixer.new_state(x.shape[0])
-    active = None if masks.key_valid is None else masks.key_valid[:, masks.offset:]
-    m = run.apply(n.mixer_out, mixer.forward(h, run, state=state, active=active,
+    m = run.apply(n.mixer_out, mixer.forward(h, run, state=state, active=masks.new_valid(),
                                              offset=masks.offset))
     x = (x.float() if c.residual_fp32 else x) + m
     if c.has_mlp(i):
