@@ -107,12 +107,15 @@ def test_an_unknown_key_is_still_refused_listing_it():
 
 
 def test_every_family_declares_its_neutral_values_and_rotary_ones_the_layout():
-    """Each rotary family's table says its rotary layout; learned-position families have none."""
+    """Each rotary family's table says its rotary layout; families with learned positions
+    (GPT-2, OPT) or none (the state-space ones) have none."""
     for mt, f in FAMILIES.items():
-        if mt in ("gpt2", "opt"):
+        if mt in ("gpt2", "opt", "mamba", "falcon_mamba", "mamba2"):
             assert "rope_interleaved" not in f.neutral
             continue
-        interleaved = mt in ("gptj", "helium", "cohere")
+        # GPT-J's rotary layout; GLM and ERNIE-4.5 rotate interleaved pairs too (docs/BACKENDS.md)
+        interleaved = mt in ("gptj", "helium", "cohere", "glm", "glm4", "ernie4_5",
+                             "ernie4_5_moe")
         assert f.neutral["rope_interleaved"] is interleaved, mt
         assert not set(f.neutral) & f.reads, mt  # a neutral key is one the parser never reads
     assert FAMILIES["phi"].neutral["rotary_dim"] is ROTARY_DIM
