@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import mi_core as mi
 from mi_core.plugin import get_plugin_manager
@@ -131,3 +132,23 @@ def test_weight_access_and_processing_refuse_what_a_mixer_layer_lacks(ssm_model)
     with pytest.raises(mi.MIError, match="sequence mixer"):
         model.backend.process_weights(fold_ln=True, center_writing_weights=False,
                                       center_unembed=False, fold_value_biases=False)
+
+
+def test_the_config_transformers_to_dict_gives_loads_with_transformers_numbers(
+        family, tiny_ssm, tmp_path: Path) -> None:
+    """Every attribute transformers' config has (defaults included, as ``to_dict()`` gives
+    them, written by transformers' own JSON writer: Mamba-2's infinite dt limit as it spells
+    it), beside the same safetensors: transformers' logits (< 1e-4, F32)."""
+    t = tiny_ssm(family)
+    text = t.hf.config.to_json_string(use_diff=False)
+    assert set(json.loads(text)) >= set(t.hf.config.to_dict())
+    assert len(t.hf.config.to_dict()) > len(json.loads((t.path / "config.json").read_text()))
+    d = tmp_path / "to_dict"
+    d.mkdir()
+    (d / "config.json").write_text(text)
+    (d / "model.safetensors").symlink_to(t.path / "model.safetensors")
+    ids = ssm_ids(1, 9, seed=4)
+    with torch.no_grad():
+        want = t.hf(ids).logits
+    got = mi.MIModel.from_pretrained(d).forward(ids).output
+    assert (got - want).abs().max().item() < 1e-4

@@ -21,6 +21,7 @@ import torch
 
 import mi_core as mi
 from mi_transformer.config import FAMILIES as SUPPORTED
+from tests.support.ssm_tiny import SSM_FAMILIES
 from tests.support.tiny_families import FAMILIES, VOCAB
 from tests.transformer.conftest import Tiny, _randomise, make_tiny
 
@@ -33,7 +34,8 @@ for _name, (_mt, _) in FAMILIES.items():
 
 
 def test_every_supported_family_is_covered():
-    assert set(ONE_PER_FAMILY) | {"gemma3"} == set(SUPPORTED)
+    # the state-space families: tests/ssm/test_ssm_config.py (save_pretrained and to_dict)
+    assert set(ONE_PER_FAMILY) | {"gemma3"} | set(SSM_FAMILIES) == set(SUPPORTED)
 
 
 def _with_config(t: Tiny, cfg: dict[str, Any], out: Path) -> Path:
