@@ -251,7 +251,12 @@ class MIModel(metaclass=_ModelClass):
         capability). `stateful`: the call carries a state (positions are absolute)."""
         if hooks.is_empty():
             return
-        hooks.validate(self._hook_names(), num_layers=self.num_layers)
+        names = self._hook_names()
+        try:
+            hooks.validate(names, num_layers=self.num_layers)
+        except HookError as e:  # say what the layer is (a recurrent layer has no attention)
+            hp = next(p for p in hooks.points() if p.name not in names)
+            raise HookError(f"{e}{self._layer_kind(hp)}") from None
         be = self.backend
         for spec in (hooks.state_knockout, hooks.state_steering):
             if spec is not None:
@@ -274,8 +279,16 @@ class MIModel(metaclass=_ModelClass):
         """HookError naming the first point this model lacks (for analyses that need them)."""
         for p in points:
             if not self.has_hook_point(p):
-                raise HookError(f"{needed_for} needs hook point {HookPoint.parse(p).name!r}, "
-                                f"which the {self.backend_name} backend does not provide")
+                hp = HookPoint.parse(p)
+                raise HookError(f"{needed_for} needs hook point {hp.name!r}, which the "
+                                f"{self.backend_name} backend does not provide"
+                                f"{self._layer_kind(hp)}")
+
+    def _layer_kind(self, hp: HookPoint) -> str:
+        if hp.layer is None or hp.layer >= self.num_layers or not caps.has(self.backend,
+                                                                           caps.LayerTypes):
+            return ""
+        return f" (layer {hp.layer} is a {self.backend.layer_types[hp.layer]!r} layer)"
 
     def check_ids(self, ids: Any, what: str = "ids") -> torch.Tensor:
         """Token ids as LongTensor [batch, seq] on the model's device; InputError (shape,

@@ -120,7 +120,9 @@ def knockout_hooks(model: MIModel, spec: KnockoutSpec, seq_len: int,
     layers = check_layers(spec.layers, model.num_layers)
     need = [HookPoint.attn_scores(layer) for layer in layers]
     need += [HookPoint.attn_pattern(layer) for layer in layers]
-    require_points(model, need)
+    # a layer without attention (a recurrent mixer) is refused naming the layer and its
+    # type; mi.StateKnockoutSpec is the knockout of a recurrent layer
+    model.require_points(need, "attention knockout")
     mask = create_knockout_mask(spec, model.num_heads, seq_len, model.device, model.dtype)
     hooks = hooks if hooks is not None else HookSpec()
     for layer in layers:

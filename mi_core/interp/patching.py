@@ -28,6 +28,7 @@ from mi_core.interp._common import MetricError, as_ids, check_layers, norm_posit
 #: patch kind -> hook suffix
 PATCH_KINDS = {"resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid",
                "attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out",
+               "mixer_out": "hook_mixer_out",
                "resid_post": "hook_resid_post", "z": "attn.hook_z", "q": "attn.hook_q",
                "k": "attn.hook_k", "v": "attn.hook_v", "result": "attn.hook_result",
                "pattern": "attn.hook_pattern"}

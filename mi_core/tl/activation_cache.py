@@ -19,7 +19,7 @@ TransformerLens' does.
 from __future__ import annotations
 
 import re
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 import torch
 
@@ -298,7 +298,8 @@ class ActivationCache(HookCache):
         if incl_embeds:
             items += [(HookPoint.parse(key), label) for key, label in (
                 ("hook_embed", "embed"), ("hook_pos_embed", "pos_embed")) if key in self._captures]
-        items += layer_outputs(layer, incl_attn, incl_mlp, "_attn_out", "_mlp_out")
+        items += layer_outputs(layer, incl_attn, incl_mlp, "_attn_out", "_mlp_out",
+                               self.model.has_hook_point if self.model is not None else None)
         if mlp_input and incl_attn:
             items.append((HookPoint.attn_out(layer), f"{layer}_attn_out"))
         stack, labels = stack_points(self, items, ps)
@@ -519,13 +520,21 @@ def stack_points(cache: HookCache, items: list[tuple[HookPoint, str]], pos_slice
 
 
 def layer_outputs(layers: int, attn: bool = True, mlp: bool = True, attn_label: str = "_attn",
-                  mlp_label: str = "_mlp") -> list[tuple[HookPoint, str]]:
-    """(point, label) of each layer's attention / MLP output before `layers`, in order."""
+                  mlp_label: str = "_mlp", has: Callable[[HookPoint], bool] | None = None
+                  ) -> list[tuple[HookPoint, str]]:
+    """(point, label) of each layer's attention / MLP output before `layers`, in order.
+
+    `has(point)`: whether the model has a point. Given, a layer without ``hook_attn_out``
+    but with ``hook_mixer_out`` (a recurrent mixer) contributes that ("{i}_mixer..."), and a
+    layer without ``hook_mlp_out`` no MLP term."""
     out: list[tuple[HookPoint, str]] = []
     for i in range(layers):
         if attn:
-            out.append((HookPoint.attn_out(i), f"{i}{attn_label}"))
-        if mlp:
+            a, label = HookPoint.attn_out(i), f"{i}{attn_label}"
+            if has is not None and not has(a) and has(HookPoint.mixer_out(i)):
+                a, label = HookPoint.mixer_out(i), f"{i}{attn_label.replace('attn', 'mixer')}"
+            out.append((a, label))
+        if mlp and (has is None or has(HookPoint.mlp_out(i))):
             out.append((HookPoint.mlp_out(i), f"{i}{mlp_label}"))
     return out
 

@@ -1,4 +1,5 @@
-"""The attention view: every head of one layer, hover a token to see what it attends to."""
+"""The attention view: every head of one layer, hover a token to see what it attends to; also
+for a recurrent layer's effective attention (:func:`effective_attention_html`)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,20 @@ def attention_html(tokens: Sequence[str], pattern: torch.Tensor, path: str | Pat
             "initial_head": -1 if head is None else int(head), "top_k": int(top_k)}
     return write_page(path, "attention", title or f"attention patterns, {where}", data, sub,
                       prompt if prompt is not None else prompt_text(tokens))
+
+
+def effective_attention_html(tokens: Sequence[str], matrix: torch.Tensor, path: str | Path,
+                             layer: int | None = None, head: int | None = None, *,
+                             title: str | None = None, model_name: str = "", top_k: int = 10,
+                             prompt: str | None = None) -> Path:
+    """The attention page for a recurrent layer's effective attention A ([heads, seq, seq],
+    signed, with A @ x = y): drawn as |A| normalised per query row, which says how much of
+    each output's magnitude comes from each source token (the exact signed matrix is the
+    hook's). Arguments as :func:`attention_html`."""
+    a = matrix.detach().float()
+    mag = a.abs()
+    weights = mag / mag.sum(-1, keepdim=True).clamp_min(1e-30)
+    where = f"layer {layer}" if layer is not None else "a recurrent layer"
+    return attention_html(tokens, weights, path, layer, head, model_name=model_name,
+                          top_k=top_k, prompt=prompt,
+                          title=title or f"effective attention (|A| row-normalised), {where}")

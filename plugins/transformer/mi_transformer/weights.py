@@ -14,7 +14,7 @@ weights, no NaN/inf), from a memory map.
 from __future__ import annotations
 
 import re
-from typing import Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import attrs
 import torch
@@ -68,6 +68,7 @@ class NameTable:
     conv1d: bool = False
     base_prefix: str = ""
     ignore: tuple[str, ...] = (r"rotary_emb\.inv_freq$",)
+    mixer: str = "mixer"  # a non-attention mixer's module (its tensors: the MixerSpec's names)
 
 
 _CAUSAL_BUFFERS = (r"\.att(n|ention)\.(bias|masked_bias)$", r"rotary_emb\.inv_freq$")
@@ -138,6 +139,9 @@ NAME_TABLES: dict[str, NameTable] = {
                         ln2="post_attention_layernorm", qkv="self_attention.query_key_value",
                         o="self_attention.dense", mlp_in="mlp.dense_h_to_4h",
                         mlp_out="mlp.dense_4h_to_h"),
+    # state-space families: one norm and a mixer per layer (mi_transformer.mixers)
+    "mamba": NameTable(embed="backbone.embeddings", final_norm="backbone.norm_f",
+                       layer="backbone.layers.{i}.", ln1="norm", ln2="", mixer="mixer"),
     "falcon_two_norms": NameTable(embed="transformer.word_embeddings",
                                   final_norm="transformer.ln_f", layer="transformer.h.{i}.",
                                   ln1="ln_attn", ln2="ln_mlp", qkv="self_attention.query_key_value",
@@ -202,24 +206,19 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
     if cfg.qk_norm_heads:  # a gain per head (Cohere)
         qn, kn = (h, hd), (kv, hd)
     for i in range(cfg.num_layers):
-        out.update(_attn_extras(cfg, t, i))  # latent projections (MLA), sinks
-        if cfg.mla is None and cfg.qkv_layout is QkvLayout.SEPARATE:
-            for slot, rows in (("q", h * hd), ("k", kv * hd), ("v", kv * hd)):
-                add(i, slot, getattr(t, slot), _linear(t, rows, d), cfg.qkv_bias)
-        elif cfg.mla is None:
-            add(i, "qkv", t.qkv, _linear(t, (h + 2 * kv) * hd, d), cfg.qkv_bias)
-        add(i, "o", t.o, _linear(t, d, h * cfg.v_head_dim), cfg.o_bias)
-        qk_norm = cfg.qk_norm and cfg.qk_norm_affine and (
-            not cfg.layer_qk_norm or cfg.layer_qk_norm[i])  # weightless norms: no tensors
-        if qk_norm and "{h}" in t.q_norm:  # one tensor per head (StableLM), stacked on load
-            for which, n, name in (("q_norm", h, t.q_norm), ("k_norm", kv, t.k_norm)):
-                for j in range(n):
-                    add(i, f"{which}.{j}", name.format(h=j), (hd,), False)
-        elif qk_norm:
-            add(i, "q_norm", t.q_norm, qn, False)
-            add(i, "k_norm", t.k_norm, kn, False)
+        mixer = cfg.mixer_of(i)
+        if mixer is not None:  # a plugin's mixer: its own tensors, slots "mixer:<name>"
+            prefix = t.layer.format(i=i) + t.mixer + "."
+            for name, shape in mixer.spec.tensors(mixer.settings).items():
+                out[prefix + name] = Entry("mixer:" + name, i, tuple(shape))
+        else:
+            out.update(_attn_extras(cfg, t, i))  # latent projections (MLA), sinks
+            _attention_tensors(t, cfg, add, i, (qn, kn))
         for slot, name in norms.items():
-            add(i, slot, name, (d,), cfg.norm_bias)
+            if cfg.has_mlp(i) or slot in ("ln1", "ln1_post"):
+                add(i, slot, name, (d,), cfg.norm_bias)
+        if not cfg.has_mlp(i):
+            continue
         if cfg.moe is not None and cfg.layer_moe and cfg.layer_moe[i]:
             prefix = t.layer.format(i=i)  # slot "moe:<name inside the layer>"
             for name, shape in expected_moe_shapes(prefix, cfg.moe, d).items():
@@ -236,6 +235,29 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
             for p, shape in _XIELU:
                 out[f"{t.layer.format(i=i)}{t.mlp_act}.{p}"] = Entry("act." + p, i, shape)
     return out
+
+
+def _attention_tensors(t: NameTable, cfg: TransformerConfig, add: Callable[..., None], i: int,
+                       qk_norm_shapes: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+    """An attention layer's q/k/v (fused or not; MLA's are latent, in `_attn_extras`), output
+    projection and q/k norms (one tensor per head where the table says ``{h}``, StableLM's,
+    stacked on load)."""
+    d, hd, h, kv = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    if cfg.mla is None and cfg.qkv_layout is QkvLayout.SEPARATE:
+        for slot, rows in (("q", h * hd), ("k", kv * hd), ("v", kv * hd)):
+            add(i, slot, getattr(t, slot), _linear(t, rows, d), cfg.qkv_bias)
+    elif cfg.mla is None:
+        add(i, "qkv", t.qkv, _linear(t, (h + 2 * kv) * hd, d), cfg.qkv_bias)
+    add(i, "o", t.o, _linear(t, d, h * cfg.v_head_dim), cfg.o_bias)
+    qk_norm = cfg.qk_norm and cfg.qk_norm_affine and (
+        not cfg.layer_qk_norm or cfg.layer_qk_norm[i])  # weightless norms: no tensors
+    if qk_norm and "{h}" in t.q_norm:
+        for which, n, name in (("q_norm", h, t.q_norm), ("k_norm", kv, t.k_norm)):
+            for j in range(n):
+                add(i, f"{which}.{j}", name.format(h=j), (hd,), False)
+    elif qk_norm:
+        add(i, "q_norm", t.q_norm, qk_norm_shapes[0], False)
+        add(i, "k_norm", t.k_norm, qk_norm_shapes[1], False)
 
 
 _XIELU: tuple[tuple[str, tuple[int, ...]], ...] = (
@@ -374,11 +396,12 @@ class DictSource:
 @attrs.define(eq=False)
 class LayerWeights:
     ln1: Norm | None  # None: no pre-norms (OLMo2)
-    ln2: Norm | None  # None: parallel block with one shared norm, or no pre-norms
-    attn: AttnWeights
-    mlp: MlpWeights | MoeWeights
+    ln2: Norm | None  # None: parallel block with one shared norm, no pre-norms, or no MLP
+    attn: AttnWeights | None  # None: the layer runs a plugin's mixer instead
+    mlp: MlpWeights | MoeWeights | None  # None: no MLP sublayer (Mamba)
     ln1_post: Norm | None = None
     ln2_post: Norm | None = None
+    mixer: Any = None  # a non-attention mixer (mi_core.recurrence.Mixer), built by its plugin
 
 
 @attrs.define(eq=False)
@@ -541,7 +564,14 @@ class _Slots:
 
     def layer(self, i: int) -> LayerWeights:
         cfg, tensors = self.cfg, self.tensors
-        attn, mlp = self.attn(i), self.mlp(i)
+        spec = cfg.mixer_of(i)
+        attn = self.attn(i) if spec is None else None
+        mlp = self.mlp(i) if cfg.has_mlp(i) else None
+        mixer = None
+        if spec is not None:  # the plugin builds its mixer from its own tensors
+            own = {slot[6:]: w for (layer, slot), w in tensors.items()
+                   if layer == i and slot.startswith("mixer:")}
+            mixer = spec.spec.build(spec.settings, own, i)
         pre = cfg.pre_norms
         # ln2 is there when the checkpoint has its gain; norms without weights leave nothing
         # to look for, so then every block but the one-shared-norm kind has it
@@ -552,7 +582,8 @@ class _Slots:
             ln2=self.norm(i, "ln2") if pre and has_ln2 else None,
             attn=attn, mlp=mlp,
             ln1_post=self.norm(i, "ln1_post") if cfg.post_norms else None,
-            ln2_post=self.norm(i, "ln2_post") if cfg.post_norms else None)
+            ln2_post=self.norm(i, "ln2_post") if cfg.post_norms and mlp is not None else None,
+            mixer=mixer)
 
     def attn(self, i: int) -> AttnWeights:
         """q/k/v [rows, d_model] as stored or as row views of the fused tensor; per-head q/k
