@@ -34,6 +34,8 @@ class MambaSettings:
     proj_bias: bool
     #: Falcon-Mamba: weightless RMS norms of dt (before dt_proj), B and C with this eps
     bcdt_norm_eps: float | None = None
+    #: Jamba: the same norms with gains (``dt_layernorm`` / ``b_layernorm`` / ``c_layernorm``)
+    bcdt_norm_weights: bool = False
 
 
 @attrs.frozen
@@ -104,19 +106,23 @@ def _d_inner(k: _Keys, hidden: int) -> int:
 
 def mamba_settings(r: ConfigFields, keys: Mapping[str, str], hidden: int) -> MambaSettings:
     """Mamba-1 settings: d_state, expand (d_inner), d_conv, dt_rank ("auto": ceil(d / 16)),
-    conv_bias, proj_bias, act (silu), bcdt_norm_eps (only where the table names it)."""
+    conv_bias, proj_bias, act (silu), bcdt_norm_eps (only where the table names it:
+    weightless norms of dt, B, C) or bcdt_norm (the same norms with gains, the key naming
+    their eps: Jamba's ``rms_norm_eps``)."""
     k = _Keys(r, keys)
     k.activation()
     rank_key = keys.get("dt_rank")
     raw = r.get(rank_key) if rank_key else None
     dt_rank = math.ceil(hidden / 16) if raw in (None, "auto") else k.int("dt_rank")
-    eps = k.number("bcdt_norm_eps", None, gt=0) if "bcdt_norm_eps" in keys else None
-    if "bcdt_norm_eps" in keys and eps is None:
-        eps = 1e-6  # transformers' FalconMambaConfig default
+    which = "bcdt_norm" if "bcdt_norm" in keys else "bcdt_norm_eps"
+    eps = k.number(which, None, gt=0) if which in keys else None
+    if which in keys and eps is None:
+        eps = 1e-6  # transformers' FalconMambaConfig / JambaConfig default
     return MambaSettings(d_model=hidden, d_inner=_d_inner(k, hidden), d_state=k.int("d_state"),
                          d_conv=k.int("d_conv", 4), dt_rank=dt_rank,
                          conv_bias=k.flag("conv_bias", True), proj_bias=k.flag("proj_bias", False),
-                         bcdt_norm_eps=eps)
+                         bcdt_norm_eps=eps,
+                         bcdt_norm_weights=which == "bcdt_norm" and eps is not None)
 
 
 def mamba2_settings(r: ConfigFields, keys: Mapping[str, str], hidden: int) -> Mamba2Settings:

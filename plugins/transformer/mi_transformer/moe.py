@@ -151,7 +151,7 @@ def moe(w: MoeWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tens
 def expected_moe_shapes(prefix: str, c: MoeConfig, d_model: int) -> dict[str, tuple[int, ...]]:
     """Checkpoint tensor name -> shape for one MoE layer under `prefix` (``model.layers.{i}.``)."""
     m = prefix + c.block + "."
-    out: dict[str, tuple[int, ...]] = {m + "gate.weight": (c.num_experts, d_model)}
+    out: dict[str, tuple[int, ...]] = {m + c.router + ".weight": (c.num_experts, d_model)}
     g, u, dn = c.expert_names
     for e in range(c.num_experts):
         ep = f"{m}experts.{e}."
@@ -179,6 +179,6 @@ def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor]) -> M
     if c.shared_expert_size:
         shared = ExpertWeights(*(get(f"{m}shared_expert.{n}.weight")
                                  for n in ("gate_proj", "up_proj", "down_proj")))
-    return MoeWeights(config=c, router=get(m + "gate.weight"), experts=experts, shared=shared,
+    return MoeWeights(config=c, router=get(m + c.router + ".weight"), experts=experts, shared=shared,
                       shared_gate=get(m + "shared_expert_gate.weight")
                       if c.shared_expert_gate else None)

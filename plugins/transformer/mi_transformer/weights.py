@@ -118,6 +118,11 @@ NAME_TABLES: dict[str, NameTable] = {
     # state-space families: one norm and a mixer per layer (mi_transformer.mixers)
     "mamba": NameTable(embed="backbone.embeddings", final_norm="backbone.norm_f",
                        layer="backbone.layers.{i}.", ln1="norm", ln2="", mixer="mixer"),
+    # hybrids (mi_transformer.config.families_hybrid): mixer and attention layers, each
+    # with an MLP (or MoE) after its own norm
+    "jamba": NameTable(final_norm="model.final_layernorm", ln2="pre_ff_layernorm",
+                       mlp_in="feed_forward.gate_proj", mlp_up="feed_forward.up_proj",
+                       mlp_out="feed_forward.down_proj", mixer="mamba"),
     "falcon_two_norms": NameTable(embed="transformer.word_embeddings",
                                   final_norm="transformer.ln_f", layer="transformer.h.{i}.",
                                   ln1="ln_attn", ln2="ln_mlp", qkv="self_attention.query_key_value",

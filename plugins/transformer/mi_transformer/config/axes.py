@@ -109,6 +109,7 @@ class MoeConfig:
     # checkpoint names: the block module and each expert's (gate, up, down) projections
     block: str = "mlp"
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    router: str = "gate"  # the router's module inside the block (Jamba: "router")
 
     def __attrs_post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:

@@ -12,6 +12,7 @@ from mi_transformer.config.axes import TransformerConfig
 from mi_transformer.config.families_gpt import (
     parse_falcon, parse_gpt2, parse_gpt_neox, parse_gptj, parse_opt, parse_phi, parse_stablelm,
 )
+from mi_transformer.config.families_hybrid import HYBRID_HARMLESS, JAMBA_READS, parse_jamba
 from mi_transformer.config.families_llama import (
     _GEMMA3_MM_KEYS, _GEMMA_HARMLESS, parse_cohere, parse_gemma, parse_gemma2, parse_gemma3,
     parse_gemma3_text, parse_granite, parse_helium, parse_llama, parse_mistral, parse_olmo,
@@ -150,6 +151,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
             note="Mamba-1 mixer with B/C/dt RMS norms (mi-ssm), no MLP"),
     _family("mamba2", parse_mamba2, MAMBA2_READS, harmless=SSM_HARMLESS | {"time_step_rank"},
             note="Mamba-2 mixer (mi-ssm), no MLP"),
+    # hybrids: a schedule of state-space mixers (mi-ssm) and attention, each with an MLP
+    _family("jamba", parse_jamba, JAMBA_READS, harmless=HYBRID_HARMLESS | SSM_HARMLESS,
+            note="Mamba-1 (gained dt/B/C norms) + attention without positions, MoE"),
 ]}
 
 

@@ -1,0 +1,98 @@
+"""Parsers of the hybrid families: layers of a plugin's state-space mixer (mi-ssm) interleaved
+with attention layers, each layer followed by an MLP (or a mixture of experts).
+
+A hybrid is a schedule in :class:`TransformerConfig` (``layer_mixers``: the mixer's name or
+``ATTENTION`` per layer) run by the one generic block (:mod:`mi_transformer.mixers` for the
+mixer layers, the attention block for the others); a family is its parser here, the mixer's
+key table and a weight-name table (``mi_transformer.weights.NAME_TABLES``). Nothing outside
+this module knows a hybrid family's name.
+
+Jamba (``jamba``): Mamba-1 mixers with gained RMS norms of dt, B and C, attention without
+positions every ``attn_layer_period`` layers, a mixture of experts (softmax router, top-k
+weights not renormalised) every ``expert_layer_period`` layers, a gated MLP elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from mi_core.plugin import ConfigError, UnsupportedModelError, mixer
+
+from mi_transformer.config.axes import ATTENTION, MixerConfig, MoeConfig, Positions, \
+    TransformerConfig
+from mi_transformer.config.common import _activation, _heads
+from mi_transformer.config.reader import ConfigReader
+
+#: Mixer setting -> Jamba's config key (mi_ssm.settings reads them).
+JAMBA_MAMBA_KEYS: dict[str, str] = {
+    "d_state": "mamba_d_state", "expand": "mamba_expand", "d_conv": "mamba_d_conv",
+    "dt_rank": "mamba_dt_rank", "conv_bias": "mamba_conv_bias", "proj_bias": "mamba_proj_bias",
+    "act": "hidden_act", "bcdt_norm": "rms_norm_eps"}
+
+#: Keys of the hybrid configs that only initialise, train or pick a kernel.
+HYBRID_HARMLESS = frozenset({
+    "use_mamba_kernels", "use_mambapy", "use_associative_scan", "output_router_logits",
+    "router_aux_loss_coef", "router_jitter_noise", "max_position_embeddings"})
+
+
+def mixer_config(r: ConfigReader, model_type: str, name: str, keys: Mapping[str, str],
+                 hidden: int) -> MixerConfig:
+    """The plugin mixer `name` with the settings it reads through the family's key table (a
+    typed refusal saying what to install when no plugin provides it)."""
+    try:
+        spec = mixer(name, f"{r.src}: model_type {model_type!r}")
+    except UnsupportedModelError as exc:
+        raise UnsupportedModelError(f"{exc}; the state-space mixers come with mi-ssm (pip "
+                                    f"install 'mi-core[ssm]')") from None
+    return MixerConfig(name, spec, spec.settings(r, keys, hidden))
+
+
+def _periodic(r: ConfigReader, n: int, period_key: str, offset_key: str,
+              defaults: tuple[int, int]) -> tuple[bool, ...]:
+    """Layer i is marked where i % period == offset (transformers' Jamba schedule)."""
+    period = r.int(period_key, defaults[0])
+    offset = r.int(offset_key, defaults[1], min=0)
+    if period < 1 or not 0 <= offset < period:
+        raise ConfigError(f"{r.src}: {offset_key} = {offset} must be in 0..{period_key} - 1 "
+                          f"(= {period - 1})")
+    return tuple(i % period == offset for i in range(n))
+
+
+def parse_jamba(r: ConfigReader) -> TransformerConfig:
+    """Jamba: ``x + mixer(ln1(x))`` (Mamba-1 or attention without positions), then ``x +
+    ffn(ln2(x))`` (MoE where ``i % expert_layer_period == expert_layer_offset`` and there is
+    more than one expert, else a gated MLP)."""
+    hidden, n = r.int("hidden_size"), r.int("num_hidden_layers")
+    heads, kv, head_dim = _heads(r, hidden, "num_attention_heads", "num_key_value_heads")
+    attn = _periodic(r, n, "attn_layer_period", "attn_layer_offset", (8, 4))
+    experts = r.int("num_experts", None)
+    local = r.int("num_local_experts", None)  # transformers' attribute_map spelling
+    if experts is not None and local is not None and experts != local:
+        raise ConfigError(f"{r.src}: num_experts = {experts} and num_local_experts = {local} "
+                          f"disagree")
+    experts = experts or local or 16
+    sparse = _periodic(r, n, "expert_layer_period", "expert_layer_offset", (2, 1))
+    inter = r.int("intermediate_size")
+    moe = None
+    if experts > 1 and any(sparse):
+        moe = MoeConfig(num_experts=experts, top_k=r.int("num_experts_per_tok", 2),
+                        expert_size=inter, norm_topk_prob=False, block="feed_forward",
+                        router="router")
+    mc = mixer_config(r, "jamba", "mamba", JAMBA_MAMBA_KEYS, hidden)
+    return TransformerConfig(
+        model_type="jamba", vocab_size=r.int("vocab_size"), hidden_size=hidden, num_layers=n,
+        num_heads=heads, num_kv_heads=kv, head_dim=head_dim, intermediate_size=inter,
+        weight_names="jamba", norm_eps=r.float("rms_norm_eps", 1e-6, gt=0),
+        activation=_activation(r, "hidden_act", "silu"),
+        tie_word_embeddings=r.bool("tie_word_embeddings", False),
+        positions=Positions.NONE, layer_rope=(0,) * n, layer_windows=(None,) * n,
+        layer_mixers=tuple(ATTENTION if a else "mamba" for a in attn), mixers=(mc,),
+        moe=moe, layer_moe=tuple(s and moe is not None for s in sparse))
+
+
+JAMBA_READS = frozenset({
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "intermediate_size", "hidden_act", "rms_norm_eps",
+    "tie_word_embeddings", "attn_layer_period", "attn_layer_offset", "expert_layer_period",
+    "expert_layer_offset", "num_experts", "num_local_experts", "num_experts_per_tok",
+    *JAMBA_MAMBA_KEYS.values()})
