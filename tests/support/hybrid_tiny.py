@@ -23,11 +23,19 @@ HYBRID_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                             expert_layer_offset=0, num_experts=4, num_experts_per_tok=2,
                             mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4,
                             pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Bamba-9B: 128 heads in 1 group, attention on 3 of 32 layers; here 8 heads in 2 groups,
+    # a chunk (8) shorter than the prompts
+    "bamba": ("bamba", dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+                            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                            attn_layer_indices=[1], mamba_n_heads=8, mamba_n_groups=2,
+                            mamba_d_state=8, mamba_chunk_size=8, pad_token_id=0,
+                            bos_token_id=1, eos_token_id=2)),
 }
 
 #: name -> each layer's type as model.layer_types says it
 HYBRID_LAYER_TYPES: dict[str, list[str]] = {
     "jamba": ["mamba", "mamba", "full_attention", "mamba"],
+    "bamba": ["mamba2", "full_attention", "mamba2"],
 }
 
 

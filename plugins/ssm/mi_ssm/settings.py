@@ -132,7 +132,10 @@ def mamba2_settings(r: ConfigFields, keys: Mapping[str, str], hidden: int) -> Ma
     k = _Keys(r, keys)
     k.activation()
     d_inner = _d_inner(k, hidden)
-    heads, head_dim = k.int("n_heads"), k.int("head_dim")
+    heads = k.int("n_heads")
+    # "auto" (Bamba's mamba_d_head): d_inner / n_heads, as transformers resolves it
+    head_dim = d_inner // heads if r.get(keys.get("head_dim", "")) == "auto" else \
+        k.int("head_dim")
     if heads * head_dim != d_inner:
         raise k.fail("n_heads", f"n_heads * head_dim = {heads} * {head_dim} must equal expand "
                                 f"* hidden_size = {d_inner}")

@@ -10,17 +10,21 @@ this module knows a hybrid family's name.
 Jamba (``jamba``): Mamba-1 mixers with gained RMS norms of dt, B and C, attention without
 positions every ``attn_layer_period`` layers, a mixture of experts (softmax router, top-k
 weights not renormalised) every ``expert_layer_period`` layers, a gated MLP elsewhere.
+
+Bamba (``bamba``): Mamba-2 mixers, attention with partial rotary (half the head: transformers
+hard-codes ``partial_rotary_factor`` 0.5) on the layers ``attn_layer_indices`` lists, a gated
+MLP after every layer.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 from mi_core.plugin import ConfigError, UnsupportedModelError, mixer
 
 from mi_transformer.config.axes import ATTENTION, MixerConfig, MoeConfig, Positions, \
     TransformerConfig
-from mi_transformer.config.common import _activation, _heads
+from mi_transformer.config.common import _activation, _base, _heads, _ropes_by_type
 from mi_transformer.config.reader import ConfigReader
 
 #: Mixer setting -> Jamba's config key (mi_ssm.settings reads them).
@@ -29,10 +33,18 @@ JAMBA_MAMBA_KEYS: dict[str, str] = {
     "dt_rank": "mamba_dt_rank", "conv_bias": "mamba_conv_bias", "proj_bias": "mamba_proj_bias",
     "act": "hidden_act", "bcdt_norm": "rms_norm_eps"}
 
+#: Mixer setting -> Bamba's (and Granite 4's) config key.
+BAMBA_MAMBA2_KEYS: dict[str, str] = {
+    "d_state": "mamba_d_state", "expand": "mamba_expand", "d_conv": "mamba_d_conv",
+    "n_heads": "mamba_n_heads", "head_dim": "mamba_d_head", "n_groups": "mamba_n_groups",
+    "conv_bias": "mamba_conv_bias", "proj_bias": "mamba_proj_bias", "act": "hidden_act",
+    "norm_eps": "rms_norm_eps", "dt_limit": "time_step_limit"}
+
 #: Keys of the hybrid configs that only initialise, train or pick a kernel.
 HYBRID_HARMLESS = frozenset({
     "use_mamba_kernels", "use_mambapy", "use_associative_scan", "output_router_logits",
-    "router_aux_loss_coef", "router_jitter_noise", "max_position_embeddings"})
+    "router_aux_loss_coef", "router_jitter_noise", "max_position_embeddings",
+    "mamba_chunk_size", "num_logits_to_keep", "z_loss_coefficient"})
 
 
 def mixer_config(r: ConfigReader, model_type: str, name: str, keys: Mapping[str, str],
@@ -96,3 +108,49 @@ JAMBA_READS = frozenset({
     "tie_word_embeddings", "attn_layer_period", "attn_layer_offset", "expert_layer_period",
     "expert_layer_offset", "num_experts", "num_local_experts", "num_experts_per_tok",
     *JAMBA_MAMBA_KEYS.values()})
+
+
+def _attention_layers(r: ConfigReader, key: str, n: int) -> tuple[bool, ...]:
+    """Layer i is an attention layer where the list `key` names it (indices in range)."""
+    idx = r.list(key) or []
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n for i in idx):
+        raise r.bad(key, idx, f"a list of layer indices in 0..{n - 1}")
+    return tuple(i in idx for i in range(n))
+
+
+def _rotary_half(r: ConfigReader, base: dict[str, Any]) -> None:
+    """Bamba's rotary dims: transformers overrides any ``partial_rotary_factor`` with 0.5, so
+    a config saying otherwise would be read differently by it: refused."""
+    params = r.mapping("rope_parameters") or {}
+    for where, value in (("partial_rotary_factor", r.get("partial_rotary_factor")),
+                         ("rope_parameters.partial_rotary_factor",
+                          params.get("partial_rotary_factor"))):
+        if value is not None and value != 0.5:
+            raise ConfigError(f"{r.src}: {where} = {value!r}: transformers always uses 0.5 "
+                              f"for this family")
+    base["rotary_dim"] = base["head_dim"] // 2
+
+
+def parse_bamba(r: ConfigReader) -> TransformerConfig:
+    """Bamba: ``x + mixer(ln1(x))`` (Mamba-2, or attention with half-rotary RoPE), then ``x +
+    mlp(ln2(x))``."""
+    base = _base(r, "bamba", eps_default=1e-5)
+    n, hidden = base["num_layers"], base["hidden_size"]
+    _rotary_half(r, base)
+    bias = r.bool("attention_bias", False)
+    attn = _attention_layers(r, "attn_layer_indices", n)
+    mc = mixer_config(r, "bamba", "mamba2", BAMBA_MAMBA2_KEYS, hidden)
+    ropes = _ropes_by_type(r)
+    return TransformerConfig(
+        **base, weight_names="jamba", qkv_bias=bias, o_bias=bias,
+        mlp_bias=r.bool("mlp_bias", False), ropes=(ropes["full_attention"],),
+        layer_rope=(0,) * n, layer_windows=(None,) * n,
+        layer_mixers=tuple(ATTENTION if a else "mamba2" for a in attn), mixers=(mc,))
+
+
+BAMBA_READS = frozenset({
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "intermediate_size", "hidden_act", "rms_norm_eps",
+    "tie_word_embeddings", "max_position_embeddings", "attention_bias", "mlp_bias",
+    "attn_layer_indices", "rope_theta", "rope_scaling", "rope_parameters",
+    "partial_rotary_factor", *BAMBA_MAMBA2_KEYS.values()})

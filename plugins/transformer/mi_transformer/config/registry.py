@@ -12,7 +12,9 @@ from mi_transformer.config.axes import TransformerConfig
 from mi_transformer.config.families_gpt import (
     parse_falcon, parse_gpt2, parse_gpt_neox, parse_gptj, parse_opt, parse_phi, parse_stablelm,
 )
-from mi_transformer.config.families_hybrid import HYBRID_HARMLESS, JAMBA_READS, parse_jamba
+from mi_transformer.config.families_hybrid import (
+    BAMBA_READS, HYBRID_HARMLESS, JAMBA_READS, parse_bamba, parse_jamba,
+)
 from mi_transformer.config.families_llama import (
     _GEMMA3_MM_KEYS, _GEMMA_HARMLESS, parse_cohere, parse_gemma, parse_gemma2, parse_gemma3,
     parse_gemma3_text, parse_granite, parse_helium, parse_llama, parse_mistral, parse_olmo,
@@ -154,6 +156,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     # hybrids: a schedule of state-space mixers (mi-ssm) and attention, each with an MLP
     _family("jamba", parse_jamba, JAMBA_READS, harmless=HYBRID_HARMLESS | SSM_HARMLESS,
             note="Mamba-1 (gained dt/B/C norms) + attention without positions, MoE"),
+    _family("bamba", parse_bamba, BAMBA_READS, harmless=HYBRID_HARMLESS | SSM_HARMLESS,
+            note="Mamba-2 + attention with half-rotary RoPE, MLP after each"),
 ]}
 
 
