@@ -36,7 +36,8 @@ def test_logits_and_every_layers_residual_stream_match_transformers(hybrid) -> N
     for i in range(L):
         diff = (cache[mi.HookPoint.resid_pre(i)] - ref.hidden_states[i]).abs().max().item()
         assert diff < TOL, (i, diff)
-    assert cache.output.std().item() > 0.5  # unit scale: the comparison is not of zeros
+    # unit scale (Granite's logits_scaling 2 halves them): the comparison is not of zeros
+    assert cache.output.std().item() > 0.3
     assert model.layer_types == HYBRID_LAYER_TYPES[hybrid]
 
 

@@ -30,12 +30,31 @@ HYBRID_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                             attn_layer_indices=[1], mamba_n_heads=8, mamba_n_groups=2,
                             mamba_d_state=8, mamba_chunk_size=8, pad_token_id=0,
                             bos_token_id=1, eos_token_id=2)),
+    # Granite 4.0-H: multipliers != 1, MoE + shared MLP, RoPE on ("rope"); the dense variant
+    # (no experts: the shared MLP alone) without positions, as Granite-4.0-H-Micro
+    "granitemoehybrid": ("granitemoehybrid", dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=24, shared_intermediate_size=40,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        layer_types=["mamba", "attention", "mamba"], position_embedding_type="rope",
+        num_local_experts=4, num_experts_per_tok=2, mamba_n_heads=8, mamba_n_groups=2,
+        mamba_d_state=8, mamba_chunk_size=8, embedding_multiplier=1.5,
+        residual_multiplier=0.7, attention_multiplier=0.3, logits_scaling=2.0, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2)),
+    "granitemoehybrid_dense": ("granitemoehybrid", dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=24, shared_intermediate_size=40,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        layer_types=["attention", "mamba"], position_embedding_type="nope",
+        num_local_experts=0, mamba_n_heads=8, mamba_n_groups=1, mamba_d_state=8,
+        mamba_chunk_size=8, residual_multiplier=0.5, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)),
 }
 
 #: name -> each layer's type as model.layer_types says it
 HYBRID_LAYER_TYPES: dict[str, list[str]] = {
     "jamba": ["mamba", "mamba", "full_attention", "mamba"],
     "bamba": ["mamba2", "full_attention", "mamba2"],
+    "granitemoehybrid": ["mamba2", "full_attention", "mamba2"],
+    "granitemoehybrid_dense": ["full_attention", "mamba2"],
 }
 
 

@@ -43,8 +43,10 @@ def mixer_block(be: Backend, i: int, x: torch.Tensor, run: HookRun,
         state = past.states.get(step)
         if state is None:
             state = past.states[step] = mixer.new_state(x.shape[0])
-    m = run.apply(n.mixer_out, mixer.forward(h, run, state=state, active=masks.new_valid(),
-                                             offset=masks.offset))
+    m = mixer.forward(h, run, state=state, active=masks.new_valid(), offset=masks.offset)
+    if c.residual_scale != 1.0:  # Granite 4: every branch scaled before the residual add
+        m = m * c.residual_scale
+    m = run.apply(n.mixer_out, m)
     x = (x.float() if c.residual_fp32 else x) + m
     if c.has_mlp(i):
         x = run.apply(n.resid_mid, x)

@@ -123,6 +123,8 @@ NAME_TABLES: dict[str, NameTable] = {
     "jamba": NameTable(final_norm="model.final_layernorm", ln2="pre_ff_layernorm",
                        mlp_in="feed_forward.gate_proj", mlp_up="feed_forward.up_proj",
                        mlp_out="feed_forward.down_proj", mixer="mamba"),
+    "granitemoehybrid": NameTable(mlp_gate_up="shared_mlp.input_linear",
+                                  mlp_out="shared_mlp.output_linear", mixer="mamba"),
     "falcon_two_norms": NameTable(embed="transformer.word_embeddings",
                                   final_norm="transformer.ln_f", layer="transformer.h.{i}.",
                                   ln1="ln_attn", ln2="ln_mlp", qkv="self_attention.query_key_value",

@@ -110,6 +110,12 @@ class MoeConfig:
     block: str = "mlp"
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     router: str = "gate"  # the router's module inside the block (Jamba: "router")
+    #: experts stored as two 3-D tensors in the block, expert_names[0] [n, 2 * d_expert,
+    #: d_model] (rows [gate | up]) and expert_names[2] [n, d_model, d_expert] (Granite 4)
+    fused_experts: bool = False
+    #: the shared expert's module beside the block, with a fused [gate | up] expert_names[0]
+    #: and expert_names[2] (Granite 4's shared_mlp); "" = block.shared_expert.{gate,up,down}_proj
+    shared_module: str = ""
 
     def __attrs_post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:

@@ -14,6 +14,12 @@ weights not renormalised) every ``expert_layer_period`` layers, a gated MLP else
 Bamba (``bamba``): Mamba-2 mixers, attention with partial rotary (half the head: transformers
 hard-codes ``partial_rotary_factor`` 0.5) on the layers ``attn_layer_indices`` lists, a gated
 MLP after every layer.
+
+GraniteMoeHybrid (``granitemoehybrid``, Granite 4.0-H): Bamba's mixers and Granite's
+multipliers (embedding, residual branches, attention scale, logits divisor), attention with
+full RoPE or none (``position_embedding_type``), after each layer a mixture of experts (top-k
+of the router logits, softmax over them) plus an always-on shared MLP, or the shared MLP
+alone (``num_local_experts`` 0).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any, Mapping
 
 from mi_core.plugin import ConfigError, UnsupportedModelError, mixer
 
-from mi_transformer.config.axes import ATTENTION, MixerConfig, MoeConfig, Positions, \
+from mi_transformer.config.axes import ATTENTION, MixerConfig, MlpLayout, MoeConfig, Positions, \
     TransformerConfig
 from mi_transformer.config.common import _activation, _base, _heads, _ropes_by_type
 from mi_transformer.config.reader import ConfigReader
@@ -153,4 +159,56 @@ BAMBA_READS = frozenset({
     "num_key_value_heads", "head_dim", "intermediate_size", "hidden_act", "rms_norm_eps",
     "tie_word_embeddings", "max_position_embeddings", "attention_bias", "mlp_bias",
     "attn_layer_indices", "rope_theta", "rope_scaling", "rope_parameters",
+    "partial_rotary_factor", *BAMBA_MAMBA2_KEYS.values()})
+
+
+#: layer_types spellings: the hub's Granite 4 configs ("mamba" / "attention") and
+#: transformers 5's ("linear_attention" / "full_attention")
+_GRANITE_TYPES = {"mamba": False, "linear_attention": False, "attention": True,
+                  "full_attention": True}
+
+
+def parse_granitemoehybrid(r: ConfigReader) -> TransformerConfig:
+    """Granite 4.0-H: ``x + s * mixer(ln1(x))`` (Mamba-2 or attention), then ``x + s *
+    (moe(h) + shared_mlp(h))`` with h = ln2(x) and s = residual_multiplier."""
+    base = _base(r, "granitemoehybrid")
+    n, hidden = base["num_layers"], base["hidden_size"]
+    types = r.list("layer_types") or ["mamba"] * n
+    if len(types) != n or any(t not in _GRANITE_TYPES for t in types):
+        raise r.bad("layer_types", types, f"{n} entries of {sorted(_GRANITE_TYPES)}")
+    pos = r.str("position_embedding_type", "nope", choices=("rope", "nope"))
+    bias = r.bool("attention_bias", False)
+    shared = r.int("shared_intermediate_size", 1024)
+    experts = r.int("num_local_experts", 8, min=0)
+    top_k = r.int("num_experts_per_tok", 2)  # read (unused) without experts too
+    moe = None
+    if experts:
+        moe = MoeConfig(num_experts=experts, top_k=top_k,
+                        expert_size=base["intermediate_size"], norm_topk_prob=True,
+                        shared_expert_size=shared, block="block_sparse_moe",
+                        router="router.layer", expert_names=("input_linear", "", "output_linear"),
+                        fused_experts=True, shared_module="shared_mlp")
+    else:  # the shared MLP alone: a fused gated MLP of shared_intermediate_size
+        base["intermediate_size"] = shared
+    mc = mixer_config(r, "granitemoehybrid", "mamba2", BAMBA_MAMBA2_KEYS, hidden)
+    return TransformerConfig(
+        **base, weight_names="granitemoehybrid", qkv_bias=bias, o_bias=bias,
+        mlp_layout=MlpLayout.GATED_FUSED, moe=moe, layer_moe=(moe is not None,) * n,
+        positions=Positions.ROPE if pos == "rope" else Positions.NONE,
+        ropes=(_ropes_by_type(r)["full_attention"],), layer_rope=(0,) * n,
+        layer_windows=(None,) * n,
+        layer_mixers=tuple(ATTENTION if _GRANITE_TYPES[t] else "mamba2" for t in types),
+        mixers=(mc,), embedding_scale=r.float("embedding_multiplier", 1.0, gt=0),
+        residual_scale=r.float("residual_multiplier", 1.0, gt=0),
+        attn_multiplier=r.float("attention_multiplier", 1.0, gt=0),
+        logit_scale=1.0 / r.float("logits_scaling", 1.0, gt=0))
+
+
+GRANITEMOEHYBRID_READS = frozenset({
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "intermediate_size", "hidden_act", "rms_norm_eps",
+    "tie_word_embeddings", "max_position_embeddings", "attention_bias", "layer_types",
+    "position_embedding_type", "shared_intermediate_size", "num_local_experts",
+    "num_experts_per_tok", "embedding_multiplier", "residual_multiplier",
+    "attention_multiplier", "logits_scaling", "rope_theta", "rope_scaling", "rope_parameters",
     "partial_rotary_factor", *BAMBA_MAMBA2_KEYS.values()})

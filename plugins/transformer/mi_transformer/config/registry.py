@@ -13,7 +13,8 @@ from mi_transformer.config.families_gpt import (
     parse_falcon, parse_gpt2, parse_gpt_neox, parse_gptj, parse_opt, parse_phi, parse_stablelm,
 )
 from mi_transformer.config.families_hybrid import (
-    BAMBA_READS, HYBRID_HARMLESS, JAMBA_READS, parse_bamba, parse_jamba,
+    BAMBA_READS, GRANITEMOEHYBRID_READS, HYBRID_HARMLESS, JAMBA_READS, parse_bamba,
+    parse_granitemoehybrid, parse_jamba,
 )
 from mi_transformer.config.families_llama import (
     _GEMMA3_MM_KEYS, _GEMMA_HARMLESS, parse_cohere, parse_gemma, parse_gemma2, parse_gemma3,
@@ -158,6 +159,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
             note="Mamba-1 (gained dt/B/C norms) + attention without positions, MoE"),
     _family("bamba", parse_bamba, BAMBA_READS, harmless=HYBRID_HARMLESS | SSM_HARMLESS,
             note="Mamba-2 + attention with half-rotary RoPE, MLP after each"),
+    _family("granitemoehybrid", parse_granitemoehybrid, GRANITEMOEHYBRID_READS,
+            harmless=HYBRID_HARMLESS | SSM_HARMLESS,
+            note="Granite 4.0-H: Mamba-2 + attention (RoPE or none), MoE + shared MLP, "
+                 "Granite multipliers"),
 ]}
 
 
