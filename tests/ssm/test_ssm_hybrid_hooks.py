@@ -26,13 +26,19 @@ def test_each_layer_has_its_mixers_points_then_its_mlps_with_their_shapes(hybrid
     model = hybrid_model(hybrid)
     names = [p.name for p in model.hook_points()]
     for i, kind in enumerate(HYBRID_LAYER_TYPES[hybrid]):
-        mine = [n for n in names if n.startswith(f"blocks.{i}.")]
-        attn = f"blocks.{i}.attn.hook_pattern" in mine
+        p = f"blocks.{i}."
+        mine = [n for n in names if n.startswith(p)]
+        attn = p + "attn.hook_pattern" in mine
         assert attn == (kind == "full_attention"), (i, kind)
-        assert (f"blocks.{i}.ssm.hook_y" in mine) == (not attn)
-        mixer_out = f"blocks.{i}.hook_attn_out" if attn else f"blocks.{i}.hook_mixer_out"
-        assert mine.index(mixer_out) < mine.index(f"blocks.{i}.hook_resid_mid") < \
-            mine.index(f"blocks.{i}.hook_mlp_out") < mine.index(f"blocks.{i}.hook_resid_post")
+        assert (p + "ssm.hook_y" in mine) == (kind not in ("full_attention", "mlp"))
+        # Nemotron-H: one sublayer per layer (a mixer, attention or an MLP alone)
+        has_mlp = kind == "mlp" or hybrid != "nemotron_h"
+        assert (p + "hook_mlp_out" in mine) == has_mlp
+        order = [p + "hook_attn_out", p + "hook_mixer_out", p + "hook_resid_mid",
+                 p + "hook_mlp_out", p + "hook_resid_post"]
+        at = [mine.index(n) for n in order if n in mine]
+        assert at == sorted(at) and len(at) == 1 + attn + (kind not in ("full_attention", "mlp")) \
+            + 2 * has_mlp - (kind == "mlp"), (i, kind, at)
     ids = ssm_ids(2, 11, seed=1)
     cache = model.forward(ids, mi.HookSpec().capture_all(names))
     for n in names:  # (-1: a key axis, any length)
@@ -45,7 +51,7 @@ def test_effective_attention_times_x_is_hook_y_on_every_mixer_layer(hybrid) -> N
     model = hybrid_model(hybrid)
     ids = ssm_ids(2, 13, seed=2)
     for i, kind in enumerate(HYBRID_LAYER_TYPES[hybrid]):
-        if kind == "full_attention":
+        if kind in ("full_attention", "mlp"):
             continue
         n = f"blocks.{i}.ssm."
         cache = model.forward(ids, mi.HookSpec().capture_all(
@@ -57,8 +63,10 @@ def test_effective_attention_times_x_is_hook_y_on_every_mixer_layer(hybrid) -> N
         assert (ax - y).abs().max().item() < 1e-5 * max(1.0, y.abs().max().item())
 
 
-#: family -> (our layer, its mixer layer's module in transformers, the in_proj's module)
-_MODULES = {"jamba": (0, "mamba"), "bamba": (0, "mamba"), "granitemoehybrid": (0, "mamba")}
+#: family -> (our layer, its mixer's module in transformers)
+_MODULES = {"jamba": (0, "model.layers.0.mamba"), "bamba": (0, "model.layers.0.mamba"),
+            "granitemoehybrid": (0, "model.layers.0.mamba"),
+            "nemotron_h": (3, "model.layers.3.mixer")}
 
 
 @pytest.mark.parametrize("name", sorted(_MODULES))
@@ -74,7 +82,7 @@ def test_an_intervention_equals_transformers_with_a_hook_on_the_same_module(
         return x * 1.7
 
     ours = model.forward(ids, mi.HookSpec().intervene(f"blocks.{layer}.{point}", scale)).output
-    target = t.hf.model.layers[layer].get_submodule(f"{mixer}.{module}")
+    target = t.hf.get_submodule(f"{mixer}.{module}")
     # (Granite scales the mixer's output by residual_multiplier after out_proj: scaling
     # either is the same linear change)
     assert_matches_hf_with_hook(ours, t.hf, ids, target, lambda m, i, o: scale(o))

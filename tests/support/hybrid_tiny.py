@@ -47,6 +47,14 @@ HYBRID_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         num_local_experts=0, mamba_n_heads=8, mamba_n_groups=1, mamba_d_state=8,
         mamba_chunk_size=8, residual_multiplier=0.5, pad_token_id=0, bos_token_id=1,
         eos_token_id=2)),
+    # Nemotron-H: Mamba-2 (8 heads, 2 groups; heads x head_dim != expand x hidden, as in
+    # Nemotron-Nano-9B-v2), an MLP-only layer, attention with an explicit head_dim, legacy
+    # hybrid_override_pattern (transformers 5 saves layers_block_type)
+    "nemotron_h": ("nemotron_h", dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, hybrid_override_pattern="M-*M",
+        num_attention_heads=4, num_key_value_heads=2, head_dim=12, mamba_num_heads=8,
+        mamba_head_dim=6, n_groups=2, ssm_state_size=8, chunk_size=8, expand=2,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }
 
 #: name -> each layer's type as model.layer_types says it
@@ -55,6 +63,7 @@ HYBRID_LAYER_TYPES: dict[str, list[str]] = {
     "bamba": ["mamba2", "full_attention", "mamba2"],
     "granitemoehybrid": ["mamba2", "full_attention", "mamba2"],
     "granitemoehybrid_dense": ["full_attention", "mamba2"],
+    "nemotron_h": ["mamba2", "mlp", "full_attention", "mamba2"],
 }
 
 

@@ -128,14 +128,20 @@ def mamba_settings(r: ConfigFields, keys: Mapping[str, str], hidden: int) -> Mam
 def mamba2_settings(r: ConfigFields, keys: Mapping[str, str], hidden: int) -> Mamba2Settings:
     """Mamba-2 settings: n_heads, head_dim, n_groups, d_state, expand (d_inner must equal
     n_heads * head_dim), d_conv, conv_bias, proj_bias, norm_eps (the gated RMS norm), dt_limit
-    ([lo, hi], hi may be infinite), act (silu); ``gated_norm`` (where named) only true."""
+    ([lo, hi], hi may be infinite) or dt_min (Nemotron-H: [dt_min, inf]), act (silu);
+    ``gated_norm`` (where named) only true. Without ``expand`` in the table d_inner is
+    n_heads * head_dim."""
     k = _Keys(r, keys)
     k.activation()
-    d_inner = _d_inner(k, hidden)
     heads = k.int("n_heads")
-    # "auto" (Bamba's mamba_d_head): d_inner / n_heads, as transformers resolves it
-    head_dim = d_inner // heads if r.get(keys.get("head_dim", "")) == "auto" else \
-        k.int("head_dim")
+    if "expand" in keys:
+        d_inner = _d_inner(k, hidden)
+        # "auto" (Bamba's mamba_d_head): d_inner / n_heads, as transformers resolves it
+        head_dim = d_inner // heads if r.get(keys.get("head_dim", "")) == "auto" else \
+            k.int("head_dim")
+    else:  # no expand in the table (Nemotron-H): d_inner is heads x head_dim
+        head_dim = k.int("head_dim")
+        d_inner = heads * head_dim
     if heads * head_dim != d_inner:
         raise k.fail("n_heads", f"n_heads * head_dim = {heads} * {head_dim} must equal expand "
                                 f"* hidden_size = {d_inner}")
@@ -150,7 +156,8 @@ def mamba2_settings(r: ConfigFields, keys: Mapping[str, str], hidden: int) -> Ma
                           n_groups=groups, d_state=k.int("d_state"), d_conv=k.int("d_conv", 4),
                           conv_bias=k.flag("conv_bias", True), proj_bias=k.flag("proj_bias", False),
                           norm_eps=k.number("norm_eps", 1e-5, gt=0),
-                          dt_limit=_dt_limit(r, keys.get("dt_limit")))
+                          dt_limit=(k.number("dt_min", 0.0, ge=0), math.inf) if "dt_min" in keys
+                          else _dt_limit(r, keys.get("dt_limit")))
 
 
 def _dt_limit(r: ConfigFields, key: str | None) -> tuple[float, float]:

@@ -68,10 +68,12 @@ class TransformerBackend:
                 n.moe = MoeNames.of(i, config.moe.num_experts)
             n.rotary = config.positions is Positions.ROPE and (
                 not config.layer_use_rope or config.layer_use_rope[i])
+            n.has_mlp = config.has_mlp(i)
         self.settings = [LayerSettings.of(config, i) for i in range(config.num_layers)]
         #: each layer's mixer (the LayerTypes capability): attention, or a plugin's mixer
         self.layer_types = [
             mc.name if (mc := config.mixer_of(i)) is not None
+            else "mlp" if not config.has_attention(i)
             else "full_attention" if s.window is None else "sliding_attention"
             for i, s in enumerate(self.settings)]
         for i, lw in enumerate(weights.layers):
@@ -120,7 +122,7 @@ class TransformerBackend:
 
         x = self._embed(ids, positions, run)
         for step, layer in enumerate(schedule):
-            if w.layers[layer].mixer is not None:  # a plugin's mixer (mi_transformer.mixers)
+            if w.layers[layer].attn is None:  # a plugin's mixer or no mixer (mixers.py)
                 x = mixer_block(self, layer, x, run, past, step, masks)
             else:
                 r = self.settings[layer].rope
@@ -158,6 +160,8 @@ class TransformerBackend:
         if c.residual_scale != 1.0:  # Granite: branch outputs scaled before the residual add
             a = a * c.residual_scale
         a = run.apply(n.attn_out, a)
+        if not n.has_mlp:  # an attention layer without an MLP (Nemotron-H)
+            return run.apply(n.resid_post, x + a)
         if sequential:
             x = run.apply(n.resid_mid, x + a)
         m = self._mlp(i, x, run, h)
@@ -225,7 +229,7 @@ class TransformerBackend:
         c = self.config
         names = ["hook_embed"] + (["hook_pos_embed"] if c.positions is Positions.LEARNED else [])
         for i, n in enumerate(self.names):
-            names += n.in_order(c) if self.w.layers[i].mixer is None else \
+            names += n.in_order(c) if self.w.layers[i].attn is not None else \
                 mixer_layer_points(self, i)
         names += ["ln_final.hook_scale", "ln_final.hook_normalized"]
         return [HookPoint.parse(n) for n in names]
@@ -467,6 +471,7 @@ class LayerNames:
     rotary: bool = True  # False: no hook_rot_q / hook_rot_k (no rotary, or a NoPE layer)
     mixer_in: str = ""  # a plugin mixer's input point (the norm's output), e.g. ssm.hook_in
     mixer_out: str = ""  # hook_mixer_out: what a plugin mixer adds to the residual stream
+    has_mlp: bool = True  # False: the layer ends after attention (no MLP points)
 
     @classmethod
     def of(cls, i: int) -> "LayerNames":
@@ -505,6 +510,8 @@ class LayerNames:
         out += [a.scores, a.pattern, a.z, a.result]
         out += [self.ln1_post_scale, self.ln1_post_normalized] if c.post_norms else []
         out += [self.attn_out]
+        if not self.has_mlp:
+            return out + [self.resid_post]
         out += [self.resid_mid] if c.block is BlockLayout.SEQUENTIAL else []
         return out + self.mlp_points(c) + [self.resid_post]
 

@@ -123,6 +123,13 @@ NAME_TABLES: dict[str, NameTable] = {
     "jamba": NameTable(final_norm="model.final_layernorm", ln2="pre_ff_layernorm",
                        mlp_in="feed_forward.gate_proj", mlp_up="feed_forward.up_proj",
                        mlp_out="feed_forward.down_proj", mixer="mamba"),
+    # Nemotron-H: one norm and one "mixer" module per layer, which is the Mamba-2 mixer, the
+    # attention or the MLP (an MLP-only layer's norm is its ln2)
+    "nemotron_h": NameTable(embed="backbone.embeddings", final_norm="backbone.norm_f",
+                            layer="backbone.layers.{i}.", ln1="norm", ln2="norm",
+                            q="mixer.q_proj", k="mixer.k_proj", v="mixer.v_proj",
+                            o="mixer.o_proj", mlp_in="mixer.up_proj", mlp_out="mixer.down_proj",
+                            mixer="mixer"),
     "granitemoehybrid": NameTable(mlp_gate_up="shared_mlp.input_linear",
                                   mlp_out="shared_mlp.output_linear", mixer="mamba"),
     "falcon_two_norms": NameTable(embed="transformer.word_embeddings",
@@ -194,14 +201,18 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
             prefix = t.layer.format(i=i) + t.mixer + "."
             for name, shape in mixer.spec.tensors(mixer.settings).items():
                 out[prefix + name] = Entry("mixer:" + name, i, tuple(shape))
+        elif not cfg.has_attention(i):  # MLP_ONLY: no mixer's tensors
+            pass
         elif cfg.qkv_layout is QkvLayout.SEPARATE:
             for slot, rows in (("q", h * hd), ("k", kv * hd), ("v", kv * hd)):
                 add(i, slot, getattr(t, slot), _linear(t, rows, d), cfg.qkv_bias)
         else:
             add(i, "qkv", t.qkv, _linear(t, (h + 2 * kv) * hd, d), cfg.qkv_bias)
-        if mixer is None:
+        if cfg.has_attention(i):
             _attention_extras(t, cfg, add, i, (qn, kn))
         for slot, name in norms.items():
+            if not cfg.has_attention(i) and mixer is None and slot in ("ln1", "ln1_post"):
+                continue  # MLP_ONLY: the layer's one norm is ln2
             if cfg.has_mlp(i) or slot in ("ln1", "ln1_post"):
                 add(i, slot, name, (d,), cfg.norm_bias)
         if not cfg.has_mlp(i):
@@ -454,7 +465,7 @@ class _Slots:
     def layer(self, i: int) -> LayerWeights:
         cfg, tensors = self.cfg, self.tensors
         spec = cfg.mixer_of(i)
-        attn = self.attn(i) if spec is None else None
+        attn = self.attn(i) if cfg.has_attention(i) else None
         mlp = self.mlp(i) if cfg.has_mlp(i) else None
         mixer = None
         if spec is not None:  # the plugin builds its mixer from its own tensors
@@ -467,7 +478,7 @@ class _Slots:
         has_ln2 = (i, "ln2.weight") in tensors or (
             not cfg.norm_affine and cfg.block is not BlockLayout.PARALLEL_SHARED_NORM)
         return LayerWeights(
-            ln1=self.norm(i, "ln1") if pre else None,
+            ln1=self.norm(i, "ln1") if pre and (spec is not None or attn is not None) else None,
             ln2=self.norm(i, "ln2") if pre and has_ln2 else None,
             attn=attn, mlp=mlp,
             ln1_post=self.norm(i, "ln1_post") if cfg.post_norms else None,

@@ -26,7 +26,8 @@ Every name is importable from here; the modules, in import order (none imports a
 
 from mi_transformer.config.auto import AUTO_FAMILY, auto_config, parse_config
 from mi_transformer.config.axes import (
-    ATTENTION, Activation, BlockLayout, MixerConfig, MlpLayout, MoeConfig, NormType, Positions,
+    ATTENTION, MLP_ONLY, Activation, BlockLayout, MixerConfig, MlpLayout, MoeConfig, NormType,
+    Positions,
     QkvLayout, RopeConfig, RopeLayout, RopeScaling, TransformerConfig,
 )
 from mi_transformer.config.families_gpt import (
@@ -45,7 +46,7 @@ from mi_transformer.config.reader import ConfigReader, UnknownKeysError
 from mi_transformer.config.registry import FAMILIES, FAMILY_PARSERS, Family, family_parsers
 
 __all__ = [
-    "ATTENTION", "AUTO_FAMILY", "Activation", "BlockLayout", "ConfigReader", "FAMILIES",
+    "ATTENTION", "AUTO_FAMILY", "MLP_ONLY", "Activation", "BlockLayout", "ConfigReader", "FAMILIES",
     "FAMILY_PARSERS", "Family", "MixerConfig", "MlpLayout", "MoeConfig", "NormType",
     "Positions", "QkvLayout", "RopeConfig", "RopeLayout", "RopeScaling", "TransformerConfig",
     "UnknownKeysError", "auto_config", "family_parsers", "parse_cohere", "parse_config",

@@ -27,6 +27,7 @@ class Activation(enum.Enum):
     GELU_TANH = "gelu_tanh"
     GELU = "gelu"
     RELU = "relu"
+    RELU2 = "relu2"  # relu(x) ** 2 (Nemotron-H)
 
 
 class QkvLayout(enum.Enum):
@@ -125,6 +126,8 @@ class MoeConfig:
 
 #: The layer type of an attention layer in ``TransformerConfig.layer_mixers``.
 ATTENTION = "attention"
+#: A layer without a sequence mixer: ``x + mlp(norm(x))`` (Nemotron-H's "mlp" layers).
+MLP_ONLY = "mlp"
 
 
 @attrs.frozen
@@ -234,7 +237,8 @@ class TransformerConfig:
                 raise ConfigError(f"{where}: {name} has {len(flags)} entries for "
                                   f"{self.num_layers} layers")
         named = {m.name for m in self.mixers}
-        unknown = sorted({t for t in self.layer_mixers if t != ATTENTION and t not in named})
+        unknown = sorted({t for t in self.layer_mixers
+                          if t not in (ATTENTION, MLP_ONLY) and t not in named})
         if unknown:
             raise ConfigError(f"{where}: layer_mixers names {unknown}, which no mixer config gives")
         if any(self.layer_moe) and self.moe is None:
@@ -263,7 +267,11 @@ class TransformerConfig:
     def mixer_of(self, layer: int) -> MixerConfig | None:
         """The non-attention mixer of `layer`, or None for an attention layer."""
         name = self.layer_mixers[layer] if self.layer_mixers else ATTENTION
-        return None if name == ATTENTION else next(m for m in self.mixers if m.name == name)
+        return None if name in (ATTENTION, MLP_ONLY) else \
+            next(m for m in self.mixers if m.name == name)
+
+    def has_attention(self, layer: int) -> bool:
+        return not self.layer_mixers or self.layer_mixers[layer] == ATTENTION
 
     def has_mlp(self, layer: int) -> bool:
         return not self.layer_mlp or self.layer_mlp[layer]

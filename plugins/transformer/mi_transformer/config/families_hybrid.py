@@ -20,6 +20,10 @@ multipliers (embedding, residual branches, attention scale, logits divisor), att
 full RoPE or none (``position_embedding_type``), after each layer a mixture of experts (top-k
 of the router logits, softmax over them) plus an always-on shared MLP, or the shared MLP
 alone (``num_local_experts`` 0).
+
+Nemotron-H (``nemotron_h``): every layer is ``x + f(norm(x))`` with f one of Mamba-2,
+attention without positions, or a squared-ReLU MLP (``MLP_ONLY``); the mixture-of-experts
+layers of Nemotron-3 (sigmoid routing with group top-k) are refused.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ from typing import Any, Mapping
 
 from mi_core.plugin import ConfigError, UnsupportedModelError, mixer
 
-from mi_transformer.config.axes import ATTENTION, MixerConfig, MlpLayout, MoeConfig, Positions, \
-    TransformerConfig
+from mi_transformer.config.axes import ATTENTION, MLP_ONLY, MixerConfig, MlpLayout, MoeConfig, \
+    Positions, TransformerConfig
 from mi_transformer.config.common import _activation, _base, _heads, _ropes_by_type
 from mi_transformer.config.reader import ConfigReader
 
@@ -212,3 +216,84 @@ GRANITEMOEHYBRID_READS = frozenset({
     "num_experts_per_tok", "embedding_multiplier", "residual_multiplier",
     "attention_multiplier", "logits_scaling", "rope_theta", "rope_scaling", "rope_parameters",
     "partial_rotary_factor", *BAMBA_MAMBA2_KEYS.values()})
+
+
+#: Nemotron-H's layer kinds: transformers 5's names and hybrid_override_pattern's letters
+_NEMOTRON_TYPES = {"linear_attention": "mamba2", "full_attention": ATTENTION, "mlp": MLP_ONLY,
+                   "M": "mamba2", "*": ATTENTION, "-": MLP_ONLY}
+#: legacy spelling -> the key transformers 5 reads (its config moves them on load)
+_NEMOTRON_LEGACY = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel",
+                    "mamba_expand": "expand", "mamba_dt_min": "time_step_min",
+                    "mamba_dt_max": "time_step_max", "mamba_dt_limit": "time_step_limit",
+                    "mamba_conv_bias": "use_conv_bias", "mamba_chunk_size": "chunk_size"}
+
+
+def _nemotron_schedule(r: ConfigReader) -> list[str]:
+    kinds = r.list("layers_block_type")
+    pattern = r.str("hybrid_override_pattern", None)
+    if kinds is None and pattern is None:
+        raise ConfigError(f"{r.src}: neither layers_block_type nor hybrid_override_pattern "
+                          f"says which layer is which")
+    given = list(kinds) if kinds is not None else list(pattern or "")
+    if pattern is not None and kinds is not None and \
+            [_NEMOTRON_TYPES.get(c) for c in pattern] != [_NEMOTRON_TYPES.get(k) for k in kinds]:
+        raise ConfigError(f"{r.src}: hybrid_override_pattern {pattern!r} disagrees with "
+                          f"layers_block_type")
+    bad = sorted({repr(k) for k in given if k not in _NEMOTRON_TYPES})
+    if bad:
+        moe = " (mixture-of-experts layers are not supported)" if \
+            {"'moe'", "'E'"} & set(bad) else ""
+        raise ConfigError(f"{r.src}: layer kinds {bad} not supported{moe}; supported: "
+                          f"Mamba-2, attention, MLP")
+    return [_NEMOTRON_TYPES[k] for k in given]
+
+
+def parse_nemotron_h(r: ConfigReader) -> TransformerConfig:
+    """Nemotron-H: one of Mamba-2 / attention (no positions) / relu2 MLP per layer."""
+    kinds = _nemotron_schedule(r)
+    n, hidden = len(kinds), r.int("hidden_size")
+    if r.has("num_hidden_layers") and r.int("num_hidden_layers") != n:
+        raise ConfigError(f"{r.src}: num_hidden_layers = {r.get('num_hidden_layers')} but the "
+                          f"schedule has {n} layers")
+    heads, kv, head_dim = _heads(r, hidden, "num_attention_heads", "num_key_value_heads")
+    key = {new: old for old, new in _NEMOTRON_LEGACY.items() if r.has(old)}
+    keys = {"d_state": "ssm_state_size", "d_conv": key.get("conv_kernel", "conv_kernel"),
+            "n_heads": "mamba_num_heads", "head_dim": "mamba_head_dim",
+            "n_groups": key.get("n_groups", "n_groups"), "conv_bias": key.get(
+                "use_conv_bias", "use_conv_bias"), "proj_bias": "use_bias",
+            "act": "mamba_hidden_act", "norm_eps": "layer_norm_epsilon",
+            "dt_min": key.get("time_step_min", "time_step_min")}
+    mc = mixer_config(r, "nemotron_h", "mamba2", keys, hidden)
+    r.refuse_unless("residual_in_fp32", False, "transformers' Nemotron-H never reads it: "
+                    "the residual stream is in the model's dtype")
+    return TransformerConfig(
+        model_type="nemotron_h", vocab_size=r.int("vocab_size"), hidden_size=hidden,
+        num_layers=n, num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
+        intermediate_size=r.int("intermediate_size"), weight_names="nemotron_h",
+        norm_eps=r.float("layer_norm_epsilon", 1e-5, gt=0),
+        activation=_activation(r, "mlp_hidden_act", "relu2"), mlp_layout=MlpLayout.PLAIN,
+        mlp_bias=r.bool("mlp_bias", False),
+        tie_word_embeddings=r.bool("tie_word_embeddings", False), positions=Positions.NONE,
+        layer_rope=(0,) * n, layer_windows=(None,) * n, layer_mixers=tuple(kinds),
+        mixers=(mc,), layer_mlp=tuple(k == MLP_ONLY for k in kinds))
+
+
+NEMOTRON_H_READS = frozenset({
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "intermediate_size", "mlp_hidden_act", "mlp_bias",
+    "layer_norm_epsilon", "tie_word_embeddings", "layers_block_type",
+    "hybrid_override_pattern", "ssm_state_size", "mamba_num_heads", "mamba_head_dim",
+    "mamba_hidden_act", "use_bias", "residual_in_fp32", "conv_kernel", "n_groups",
+    "use_conv_bias", "time_step_min", *_NEMOTRON_LEGACY})
+
+#: Nemotron-H keys transformers does not read for the numbers (the mixer's dt is clamped at
+#: time_step_min, not time_step_limit; expand is implied by heads x head_dim; its attention
+#: has no biases whatever attention_bias says), or MoE / MTP
+#: keys that only matter with MoE / MTP layers, which are refused.
+NEMOTRON_H_HARMLESS = frozenset({
+    "attention_bias", "time_step_limit", "expand", "time_step_max", "time_step_floor", "mamba_proj_bias",
+    "mamba_ssm_cache_dtype", "num_logits_to_keep", "sliding_window", "n_routed_experts",
+    "n_shared_experts", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
+    "moe_latent_size", "moe_shared_expert_overlap", "num_experts_per_tok",
+    "routed_scaling_factor", "n_group", "topk_group", "norm_topk_prob",
+    "num_nextn_predict_layers", "mtp_layers_block_type", "mtp_hybrid_override_pattern"})
