@@ -1,6 +1,6 @@
 """The analyses and views on a representative of each hybrid group (Jamba: Mamba-1 +
 attention + MoE; Granite 4.0-H: Mamba-2 + attention + MoE with a shared MLP and Granite's
-multipliers): attention knockout on the attention layers beside state knockout on the mixer
+multipliers; Nemotron-H: one sublayer per layer, MLP-only layers): attention knockout on the attention layers beside state knockout on the mixer
 ones, steering of both kinds, logit lens, patching, decomposition, SAE splicing, the
 attention view reading a softmax pattern or an effective attention per layer."""
 
@@ -21,7 +21,7 @@ from mi_core.interp import (
 from tests.support.hybrid_tiny import HYBRID_LAYER_TYPES, hybrid_model
 from tests.support.ssm_tiny import ssm_ids
 
-GROUPS = ["jamba", "granitemoehybrid"]
+GROUPS = ["jamba", "granitemoehybrid", "nemotron_h"]
 
 
 @pytest.fixture(params=GROUPS)
@@ -77,9 +77,11 @@ def test_logit_lens_patching_and_decomposition(rep) -> None:
     assert abs(float(last.grid[0, 0]) - 1.0) < 1e-4
     cache = run_for_decomposition(model, ssm_ids(1, 9, seed=6))
     stack, labels = decompose_resid(cache, model.num_layers)
-    kinds = ["attn" if t == "full_attention" else "mixer" for t in HYBRID_LAYER_TYPES[rep]]
-    assert labels == ["embed"] + [f"{i}_{k}" for i, k in enumerate(kinds)
-                                  for k in (k, "mlp")]
+    kinds = [{"full_attention": ["attn"], "mlp": ["mlp"]}.get(t, ["mixer"])
+             for t in HYBRID_LAYER_TYPES[rep]]
+    if rep != "nemotron_h":  # the others: every layer's mixer or attention, then its MLP
+        kinds = [k + ["mlp"] for k in kinds]
+    assert labels == ["embed"] + [f"{i}_{k}" for i, ks in enumerate(kinds) for k in ks]
     final = cache[mi.HookPoint.resid_post(model.num_layers - 1)]
     assert (stack.sum(0) - final).abs().max().item() < 1e-4
 
