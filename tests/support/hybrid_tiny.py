@@ -87,10 +87,14 @@ _MODELS: dict[str, Any] = {}
 
 def tiny_hybrid(name: str) -> TinySsm:
     """The tiny checkpoint `name`, built once per process (in a temporary directory)."""
+    import atexit
+    import shutil
     import tempfile
 
     if name not in _CACHE:
-        _CACHE[name] = make_tiny_hybrid(Path(tempfile.mkdtemp(prefix="tiny_hybrid_")), name)
+        root = tempfile.mkdtemp(prefix="tiny_hybrid_")
+        atexit.register(shutil.rmtree, root, ignore_errors=True)  # leave no files behind
+        _CACHE[name] = make_tiny_hybrid(Path(root), name)
     return _CACHE[name]
 
 
