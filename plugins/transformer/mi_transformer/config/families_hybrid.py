@@ -208,6 +208,11 @@ def parse_granitemoehybrid(r: ConfigReader) -> TransformerConfig:
         logit_scale=1.0 / r.float("logits_scaling", 1.0, gt=0))
 
 
+#: Granite 4.0-H configs' training-time keys: the initialisation scheme only.
+GRANITEMOEHYBRID_HARMLESS = frozenset({"init_method"})
+#: ... and a key that names what transformers always does (RMS norms).
+GRANITEMOEHYBRID_NEUTRAL = {"normalization_function": "rmsnorm"}
+
 GRANITEMOEHYBRID_READS = frozenset({
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "intermediate_size", "hidden_act", "rms_norm_eps",
@@ -291,7 +296,10 @@ NEMOTRON_H_READS = frozenset({
 #: has no biases whatever attention_bias says), or MoE / MTP
 #: keys that only matter with MoE / MTP layers, which are refused.
 NEMOTRON_H_HARMLESS = frozenset({
-    "attention_bias", "time_step_limit", "expand", "time_step_max", "time_step_floor", "mamba_proj_bias",
+    # auto_map: the remote code these checkpoints shipped with before transformers had the
+    # family; transformers 5 runs its own implementation (which we match) unless told to
+    # trust remote code
+    "auto_map", "attention_bias", "time_step_limit", "expand", "time_step_max", "time_step_floor", "mamba_proj_bias",
     "mamba_ssm_cache_dtype", "num_logits_to_keep", "sliding_window", "n_routed_experts",
     "n_shared_experts", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
     "moe_latent_size", "moe_shared_expert_overlap", "num_experts_per_tok",

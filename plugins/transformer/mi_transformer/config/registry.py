@@ -14,7 +14,8 @@ from mi_transformer.config.families_gpt import (
     parse_falcon, parse_gpt2, parse_gpt_neox, parse_gptj, parse_opt, parse_phi, parse_stablelm,
 )
 from mi_transformer.config.families_hybrid import (
-    BAMBA_READS, GRANITEMOEHYBRID_READS, HYBRID_HARMLESS, JAMBA_READS, NEMOTRON_H_HARMLESS,
+    BAMBA_READS, GRANITEMOEHYBRID_HARMLESS, GRANITEMOEHYBRID_NEUTRAL, GRANITEMOEHYBRID_READS,
+    HYBRID_HARMLESS, JAMBA_READS, NEMOTRON_H_HARMLESS,
     NEMOTRON_H_READS, parse_bamba, parse_granitemoehybrid, parse_jamba, parse_nemotron_h,
 )
 from mi_transformer.config.families_llama import (
@@ -194,9 +195,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     _family("bamba", parse_bamba, BAMBA_READS, harmless=HYBRID_HARMLESS | SSM_HARMLESS,
             note="Mamba-2 + attention with half-rotary RoPE, MLP after each"),
     _family("granitemoehybrid", parse_granitemoehybrid, GRANITEMOEHYBRID_READS,
-            harmless=HYBRID_HARMLESS | SSM_HARMLESS,
+            harmless=HYBRID_HARMLESS | SSM_HARMLESS | GRANITEMOEHYBRID_HARMLESS,
             note="Granite 4.0-H: Mamba-2 + attention (RoPE or none), MoE + shared MLP, "
-                 "Granite multipliers"),
+                 "Granite multipliers",
+            neutral={**ROTARY, **GRANITEMOEHYBRID_NEUTRAL}),
     _family("nemotron_h", parse_nemotron_h, NEMOTRON_H_READS,
             harmless=HYBRID_HARMLESS | SSM_HARMLESS | NEMOTRON_H_HARMLESS,
             note="Mamba-2 / attention / relu2 MLP layers (MoE layers refused)", neutral={}),
