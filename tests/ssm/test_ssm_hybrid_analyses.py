@@ -1,8 +1,9 @@
 """The analyses and views on a representative of each hybrid group (Jamba: Mamba-1 +
 attention + MoE; Granite 4.0-H: Mamba-2 + attention + MoE with a shared MLP and Granite's
-multipliers; Nemotron-H: one sublayer per layer, MLP-only layers): attention knockout on the attention layers beside state knockout on the mixer
-ones, steering of both kinds, logit lens, patching, decomposition, SAE splicing, the
-attention view reading a softmax pattern or an effective attention per layer."""
+multipliers; Nemotron-H: one sublayer per layer, MLP-only layers): attention knockout on
+the attention layers beside state knockout on the mixer ones, steering of both kinds, logit
+lens, patching, decomposition, SAE splicing, the attention view reading a softmax pattern or
+an effective attention per layer."""
 
 from __future__ import annotations
 

@@ -299,7 +299,8 @@ NEMOTRON_H_HARMLESS = frozenset({
     # auto_map: the remote code these checkpoints shipped with before transformers had the
     # family; transformers 5 runs its own implementation (which we match) unless told to
     # trust remote code
-    "auto_map", "attention_bias", "time_step_limit", "expand", "time_step_max", "time_step_floor", "mamba_proj_bias",
+    "auto_map", "attention_bias", "time_step_limit", "expand", "time_step_max",
+    "time_step_floor", "mamba_proj_bias",
     "mamba_ssm_cache_dtype", "num_logits_to_keep", "sliding_window", "n_routed_experts",
     "n_shared_experts", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
     "moe_latent_size", "moe_shared_expert_overlap", "num_experts_per_tok",
