@@ -1,17 +1,22 @@
-"""Mamba, Falcon-Mamba and Mamba-2 at real widths: mi-transformer + mi-ssm against
+"""Mamba, Falcon-Mamba, Mamba-2 and the hybrids (Jamba, Bamba, Granite 4.0-H, Nemotron-H) at
+real widths: mi-transformer + mi-ssm against
 transformers' own CPU path (its torch fallbacks: the sequential selective scan for Mamba-1,
 the chunked SSD for Mamba-2), same weights, same dtype, side by side.
 
 Random weights at the 130m checkpoints' widths (d_model 768, vocab 50280; Mamba: d_state 16,
 expand 2, dt_rank 48; Mamba-2: 24 heads x 64, d_state 128, 1 group, chunk 256) with fewer
-layers (`--layers`, default 6) to keep a run short on a shared machine; built with
+layers (`--layers`, default 6) to keep a run short on a shared machine; the hybrids at the
+same width with attention on layer 2 (12 heads, 4 KV heads), Mamba-2 mixers of 24 heads x 64
+(d_state 128, 1 group), MLPs of 2048 (Jamba: 8 experts top-2 on odd layers; Granite: 8
+experts of 512 top-2 + a shared MLP of 1024; Nemotron-H: pattern M-M*M-, relu2 MLP of
+3072). Built with
 transformers, saved as safetensors, loaded by us from that directory. CPU, batch 2 x
 `--seq` random ids. Each row: the median of `--reps` runs taken round-robin, our empty-hook
 forward and transformers' forward (``use_cache=False``), their ratio, and the max logit
 difference. Target: ours <= 1.05x transformers.
 
     .venv/bin/python bench/bench_ssm.py [--reps 5] [--threads N] [--seq 256] [--layers 6]
-        [--dtype float32|bfloat16] [--only mamba,falcon_mamba,mamba2]
+        [--dtype float32|bfloat16] [--only mamba,falcon_mamba,mamba2,jamba,bamba,...]
 """
 
 from __future__ import annotations
@@ -29,14 +34,38 @@ import mi_core as mi
 from _timing import round_robin  # bench/ is on sys.path when run as a script
 
 BATCH = 2
-FAMILIES = ("mamba", "falcon_mamba", "mamba2")
+FAMILIES = ("mamba", "falcon_mamba", "mamba2", "jamba", "bamba", "granitemoehybrid",
+            "nemotron_h")
+_ATTN = dict(num_attention_heads=12, num_key_value_heads=4)
+_M2 = dict(mamba_n_heads=24, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128,
+           mamba_chunk_size=256)
+#: the hybrids' configs (AutoConfig.for_model kwargs besides the common ones)
+HYBRIDS: dict[str, dict[str, Any]] = {
+    "jamba": dict(intermediate_size=2048, attn_layer_period=4, attn_layer_offset=2,
+                  expert_layer_period=2, expert_layer_offset=1, num_experts=8,
+                  num_experts_per_tok=2, mamba_d_state=16, mamba_dt_rank=48, **_ATTN),
+    "bamba": dict(intermediate_size=2048, attn_layer_indices=[2], **_M2, **_ATTN),
+    "granitemoehybrid": dict(intermediate_size=512, shared_intermediate_size=1024,
+                             num_local_experts=8, num_experts_per_tok=2,
+                             position_embedding_type="rope", **_M2, **_ATTN),
+    "nemotron_h": dict(intermediate_size=3072, hybrid_override_pattern="M-M*M-", head_dim=64,
+                       mamba_num_heads=24, mamba_head_dim=64, n_groups=1, ssm_state_size=128,
+                       chunk_size=256, **_ATTN),
+}
 
 
 def _hf(kind: str, layers: int, dtype: torch.dtype) -> Any:
     import transformers as tf
 
     common = dict(hidden_size=768, num_hidden_layers=layers, vocab_size=50280)
-    if kind == "mamba2":
+    if kind in HYBRIDS:
+        extra = dict(HYBRIDS[kind])
+        if kind == "granitemoehybrid":
+            extra["layer_types"] = ["attention" if i == 2 else "mamba" for i in range(layers)]
+        if kind == "nemotron_h":
+            del common["num_hidden_layers"]  # the pattern says how many
+        cfg = tf.AutoConfig.for_model(kind, **common, **extra)
+    elif kind == "mamba2":
         cfg = tf.Mamba2Config(state_size=128, num_heads=24, head_dim=64, n_groups=1,
                               expand=2, chunk_size=256, **common)
     else:

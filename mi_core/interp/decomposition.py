@@ -29,19 +29,25 @@ def decomposition_points(model: MIModel, heads: bool = False) -> list[HookPoint]
     """The points a decomposition needs (capture them, then call the functions below).
 
     A layer whose mixer is not attention (``hook_mixer_out`` instead of ``hook_attn_out``)
-    contributes its mixer output, and its resid_mid / MLP output only where it has an MLP."""
+    contributes its mixer output, and its resid_mid / MLP output only where it has an MLP;
+    a layer with an MLP alone (no mixer) its MLP output, an attention layer without an MLP its
+    attention output."""
     pts = [HookPoint.resid_pre(0)]
     if model.has_hook_point(HookPoint.ln_final_scale()):  # needed by apply_ln_to_stack only
         pts.append(HookPoint.ln_final_scale())
     for i in range(model.num_layers):
-        if not model.has_hook_point(HookPoint.attn_out(i)) \
-                and model.has_hook_point(HookPoint.mixer_out(i)):
-            pts += [HookPoint.mixer_out(i)] + [p for p in (
-                HookPoint.resid_mid(i), HookPoint.mlp_out(i)) if model.has_hook_point(p)]
+        if not model.has_hook_point(HookPoint.attn_out(i)) and (
+                model.has_hook_point(HookPoint.mixer_out(i))
+                or model.has_hook_point(HookPoint.mlp_out(i))):
+            pts += [p for p in (HookPoint.mixer_out(i), HookPoint.resid_mid(i),
+                                HookPoint.mlp_out(i)) if model.has_hook_point(p)]
             pts.append(HookPoint.resid_post(i))
             continue
-        pts += [HookPoint.resid_mid(i), HookPoint.attn_out(i), HookPoint.mlp_out(i),
-                HookPoint.resid_post(i)]
+        if model.has_hook_point(HookPoint.mlp_out(i)):
+            pts += [HookPoint.resid_mid(i), HookPoint.attn_out(i), HookPoint.mlp_out(i),
+                    HookPoint.resid_post(i)]
+        else:  # an attention layer without an MLP
+            pts += [HookPoint.attn_out(i), HookPoint.resid_post(i)]
         if heads:
             pts.append(HookPoint.attn_z(i))
     return pts

@@ -525,15 +525,17 @@ def layer_outputs(layers: int, attn: bool = True, mlp: bool = True, attn_label: 
     """(point, label) of each layer's attention / MLP output before `layers`, in order.
 
     `has(point)`: whether the model has a point. Given, a layer without ``hook_attn_out``
-    but with ``hook_mixer_out`` (a recurrent mixer) contributes that ("{i}_mixer..."), and a
-    layer without ``hook_mlp_out`` no MLP term."""
+    but with ``hook_mixer_out`` (a recurrent mixer) contributes that ("{i}_mixer..."), a
+    layer with neither (an MLP alone) no such term, and a layer without ``hook_mlp_out`` no
+    MLP term."""
     out: list[tuple[HookPoint, str]] = []
     for i in range(layers):
         if attn:
             a, label = HookPoint.attn_out(i), f"{i}{attn_label}"
             if has is not None and not has(a) and has(HookPoint.mixer_out(i)):
                 a, label = HookPoint.mixer_out(i), f"{i}{attn_label.replace('attn', 'mixer')}"
-            out.append((a, label))
+            if has is None or has(a):
+                out.append((a, label))
         if mlp and (has is None or has(HookPoint.mlp_out(i))):
             out.append((HookPoint.mlp_out(i), f"{i}{mlp_label}"))
     return out

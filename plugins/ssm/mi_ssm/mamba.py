@@ -1,5 +1,5 @@
-"""Mamba-1: the selective scan (Gu & Dao 2023), and Falcon-Mamba's variant (weightless RMS
-norms of dt, B and C).
+"""Mamba-1: the selective scan (Gu & Dao 2023), Falcon-Mamba's variant (weightless RMS
+norms of dt, B and C) and Jamba's (the same norms with gains).
 
 ``in_proj`` -> [x | z]; x -> causal depthwise conv -> SiLU -> ``x_proj`` -> [dt_r | B | C];
 ``dt = softplus(dt_proj(dt_r))`` [d_inner]; per channel c and state dimension n,
@@ -31,13 +31,18 @@ def mamba_tensors(s: MambaSettings) -> dict[str, tuple[int, ...]]:
         out["conv1d.bias"] = (e,)
     if s.proj_bias:
         out.update({"in_proj.bias": (2 * e,), "out_proj.bias": (d,)})
+    if s.bcdt_norm_weights:  # Jamba
+        out.update({"dt_layernorm.weight": (r,), "b_layernorm.weight": (n,),
+                    "c_layernorm.weight": (n,)})
     return out
 
 
-def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """Weightless RMS norm over the last axis, in F32 (Falcon-Mamba's B / C / dt norms)."""
+def _rms(x: torch.Tensor, eps: float, w: torch.Tensor | None = None) -> torch.Tensor:
+    """RMS norm over the last axis in F32, back in x's dtype, then times the gain `w` if any
+    (Falcon-Mamba's weightless B / C / dt norms; Jamba's JambaRMSNorm)."""
     xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return out if w is None else w * out
 
 
 class MambaMixer:
@@ -56,6 +61,7 @@ class MambaMixer:
         self.A = -torch.exp(w["A_log"].float())                          # [d_inner, d_state]
         self.D = w["D"]
         self.w_out, self.b_out = w["out_proj.weight"], w.get("out_proj.bias")
+        self.bcdt_w = tuple(w.get(f"{k}_layernorm.weight") for k in ("dt", "b", "c"))
 
     def hook_shape(self, suffix: str, batch: int, seq: int) -> tuple[int, ...] | None:
         s = self.s
@@ -84,7 +90,7 @@ class MambaMixer:
         xc = run.apply(n.conv, F.silu(conv))                              # [B, T, E]
         dt_r, B, C = F.linear(xc, self.w_x).split([s.dt_rank, s.d_state, s.d_state], dim=-1)
         if s.bcdt_norm_eps is not None:
-            dt_r, B, C = (_rms(v, s.bcdt_norm_eps) for v in (dt_r, B, C))
+            dt_r, B, C = (_rms(v, s.bcdt_norm_eps, g) for v, g in zip((dt_r, B, C), self.bcdt_w))
         dt = run.apply(n.dt, F.softplus((dt_r @ self.w_dt.T).float() + self.b_dt.float()))
         B = run.apply(n.B, B.unsqueeze(2))                                # [B, T, 1, N]
         C = run.apply(n.C, C.unsqueeze(2))

@@ -34,6 +34,8 @@ class MambaSettings:
     proj_bias: bool
     #: Falcon-Mamba: weightless RMS norms of dt (before dt_proj), B and C with this eps
     bcdt_norm_eps: float | None = None
+    #: Jamba: the same norms with gains (``dt_layernorm`` / ``b_layernorm`` / ``c_layernorm``)
+    bcdt_norm_weights: bool = False
 
 
 @attrs.frozen
@@ -104,29 +106,42 @@ def _d_inner(k: _Keys, hidden: int) -> int:
 
 def mamba_settings(r: ConfigFields, keys: Mapping[str, str], hidden: int) -> MambaSettings:
     """Mamba-1 settings: d_state, expand (d_inner), d_conv, dt_rank ("auto": ceil(d / 16)),
-    conv_bias, proj_bias, act (silu), bcdt_norm_eps (only where the table names it)."""
+    conv_bias, proj_bias, act (silu), bcdt_norm_eps (only where the table names it:
+    weightless norms of dt, B, C) or bcdt_norm (the same norms with gains, the key naming
+    their eps: Jamba's ``rms_norm_eps``)."""
     k = _Keys(r, keys)
     k.activation()
     rank_key = keys.get("dt_rank")
     raw = r.get(rank_key) if rank_key else None
     dt_rank = math.ceil(hidden / 16) if raw in (None, "auto") else k.int("dt_rank")
-    eps = k.number("bcdt_norm_eps", None, gt=0) if "bcdt_norm_eps" in keys else None
-    if "bcdt_norm_eps" in keys and eps is None:
-        eps = 1e-6  # transformers' FalconMambaConfig default
+    which = "bcdt_norm" if "bcdt_norm" in keys else "bcdt_norm_eps"
+    eps = k.number(which, None, gt=0) if which in keys else None
+    if which in keys and eps is None:
+        eps = 1e-6  # transformers' FalconMambaConfig / JambaConfig default
     return MambaSettings(d_model=hidden, d_inner=_d_inner(k, hidden), d_state=k.int("d_state"),
                          d_conv=k.int("d_conv", 4), dt_rank=dt_rank,
                          conv_bias=k.flag("conv_bias", True), proj_bias=k.flag("proj_bias", False),
-                         bcdt_norm_eps=eps)
+                         bcdt_norm_eps=eps,
+                         bcdt_norm_weights=which == "bcdt_norm" and eps is not None)
 
 
 def mamba2_settings(r: ConfigFields, keys: Mapping[str, str], hidden: int) -> Mamba2Settings:
     """Mamba-2 settings: n_heads, head_dim, n_groups, d_state, expand (d_inner must equal
     n_heads * head_dim), d_conv, conv_bias, proj_bias, norm_eps (the gated RMS norm), dt_limit
-    ([lo, hi], hi may be infinite), act (silu); ``gated_norm`` (where named) only true."""
+    ([lo, hi], hi may be infinite) or dt_min (Nemotron-H: [dt_min, inf]), act (silu);
+    ``gated_norm`` (where named) only true. Without ``expand`` in the table d_inner is
+    n_heads * head_dim."""
     k = _Keys(r, keys)
     k.activation()
-    d_inner = _d_inner(k, hidden)
-    heads, head_dim = k.int("n_heads"), k.int("head_dim")
+    heads = k.int("n_heads")
+    if "expand" in keys:
+        d_inner = _d_inner(k, hidden)
+        # "auto" (Bamba's mamba_d_head): d_inner / n_heads, as transformers resolves it
+        head_dim = d_inner // heads if r.get(keys.get("head_dim", "")) == "auto" else \
+            k.int("head_dim")
+    else:  # no expand in the table (Nemotron-H): d_inner is heads x head_dim
+        head_dim = k.int("head_dim")
+        d_inner = heads * head_dim
     if heads * head_dim != d_inner:
         raise k.fail("n_heads", f"n_heads * head_dim = {heads} * {head_dim} must equal expand "
                                 f"* hidden_size = {d_inner}")
@@ -141,7 +156,8 @@ def mamba2_settings(r: ConfigFields, keys: Mapping[str, str], hidden: int) -> Ma
                           n_groups=groups, d_state=k.int("d_state"), d_conv=k.int("d_conv", 4),
                           conv_bias=k.flag("conv_bias", True), proj_bias=k.flag("proj_bias", False),
                           norm_eps=k.number("norm_eps", 1e-5, gt=0),
-                          dt_limit=_dt_limit(r, keys.get("dt_limit")))
+                          dt_limit=(k.number("dt_min", 0.0, ge=0), math.inf) if "dt_min" in keys
+                          else _dt_limit(r, keys.get("dt_limit")))
 
 
 def _dt_limit(r: ConfigFields, key: str | None) -> tuple[float, float]:

@@ -37,14 +37,18 @@ def mixer_block(be: Backend, i: int, x: torch.Tensor, run: HookRun,
     c, lw, n = be.config, be.w.layers[i], be.names[i]
     mixer = lw.mixer
     x = run.apply(n.resid_pre, x)
+    if mixer is None:  # a layer without a sequence mixer: x + mlp(norm(x)) (MLP_ONLY)
+        return run.apply(n.resid_post, x + be._mlp(i, x, run))
     h = lw.ln1(x.to(be.dtype), run, n.ln1_scale, n.ln1_normalized, out_name=n.mixer_in)
     state = None
     if past is not None:
         state = past.states.get(step)
         if state is None:
             state = past.states[step] = mixer.new_state(x.shape[0])
-    m = run.apply(n.mixer_out, mixer.forward(h, run, state=state, active=masks.new_valid(),
-                                             offset=masks.offset))
+    m = mixer.forward(h, run, state=state, active=masks.new_valid(), offset=masks.offset)
+    if c.residual_scale != 1.0:  # Granite 4: every branch scaled before the residual add
+        m = m * c.residual_scale
+    m = run.apply(n.mixer_out, m)
     x = (x.float() if c.residual_fp32 else x) + m
     if c.has_mlp(i):
         x = run.apply(n.resid_mid, x)
@@ -56,6 +60,8 @@ def mixer_layer_points(be: Backend, i: int) -> list[str]:
     """Layer `i`'s hook names in execution order: the residual and norm points, the mixer's
     own, ``hook_mixer_out``, then the MLP half's where the layer has one."""
     n, mixer = be.names[i], be.w.layers[i].mixer
+    if mixer is None:  # MLP_ONLY
+        return [n.resid_pre] + n.mlp_points(be.config) + [n.resid_post]
     out = [n.resid_pre, n.ln1_scale, n.ln1_normalized]
     out += [f"blocks.{i}.{p}" for p in mixer.points] + [n.mixer_out]
     if be.config.has_mlp(i):

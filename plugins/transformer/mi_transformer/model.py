@@ -73,10 +73,12 @@ class TransformerBackend:
             n.rotary = config.positions is Positions.ROPE and (
                 not config.layer_use_rope or config.layer_use_rope[i])
             n.qk_norm = config.qk_norm and (not config.layer_qk_norm or config.layer_qk_norm[i])
+            n.has_mlp = config.has_mlp(i)
         self.settings = [LayerSettings.of(config, i) for i in range(config.num_layers)]
         #: each layer's mixer (the LayerTypes capability): attention, or a plugin's mixer
         self.layer_types = [
             mc.name if (mc := config.mixer_of(i)) is not None
+            else "mlp" if not config.has_attention(i)
             else "sliding_attention" if s.window is not None
             else "chunked_attention" if s.chunk is not None else "full_attention"
             for i, s in enumerate(self.settings)]
@@ -134,7 +136,7 @@ class TransformerBackend:
                 on[x.device] = ([(c_.to(x.device), s_.to(x.device)) for c_, s_ in rope],
                                 masks.to(x.device))
             r_tables, r_masks = on[x.device]
-            if w.layers[layer].mixer is not None:  # a plugin's mixer (mi_transformer.mixers)
+            if w.layers[layer].attn is None:  # a plugin's mixer or no mixer (mixers.py)
                 x = mixer_block(self, layer, x, run, past, step, r_masks)
             else:
                 r = self.settings[layer].rope
@@ -174,6 +176,8 @@ class TransformerBackend:
         if c.residual_scale != 1.0:  # Granite: branch outputs scaled before the residual add
             a = a * c.residual_scale
         a = run.apply(n.attn_out, a)
+        if not n.has_mlp:  # an attention layer without an MLP (Nemotron-H)
+            return run.apply(n.resid_post, x + a)
         if sequential:
             x = run.apply(n.resid_mid, x + a)
         m = self._mlp(i, x, run, h)
@@ -242,7 +246,7 @@ class TransformerBackend:
         c = self.config
         names = ["hook_embed"] + (["hook_pos_embed"] if c.positions is Positions.LEARNED else [])
         for i, n in enumerate(self.names):
-            names += n.in_order(c) if self.w.layers[i].mixer is None else \
+            names += n.in_order(c) if self.w.layers[i].attn is not None else \
                 mixer_layer_points(self, i)
         names += ["ln_final.hook_scale", "ln_final.hook_normalized"]
         return [HookPoint.parse(n) for n in names]
@@ -507,6 +511,7 @@ class LayerNames:
     mixer_in: str = ""  # a plugin mixer's input point (the norm's output), e.g. ssm.hook_in
     mixer_out: str = ""  # hook_mixer_out: what a plugin mixer adds to the residual stream
     qk_norm: bool = False  # this layer has q/k norms (q_ln / k_ln points)
+    has_mlp: bool = True  # False: the layer ends after attention (no MLP points)
 
     @classmethod
     def of(cls, i: int) -> "LayerNames":
@@ -560,6 +565,8 @@ class LayerNames:
         out += [a.scores, a.pattern, a.z, a.result]
         out += [self.ln1_post_scale, self.ln1_post_normalized] if c.post_norms else []
         out += [self.attn_out]
+        if not self.has_mlp:
+            return out + [self.resid_post]
         out += [self.resid_mid] if c.block is BlockLayout.SEQUENTIAL else []
         return out + self.mlp_points(c) + [self.resid_post]
 

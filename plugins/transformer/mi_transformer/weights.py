@@ -142,6 +142,20 @@ NAME_TABLES: dict[str, NameTable] = {
     # state-space families: one norm and a mixer per layer (mi_transformer.mixers)
     "mamba": NameTable(embed="backbone.embeddings", final_norm="backbone.norm_f",
                        layer="backbone.layers.{i}.", ln1="norm", ln2="", mixer="mixer"),
+    # hybrids (mi_transformer.config.families_hybrid): mixer and attention layers, each
+    # with an MLP (or MoE) after its own norm
+    "jamba": NameTable(final_norm="model.final_layernorm", ln2="pre_ff_layernorm",
+                       mlp_in="feed_forward.gate_proj", mlp_up="feed_forward.up_proj",
+                       mlp_out="feed_forward.down_proj", mixer="mamba"),
+    # Nemotron-H: one norm and one "mixer" module per layer, which is the Mamba-2 mixer, the
+    # attention or the MLP (an MLP-only layer's norm is its ln2)
+    "nemotron_h": NameTable(embed="backbone.embeddings", final_norm="backbone.norm_f",
+                            layer="backbone.layers.{i}.", ln1="norm", ln2="norm",
+                            q="mixer.q_proj", k="mixer.k_proj", v="mixer.v_proj",
+                            o="mixer.o_proj", mlp_in="mixer.up_proj", mlp_out="mixer.down_proj",
+                            mixer="mixer"),
+    "granitemoehybrid": NameTable(mlp_gate_up="shared_mlp.input_linear",
+                                  mlp_out="shared_mlp.output_linear", mixer="mamba"),
     "falcon_two_norms": NameTable(embed="transformer.word_embeddings",
                                   final_norm="transformer.ln_f", layer="transformer.h.{i}.",
                                   ln1="ln_attn", ln2="ln_mlp", qkv="self_attention.query_key_value",
@@ -211,10 +225,14 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
             prefix = t.layer.format(i=i) + t.mixer + "."
             for name, shape in mixer.spec.tensors(mixer.settings).items():
                 out[prefix + name] = Entry("mixer:" + name, i, tuple(shape))
+        elif not cfg.has_attention(i):  # MLP_ONLY: no mixer's tensors
+            pass
         else:
             out.update(_attn_extras(cfg, t, i))  # latent projections (MLA), sinks
             _attention_tensors(t, cfg, add, i, (qn, kn))
         for slot, name in norms.items():
+            if not cfg.has_attention(i) and mixer is None and slot in ("ln1", "ln1_post"):
+                continue  # MLP_ONLY: the layer's one norm is ln2
             if cfg.has_mlp(i) or slot in ("ln1", "ln1_post"):
                 add(i, slot, name, (d,), cfg.norm_bias)
         if not cfg.has_mlp(i):
@@ -565,7 +583,7 @@ class _Slots:
     def layer(self, i: int) -> LayerWeights:
         cfg, tensors = self.cfg, self.tensors
         spec = cfg.mixer_of(i)
-        attn = self.attn(i) if spec is None else None
+        attn = self.attn(i) if cfg.has_attention(i) else None
         mlp = self.mlp(i) if cfg.has_mlp(i) else None
         mixer = None
         if spec is not None:  # the plugin builds its mixer from its own tensors
@@ -578,7 +596,7 @@ class _Slots:
         has_ln2 = (i, "ln2.weight") in tensors or (
             not cfg.norm_affine and cfg.block is not BlockLayout.PARALLEL_SHARED_NORM)
         return LayerWeights(
-            ln1=self.norm(i, "ln1") if pre else None,
+            ln1=self.norm(i, "ln1") if pre and (spec is not None or attn is not None) else None,
             ln2=self.norm(i, "ln2") if pre and has_ln2 else None,
             attn=attn, mlp=mlp,
             ln1_post=self.norm(i, "ln1_post") if cfg.post_norms else None,

@@ -33,8 +33,8 @@ Every name is importable from here; the modules, in import order (none imports a
 
 from mi_transformer.config.auto import AUTO_FAMILY, auto_config, parse_config
 from mi_transformer.config.axes import (
-    ATTENTION, Activation, BlockLayout, MixerConfig, MlaConfig, MlpLayout, MoeConfig, NormType,
-    Positions, QkvLayout, RopeConfig, RopeLayout, RopeScaling, TransformerConfig,
+    ATTENTION, MLP_ONLY, Activation, BlockLayout, MixerConfig, MlaConfig, MlpLayout, MoeConfig,
+    NormType, Positions, QkvLayout, RopeConfig, RopeLayout, RopeScaling, TransformerConfig,
 )
 from mi_transformer.config.families_gpt import (
     parse_falcon, parse_gpt2, parse_gpt_neox, parse_gptj, parse_opt, parse_phi, parse_stablelm,

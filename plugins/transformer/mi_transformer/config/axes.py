@@ -27,6 +27,7 @@ class Activation(enum.Enum):
     GELU_TANH = "gelu_tanh"
     GELU = "gelu"
     RELU = "relu"
+    RELU2 = "relu2"  # relu(x) ** 2 (Nemotron-H)
     XIELU = "xielu"  # Apertus: learned alpha_p / alpha_n / beta / eps per layer (mlp.py)
 
 
@@ -110,6 +111,12 @@ class MoeConfig:
     # checkpoint names: the block module and each expert's (gate, up, down) projections
     block: str = "mlp"
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    #: experts stored as two 3-D tensors in the block, expert_names[0] [n, 2 * d_expert,
+    #: d_model] (rows [gate | up]) and expert_names[2] [n, d_model, d_expert] (Granite 4)
+    fused_experts: bool = False
+    #: the shared expert's module beside the block, with a fused [gate | up] expert_names[0]
+    #: and expert_names[2] (Granite 4's shared_mlp); "" = block.shared_expert.{gate,up,down}_proj
+    shared_module: str = ""
     # -- routing beyond softmax-top-k (mi_transformer.routing: GLM-4.5, ERNIE-4.5,
     # DeepSeek-V2/V3, Llama 4) --
     scoring: str = "softmax"  # or "sigmoid": per-expert sigmoid scores (GLM-4.5, V3, Llama 4)
@@ -151,6 +158,8 @@ class MoeConfig:
 
 #: The layer type of an attention layer in ``TransformerConfig.layer_mixers``.
 ATTENTION = "attention"
+#: A layer without a sequence mixer: ``x + mlp(norm(x))`` (Nemotron-H's "mlp" layers).
+MLP_ONLY = "mlp"
 
 
 @attrs.frozen
@@ -288,7 +297,8 @@ class TransformerConfig:
                 raise ConfigError(f"{where}: {name} has {len(flags)} entries for "
                                   f"{self.num_layers} layers")
         named = {m.name for m in self.mixers}
-        unknown = sorted({t for t in self.layer_mixers if t != ATTENTION and t not in named})
+        unknown = sorted({t for t in self.layer_mixers
+                          if t not in (ATTENTION, MLP_ONLY) and t not in named})
         if unknown:
             raise ConfigError(f"{where}: layer_mixers names {unknown}, which no mixer config gives")
         if any(c is not None and c < 1 for c in self.layer_chunks):
@@ -323,7 +333,11 @@ class TransformerConfig:
     def mixer_of(self, layer: int) -> MixerConfig | None:
         """The non-attention mixer of `layer`, or None for an attention layer."""
         name = self.layer_mixers[layer] if self.layer_mixers else ATTENTION
-        return None if name == ATTENTION else next(m for m in self.mixers if m.name == name)
+        return None if name in (ATTENTION, MLP_ONLY) else \
+            next(m for m in self.mixers if m.name == name)
+
+    def has_attention(self, layer: int) -> bool:
+        return not self.layer_mixers or self.layer_mixers[layer] == ATTENTION
 
     def has_mlp(self, layer: int) -> bool:
         return not self.layer_mlp or self.layer_mlp[layer]

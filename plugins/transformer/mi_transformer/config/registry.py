@@ -13,6 +13,11 @@ from mi_transformer.config.axes import TransformerConfig
 from mi_transformer.config.families_gpt import (
     parse_falcon, parse_gpt2, parse_gpt_neox, parse_gptj, parse_opt, parse_phi, parse_stablelm,
 )
+from mi_transformer.config.families_hybrid import (
+    BAMBA_READS, GRANITEMOEHYBRID_HARMLESS, GRANITEMOEHYBRID_NEUTRAL, GRANITEMOEHYBRID_READS,
+    HYBRID_HARMLESS, JAMBA_READS, NEMOTRON_H_HARMLESS,
+    NEMOTRON_H_READS, parse_bamba, parse_granitemoehybrid, parse_jamba, parse_nemotron_h,
+)
 from mi_transformer.config.families_llama import (
     _GEMMA3_MM_KEYS, _GEMMA_HARMLESS, parse_cohere, parse_gemma, parse_gemma2, parse_gemma3,
     parse_gemma3_text, parse_granite, parse_helium, parse_llama, parse_mistral, parse_olmo,
@@ -184,6 +189,20 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
             note="Mamba-1 mixer with B/C/dt RMS norms (mi-ssm), no MLP", neutral={}),
     _family("mamba2", parse_mamba2, MAMBA2_READS, harmless=SSM_HARMLESS | {"time_step_rank"},
             note="Mamba-2 mixer (mi-ssm), no MLP", neutral={}),
+    # hybrids: a schedule of state-space mixers (mi-ssm) and attention, each with an MLP
+    _family("jamba", parse_jamba, JAMBA_READS, harmless=HYBRID_HARMLESS | SSM_HARMLESS,
+            note="Mamba-1 (gained dt/B/C norms) + attention without positions, MoE",
+            neutral={}),
+    _family("bamba", parse_bamba, BAMBA_READS, harmless=HYBRID_HARMLESS | SSM_HARMLESS,
+            note="Mamba-2 + attention with half-rotary RoPE, MLP after each"),
+    _family("granitemoehybrid", parse_granitemoehybrid, GRANITEMOEHYBRID_READS,
+            harmless=HYBRID_HARMLESS | SSM_HARMLESS | GRANITEMOEHYBRID_HARMLESS,
+            note="Granite 4.0-H: Mamba-2 + attention (RoPE or none), MoE + shared MLP, "
+                 "Granite multipliers",
+            neutral={**ROTARY, **GRANITEMOEHYBRID_NEUTRAL}),
+    _family("nemotron_h", parse_nemotron_h, NEMOTRON_H_READS,
+            harmless=HYBRID_HARMLESS | SSM_HARMLESS | NEMOTRON_H_HARMLESS,
+            note="Mamba-2 / attention / relu2 MLP layers (MoE layers refused)", neutral={}),
 ]}
 
 
