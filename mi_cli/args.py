@@ -173,7 +173,41 @@ class Parser(argparse.ArgumentParser):
         import sys
 
         self.print_usage(sys.stderr)
-        self.exit(2, f"mi: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"mi: error: {message}{suggestion(self, message)} (see {self.prog} "
+                     "--help)\n")
+
+
+_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of `parser` and of its subcommands' parsers."""
+    out: set[str] = set()
+    for action in parser._actions:
+        out.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out |= _options(sub)
+    return out
+
+
+def suggestion(parser: argparse.ArgumentParser, message: str) -> str:
+    """"; did you mean 'knockout'?" for a mistyped command, choice or option (difflib)."""
+    import difflib
+
+    if m := _CHOICE.search(message):
+        choices = re.findall(r"'([^']*)'", m.group(2))
+        close = difflib.get_close_matches(m.group(1), choices, n=2, cutoff=0.6)
+        return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    if message.startswith("unrecognized arguments:"):
+        known = sorted(_options(parser))
+        hints = []
+        for word in message.split(":", 1)[1].split():
+            if word.startswith("-"):
+                close = difflib.get_close_matches(word.split("=")[0], known, n=1, cutoff=0.6)
+                hints += [f"{close[0]} for {word}"] if close else []
+        return f"; did you mean {', '.join(hints)}?" if hints else ""
+    return ""
 
 
 def output_options(p: argparse.ArgumentParser, top_level: bool = False) -> None:

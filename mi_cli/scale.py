@@ -66,7 +66,7 @@ def _params(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from mi_core import ConfigError
-    from mi_core.scale.analyses import JOB_FNS, aggregate, hooks_needed, plot_aggregate
+    from mi_core.scale.analyses import JOB_FNS, aggregate, hooks_needed
     from mi_core.scale.sweep import run_sweep
 
     prompts = read_prompts(args.prompts, args.analysis)
@@ -91,17 +91,28 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                              for j, e in failed]}
     (out / "results.json").write_text(json.dumps(per_prompt, indent=1) + "\n")
     agg = aggregate(args.analysis, [r for _, r in done])
+    if agg.get("n"):
+        from mi_core.interp.describe import model_label
+
+        agg["model"] = model_label(model)
     (out / "aggregate.json").write_text(json.dumps(agg, indent=1) + "\n")
     print(f"{args.analysis}: {len(done)}/{len(jobs)} prompts done, {len(failed)} failed "
           f"(store {out / 'store'})")
     if agg.get("n"):
-        rows, mean = agg["rows"], agg["mean"]
-        flat = [(rows[i], m if not isinstance(m, list) else max(m, key=abs)) for i, m in enumerate(mean)]
+        from mi_core.util.plot import plot_sweep_aggregate
+
+        # a knockout's effect in log-probability first (shift-invariant), raw logit beside
+        lp = args.analysis == "knockout" and "logprob_mean" in agg
+        mean = agg["logprob_mean"] if lp else agg["mean"]
+        metric = ("answer log-prob change in nats (knocked out - baseline)" if lp
+                  else agg["metric"])
+        flat = [(agg["rows"][i], m if not isinstance(m, list) else max(m, key=abs))
+                for i, m in enumerate(mean)]
         top = sorted(flat, key=lambda t: -abs(t[1]))[:5]
-        print(f"largest mean {agg['metric']} by {agg['row_label']}: " +
+        print(f"largest mean {metric} by {agg['row_label']}: " +
               ", ".join(f"{r}: {v:+.4g}" for r, v in top))
         plot = Path(args.plot) if args.plot else out / "aggregate.png"
-        plot_aggregate(agg, plot)
+        plot_sweep_aggregate(agg, plot)
         print(f"wrote {out / 'results.json'}, {out / 'aggregate.json'}, {plot}")
     for j, e in failed[:5]:
         print(f"mi: warning: prompt {j['index']} failed: {e.splitlines()[0]}", file=sys.stderr)
@@ -143,6 +154,10 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     if model is None:
         raise ConfigError("no --model given and no embedded default model is installed")
     hooks = [h.strip() for h in args.hooks.split(",") if h.strip()]
+    from mi_cli.preflight import check_hook_names, checkpoint_info
+
+    dims = checkpoint_info(args.model)
+    check_hook_names(hooks, "--hooks", dims.num_layers if dims is not None else None)
     dtype = getattr(torch, args.dtype) if args.dtype else None
     store = cache_activations(model, texts, hooks, args.out, context_len=args.context_len,
                               batch_size=args.batch_size, tokens_per_shard=args.tokens_per_shard,
@@ -174,7 +189,9 @@ def _executor_args(p: argparse.ArgumentParser) -> None:
                    "a local Ray)")
     p.add_argument("--overwrite", action="store_true",
                    help="discard an existing store written with another model / settings")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress (it is on stderr: a redrawn line on a terminal, a line "
+                   "per step when piped; -q also silences it)")
     A.output_options(p)
 
 

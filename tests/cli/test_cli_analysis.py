@@ -11,15 +11,19 @@ from pathlib import Path
 import pytest
 
 import mi_core as mi
-from mi_cli import demo, models, output
+from mi_cli import demo, models, output, preflight
 from mi_cli.main import main
 from tests.support.fake_backend import fake_model  # noqa: E402
 
 
 @pytest.fixture
 def fake(monkeypatch):
+    """The fake model instead of the embedded one; its dimensions and tokenizer are only
+    known after "loading", so the argument checks run then (tests/cli/test_cli_fast.py
+    covers the checks made before the weights load)."""
     m = fake_model()
     monkeypatch.setattr(models, "load_model", lambda model, device="cpu", dtype=None: m)
+    monkeypatch.setattr(preflight, "checkpoint_info", lambda source: None)
     return m
 
 
@@ -130,8 +134,8 @@ def test_numbers_never_print_as_negative_zero():
     (["patch", "--prompt", "hi", "--corrupt", "hello", "--correct", "a", "--incorrect", "b"],
      "same token length"),
 ])
-def test_bad_input_is_a_one_line_error(fake, capsys, argv, msg):
-    assert main(argv) == 1
+def test_bad_input_is_a_one_line_usage_error(fake, capsys, argv, msg):
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert msg in err and "Traceback" not in err
 
