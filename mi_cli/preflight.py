@@ -118,7 +118,7 @@ def check_target(tok: Any, option: str, text: str, prompt: str | None) -> None:
                 f"{option} {spaced!r}?" if len(spaced_ids) == 1 else "")
         raise _bad(option, f"{text!r} is {len(ids)} tokens {ids}, expected exactly one{hint}")
     after_word = prompt is None or not prompt[-1:].isspace()
-    if spaced is not None and len(spaced_ids) == 1 and after_word:
+    if spaced is not None and len(spaced_ids) == 1 and spaced_ids != ids and after_word:
         warnings.warn(f"{option} {text!r} is the token {text!r} (id {ids[0]}) WITHOUT a "
                       f"leading space; after a word the model predicts {spaced!r} (id "
                       f"{spaced_ids[0]}). Did you mean {option} {spaced!r}?", stacklevel=2)

@@ -160,12 +160,14 @@ def describe_patching(result: Any) -> str:
     if getattr(result, "corrupted_prompt", None) is not None:
         parts.append(f"clean activations patched into the corrupted run "
                      f"{result.corrupted_prompt!r}")
-    parts.append(f"metric {metric_label(result)}, normalised: 0 = corrupted, 1 = clean")
+    how = ("normalised: 0 = corrupted, 1 = clean" if getattr(result, "normalised", True)
+           else "raw values (not normalised)")
+    parts.append(f"metric {metric_label(result)}, {how}")
     return "; ".join(parts)
 
 
 def metric_label(result: Any) -> str:
-    """"logit(' Paris') − logit(' Rome') (logits)", or "metric" when it was not named."""
-    name = getattr(result, "metric_name", None) or "metric"
+    """"logit(' Paris') − logit(' Rome') (logits)", or "(unnamed)" when it was not named."""
+    name = getattr(result, "metric_name", None) or "(unnamed)"
     units = getattr(result, "metric_units", None)
     return f"{name} ({units})" if units else name

@@ -102,6 +102,7 @@ class PatchingResult:
     metric_name: str | None = None  # e.g. "logit(' Paris') − logit(' Rome')"
     metric_units: str | None = None  # e.g. "logits"
     model: str | None = None
+    normalised: bool = True  # False: run with raw=True, the grid holds the metric itself
 
     def describe(self) -> str:
         """The patching run in one line: kind, layers, prompts, the metric and its units."""
@@ -109,6 +110,8 @@ class PatchingResult:
 
     def effect(self) -> torch.Tensor:
         """[layers, columns] patched − corrupted metric, in the metric's units."""
+        if not self.normalised:
+            return self.grid - self.corrupted_metric
         return self.grid * (self.clean_metric - self.corrupted_metric)
 
     def top(self, k: int = 5) -> list[tuple[int, str, float]]:
@@ -218,7 +221,7 @@ def patching_grid(model: MIModel, clean: Any, corrupted: Any, metric: Metric,
             grid[li, start:start + len(chunk)] = scale(_metric_values(metric, out))
     return PatchingResult(kind, "exact", grid, layers, _columns(model, kind, c_ids, pos),
                           m_clean, m_corr, *_texts(clean, corrupted),
-                          *metric_name(model, metric), model_label(model))
+                          *metric_name(model, metric), model_label(model), not raw)
 
 
 def attribution_patching(model: MIModel, clean: Any, corrupted: Any, metric: Metric,
@@ -256,4 +259,4 @@ def attribution_patching(model: MIModel, clean: Any, corrupted: Any, metric: Met
     grid = est if raw else normalize_metric(est, m_clean, m_corr)
     return PatchingResult(kind, "attribution", grid, layers, _columns(model, kind, c_ids, pos),
                           m_clean, m_corr, *_texts(clean, corrupted),
-                          *metric_name(model, metric), model_label(model))
+                          *metric_name(model, metric), model_label(model), not raw)

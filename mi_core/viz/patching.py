@@ -33,7 +33,7 @@ def patching_html(result: Any, path: str | Path, title: str | None = None,
                           f"layers x {len(columns)} columns")
     check_size(len(layers), MAX_LAYERS, "layers", _WHERE, "patch fewer layers (layers=...)")
     check_size(len(columns), MAX_TOKENS, "columns", _WHERE, "patch fewer positions")
-    name = getattr(result, "metric_name", None) or "metric"
+    name = getattr(result, "metric_name", None) or "the metric (unnamed)"
     units = getattr(result, "metric_units", None) or ""
     data = {"kind": str(result.kind), "method": str(result.method), "grid": f32(grid),
             "layers": [int(x) for x in layers], "columns": columns,
@@ -43,6 +43,7 @@ def patching_html(result: Any, path: str | Path, title: str | None = None,
             "corrupted_metric": number(result.corrupted_metric, _WHERE, "corrupted_metric",
                                        optional=False),
             "metric": str(name), "units": str(units),
+            "normalised": bool(getattr(result, "normalised", True)),
             "clean_prompt": getattr(result, "clean_prompt", None),
             "corrupted_prompt": getattr(result, "corrupted_prompt", None)}
     longest = max((len(repr(c)) for c in columns), default=4)

@@ -79,13 +79,15 @@ def plot_patching(result: Any, path: str | Path, figsize: tuple[float, float] | 
     (0 = corrupted behaviour, 1 = clean); the title and colour bar name the metric and its
     units (``result.describe()``)."""
     t = default_title(f"{result.method} patching of {result.kind}", result, title)
-    name = getattr(result, "metric_name", None) or "metric"
+    name = getattr(result, "metric_name", None) or "metric (unnamed)"
     units = getattr(result, "metric_units", None)
+    norm = getattr(result, "normalised", True)
     return plot_grid(result.grid, [f"L{x}" for x in result.layers], result.columns, path,
                      title=t, xlabel="head" if result.kind == "z" else "position: token",
                      ylabel="layer", figsize=figsize, signed=True,
-                     colorbar_label=f"normalised {name}{f' ({units})' if units else ''}\n"
-                                    "(patched - corrupted) / (clean - corrupted)")
+                     colorbar_label=(f"normalised {name}{f' ({units})' if units else ''}\n"
+                                     "(patched - corrupted) / (clean - corrupted)") if norm
+                     else f"{name}{f' ({units})' if units else ''}, raw")
 
 
 def plot_logit_lens(result: Any, path: str | Path, figsize: tuple[float, float] | None = None,

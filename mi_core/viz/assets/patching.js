@@ -17,7 +17,7 @@
     MI.el("div", {class: "note"}, "A cell: the metric with that one activation patched from the clean run into the corrupted run, normalised (patched − corrupted) / (clean − corrupted): 0 = corrupted, 1 = clean."));
   const info = MI.el("div", {id: "info", class: "panel"}, "Hover a cell for its value; click to pin it.");
   side.append(info, metric);
-  main.append(MI.legend((v) => MI.divRGB(v, max), -max, max, "normalised metric (0 = corrupted, 1 = clean)"));
+  main.append(MI.legend((v) => MI.divRGB(v, max), -max, max, D.normalised ? "normalised metric (0 = corrupted, 1 = clean)" : "metric" + units + " (raw values)"));
   const cw = D.cell_width, ch = 22, lw = 56;
   const head = MI.el("canvas", {width: C * cw, height: 22});
   const left = MI.el("canvas", {width: lw, height: R * ch});
@@ -43,8 +43,12 @@
     onClick: (r, c) => { pinned = pinned && pinned[0] === r && pinned[1] === c ? null : [r, c]; show(r, c); }});
   grid.id = "grid";
   main.append(MI.stickyGrid(head, left, grid, Math.max(300, window.innerHeight - 190)));
+  // a normalised grid holds (patched - corrupted) / (clean - corrupted); a raw one the metric
+  const span = D.clean_metric - D.corrupted_metric;
   function show(r, c) {
-    const v = G[r * C + c], raw = D.corrupted_metric + v * (D.clean_metric - D.corrupted_metric);
+    const g = G[r * C + c];
+    const v = D.normalised ? g : g === D.corrupted_metric ? 0 : (g - D.corrupted_metric) / span;
+    const raw = D.normalised ? D.corrupted_metric + g * span : g;
     grid.mark(r, c); paintHeads(r, c);
     info.replaceChildren(MI.el("h3", {}, `layer ${D.layers[r]}, ${D.column_kind} ${MI.txt(D.columns[c])}` + (pinned ? " (pinned)" : "")),
       MI.table(["", "value"], [
