@@ -79,7 +79,7 @@ def test_ranges_tokens_and_knockouts_are_checked_before_the_weights_load(
 
 def test_a_target_without_its_space_warns_and_names_the_spaced_token(no_weights, capsys):
     with pytest.warns(UserWarning, match=r"--target 'Paris' is the token 'Paris' \(id \d+\) "
-                                         r"WITHOUT a leading space.*Did you mean --target ' Paris'"):
+                      r"WITHOUT a leading space.*Did you mean --target ' Paris'"):
         assert main(["logit-lens", "--target", "Paris"]) == 1  # checked, warned, then loads
     assert "weights were loaded" in capsys.readouterr().err
 

@@ -47,14 +47,16 @@ def _features(model, path: Path) -> Path:
     ids = model.to_tokens(text)
     acts = model.forward(ids, mi.HookSpec().capture("blocks.6.hook_resid_post"))[
         "blocks.6.hook_resid_post"][0].float()
+    acts = acts[1:]  # the first token's residual is an outlier (norm ~50x) that PCA would fit
     centred = acts - acts.mean(0)
     _, _, v = torch.linalg.svd(centred, full_matrices=False)
     proj = centred @ v[:12].T  # [seq, 12]
     feats = torch.relu(torch.stack([proj, -proj], -1).reshape(len(acts), -1))
-    return feature_activations_html(model.to_str_tokens(ids[0]), feats, path,
+    return feature_activations_html(model.to_str_tokens(ids[0])[1:], feats, path,
                                     title="feature activations, SmolLM2-135M-Instruct",
                                     subtitle="24 PCA features of the residual stream after "
-                                    "layer 6 (2i: + side of direction i, 2i+1: - side)")
+                                    "layer 6 (2i: + side of direction i, 2i+1: - side), "
+                                    "from the second token on")
 
 
 def _graph(path: Path) -> Path:
@@ -82,7 +84,6 @@ def pages(smollm2, tmp_path_factory) -> dict[str, Path]:
     import mi_core as mi
 
     m, d = smollm2, tmp_path_factory.mktemp("pages")
-    ids = m.to_tokens(PROMPT)
     paris, rome = (m.tokenizer.encode(t, add_special_tokens=False)[0] for t in (" Paris", " Rome"))
     rep = "The cat sat on the mat. The cat sat on the"
     pat = m.forward(m.to_tokens(rep), mi.HookSpec().capture("blocks.18.attn.hook_pattern"))[
@@ -93,7 +94,7 @@ def pages(smollm2, tmp_path_factory) -> dict[str, Path]:
                                     layer=18, head=6, model_name="SmolLM2-135M-Instruct",
                                     prompt=rep),
         "logit_lens": logit_lens_grid(m, PROMPT, k=5, targets=[" Paris"]).to_html(d / "l.html"),
-        "knockout": run_knockout(m, ids, KnockoutSpec(layers=range(10, 20), from_positions=[-1],
+        "knockout": run_knockout(m, PROMPT, KnockoutSpec(layers=range(10, 20), from_positions=[-1],
                                                       to_positions=[3])).to_html(d / "k.html"),
         "patching": patching_grid(m, PROMPT, "The capital of Italy is",
                                   logit_diff_metric(paris, rome),
@@ -158,7 +159,8 @@ def test_tokens_show_as_the_terminal_prints_them_and_text_as_python_escapes_it(
 
 
 def test_hostile_tokens_are_visible_in_order_and_inert(browser, tmp_path) -> None:
-    toks = ["The", " \u202eevil", " word", "\u200b", "  ", "\udc80", "<img src=x onerror=window.X=1>"]
+    toks = ["The", " \u202eevil", " word", "\u200b", "  ", "\udc80",
+            "<img src=x onerror=window.X=1>"]
     out = attention_html(toks, torch.softmax(torch.randn(1, 7, 7), -1), tmp_path / "h.html",
                          prompt="".join(toks))
     browser.open(out)
@@ -189,7 +191,8 @@ def test_lens_headers_stay_in_view_and_the_hovered_cell_is_marked(browser, tmp_p
     canvas = browser.find("#lens")
     cw, ch = int(canvas.get_attribute("data-cw")), int(canvas.get_attribute("data-ch"))
     browser.hover(canvas, 60 * cw + cw / 2, 20 * ch + ch / 2)
-    assert (canvas.get_attribute("data-mark-row"), canvas.get_attribute("data-mark-col")) == ("20", "60")
+    mark = canvas.get_attribute("data-mark-row"), canvas.get_attribute("data-mark-col")
+    assert mark == ("20", "60")
     assert browser.in_viewport(browser.find("#info"))
 
 
@@ -224,7 +227,8 @@ def test_graph_labels_panel_groups_and_slider_then_click_stay_consistent(
     browser.open(pages["attribution_graph"])
     labels = browser.find_all("text.pos-label")
     assert [e.text for e in labels] == [repr(t) for t in browser.js("return MI.data().tokens")]
-    xs = [browser.js("const b = arguments[0].getBBox(); return b.x + b.width / 2", e) for e in labels]
+    xs = [browser.js("const b = arguments[0].getBBox(); return b.x + b.width / 2", e)
+          for e in labels]
     assert xs == sorted(xs)
     logits = [e.text for e in browser.find_all("g.node text.node-label") if e.text.startswith("'")]
     assert logits, "logit nodes carry their token"

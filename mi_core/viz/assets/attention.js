@@ -40,10 +40,12 @@
   main.append(MI.el("div", {class: "note"}, "Hover a token to make it the query: every token is coloured by the weight the query gives it (outlined: the query)."), strip);
 
   // the selected head, large, with token labels
-  const cs = Math.max(6, Math.min(56, Math.floor(640 / Math.max(Q, K))));
-  const every = Math.ceil(13 / cs);  // label every n-th token when rows are too thin for text
   const longest = Math.max(...toks.map((s) => MI.tok(s).length), 3);
   const lw = Math.min(190, 7 * longest + 34), th = Math.min(150, 7 * longest + 34);
+  // cells as large as the window allows (the grid fits under the thumbnails and tokens)
+  const cs = Math.max(6, Math.min(56, Math.floor(640 / Math.max(Q, K)),
+                                  Math.floor((window.innerHeight - 330 - th) / Q)));
+  const every = Math.ceil(13 / cs);  // label every n-th token when rows are too thin for text
   const left = MI.el("canvas", {width: lw, height: Q * cs, id: "query-labels"}), top = MI.el("canvas", {width: K * cs, height: th, id: "key-labels"});
   const label = (i) => `${i} ${MI.tok(toks[i])}`;
   function paintLabels(hq, hk) {
@@ -74,8 +76,10 @@
     onClick: (q) => { query = q; update(); }});
   big.id = "pattern";
   const caption = MI.el("h3", {id: "pattern-title", style: "font-size:14px;margin:6px 0 2px"});
+  const gridBox = MI.stickyGrid(top, left, big, Math.max(320, window.innerHeight - 120));
   main.append(caption, MI.el("div", {class: "note"}, "rows: query (attending), columns: key (attended to); a query attends only to itself and earlier tokens. Click a row to make it the query."),
-              MI.stickyGrid(top, left, big, Math.max(320, window.innerHeight - 120)));
+              gridBox);
+  MI.fit(gridBox);
 
   function select(h) { head = h; big.repaint(); update(); }
   function update() {

@@ -169,6 +169,11 @@ MI.stickyGrid = (top, left, body, maxHeight) => {
   wrap.append(grid);
   return wrap;
 };
+// A scroll box as tall as the viewport leaves below its top, so the whole page fits the
+// window and the box (not the page) scrolls, keeping the side panel and headers in view.
+MI.fit = (box, min = 240) => {
+  box.style.maxHeight = Math.max(min, window.innerHeight - box.getBoundingClientRect().top - 14) + "px";
+};
 MI.ready = (t0) => {
   window.MI_RENDER_MS = performance.now() - t0;
   document.body.dataset.ready = "1";

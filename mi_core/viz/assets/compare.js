@@ -23,6 +23,7 @@
   const box = MI.el("div", {class: "scroll", style: `max-height:${Math.max(320, window.innerHeight - 170)}px;border:1px solid #ddd`});
   const table = MI.el("table", {id: "effects", style: "border-collapse:collapse;font-size:13px"});
   box.append(table); main.append(box);
+  MI.fit(box);
   let hovered = null;
   function show(r, tr) {
     if (hovered) hovered.classList.remove("hover");

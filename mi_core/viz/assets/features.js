@@ -27,6 +27,7 @@
   text.addEventListener("mouseover", (ev) => { const s = ev.target.dataset && ev.target.dataset.s; if (s !== undefined) show(+s); });
   right.append(title, text, MI.legend((v) => MI.divRGB(v, 1), -1, 1, "activation / feature max (grey: NaN)"));
   const row = MI.el("div", {class: "row", style: "flex-wrap:nowrap"}); row.append(list, right); main.append(row);
+  MI.fit(list, 200);
   side.append(info);
   function update() {
     items.forEach((it) => (it.style.background = +it.dataset.f === feat ? "#dde" : ""));

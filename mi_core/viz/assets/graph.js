@@ -153,6 +153,7 @@
   });
   const box = MI.el("div", {class: "scroll", id: "graph-box", style: `border:1px solid #ccc;max-height:${Math.max(360, window.innerHeight - 130)}px`});
   box.append(svg); main.append(box);
+  MI.fit(box, 360);
 
   let selected = -1, hovered = -1, note = "";
   const nodeOn = new Uint8Array(N), edgeOn = new Uint8Array(E);
@@ -227,7 +228,7 @@
   function panel() {
     const i = selected >= 0 ? selected : hovered;
     info.dataset.node = selected;
-    if (i < 0) { info.replaceChildren(MI.el("div", {class: "muted"}, note || "Click a node (or hover it) to see its inputs, outputs and top tokens.")); return; }
+    if (i < 0) { overview(); return; }
     const n = nodes[i];
     const facts = [["kind", KIND[n.kind]], ["layer", layerName(n)], ["position", posName(n.pos)]];
     if (n.feature !== null) facts.push(["feature", MI.txt(n.feature)]);
@@ -242,6 +243,18 @@
     parts.push(MI.el("h3", {}, `inputs: ${ins[i].filter((e) => edgeOn[e]).length} visible, strongest ${ri.length}`), edgeTable("inputs", "from", ri));
     parts.push(MI.el("h3", {}, `outputs: ${outs[i].filter((e) => edgeOn[e]).length} visible, strongest ${ro.length}`), edgeTable("outputs", "to", ro));
     info.replaceChildren(...parts);
+  }
+  // nothing selected: the logits and the most influential visible features, each a link
+  function overview() {
+    const link = (t, j) => { [...t.querySelectorAll("tr")].slice(1).forEach((tr, k) => {
+      tr.style.cursor = "pointer"; tr.dataset.node = j[k]; tr.addEventListener("click", () => select(j[k])); }); return t; };
+    const logits = [...Array(N).keys()].filter((i) => nodes[i].kind === 3 && nodeOn[i]);
+    const feats = [...Array(N).keys()].filter((i) => nodes[i].kind === 0 && nodeOn[i]).sort((a, b) => infl(a) - infl(b)).slice(0, 8);
+    info.replaceChildren(MI.el("div", {class: "muted"}, note || "Click a node (or hover it, or a row below) to see its inputs, outputs and top tokens."),
+      MI.el("h3", {}, "logits"), link(MI.table(["node", "p"], logits.map((i) => [[MI.txt(nodes[i].label), "link"],
+        [nodes[i].top_tokens.length ? MI.fmt(nodes[i].top_tokens[0][1], 3) : "", "num"]])), logits),
+      MI.el("h3", {}, "most influential features shown"), link(MI.table(["node", "influence"], feats.map((i) => [[MI.txt(nodes[i].label), "link"],
+        [MI.fmt(nodes[i].influence, 3), "num"]])), feats));
   }
   function select(i) {
     note = "";

@@ -52,7 +52,9 @@
     badge: T && cw >= 30 ? (r, c) => (mode < 0 && rank(r, c, 0) <= 10 ? [`#${rank(r, c, 0)}`, "#d62728"] : null) : null,
     onHover: show});
   grid.id = "lens";
-  main.append(MI.stickyGrid(head, left, grid, Math.max(300, window.innerHeight - 200)));
+  const gridBox = MI.stickyGrid(head, left, grid, Math.max(300, window.innerHeight - 200));
+  main.append(gridBox);
+  MI.fit(gridBox);
   const info = MI.el("div", {id: "info", class: "panel"}, "Hover a cell for its top tokens and probabilities.");
   const chart = MI.el("div", {id: "target-chart", class: "panel"});
   side.append(info);

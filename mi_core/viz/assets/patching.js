@@ -42,7 +42,9 @@
     onHover: (r, c) => { if (!pinned) show(r, c); },
     onClick: (r, c) => { pinned = pinned && pinned[0] === r && pinned[1] === c ? null : [r, c]; show(r, c); }});
   grid.id = "grid";
-  main.append(MI.stickyGrid(head, left, grid, Math.max(300, window.innerHeight - 190)));
+  const gridBox = MI.stickyGrid(head, left, grid, Math.max(300, window.innerHeight - 190));
+  main.append(gridBox);
+  MI.fit(gridBox);
   // a normalised grid holds (patched - corrupted) / (clean - corrupted); a raw one the metric
   const span = D.clean_metric - D.corrupted_metric;
   function show(r, c) {
