@@ -87,7 +87,8 @@ class MIModel(metaclass=_ModelClass):
                     raise UnsupportedModelError(
                         f"{source}: no backend plugins are installed (install mi-core with "
                         f"the extra of a backend plugin, e.g. pip install 'mi-core[all]')")
-                raise UnsupportedModelError("no plugin can load this checkpoint:\n" + rep.summary())
+                raise UnsupportedModelError(rep.summary() if rep.unimplemented else
+                                            "no plugin can load this checkpoint:\n" + rep.summary())
             backend = rep.backend
         if backend not in available:
             raise UnsupportedModelError(f"backend {backend!r} is not installed; installed: "
@@ -137,7 +138,7 @@ class MIModel(metaclass=_ModelClass):
 
     @property
     def layer_types(self) -> list[str]:
-        """Each layer's mixer ("full_attention", "sliding_attention", "rwkv7", ...); a
+        """Each layer's mixer ("full_attention", "sliding_attention", a recurrent one ...); a
         CapabilityError for a backend that does not declare them."""
         self.require(caps.LayerTypes, "layer_types")
         return list(self.backend.layer_types)
