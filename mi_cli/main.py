@@ -106,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         parser = _parser_for(argv)
+        parser.mi_argv = argv  # type: ignore[attr-defined]  # for the option hint of error()
         args = parser.parse_args(argv)
         if getattr(args, "func", None) is None:
             parser.print_help()

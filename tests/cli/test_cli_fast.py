@@ -37,6 +37,8 @@ print("RESULT", code, "torch" in sys.modules, "mi_core" in sys.modules,
     (["knockout", "--edgee", "1,2"], 2, "did you mean --edge for --edgee?"),
     (["patch", "--kind", "resid_pr"], 2, "did you mean 'resid_pre'"),
     (["steer", "--strengths", "a"], 2, "argument --strengths"),
+    (["logit-lens", "--layer", "30"], 2, "mi logit-lens has no option --layer (see mi "
+     "logit-lens --help)"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_help_version_usage_errors_and_typos_never_import_torch(argv, code, says):
     """Measured on the 2-core box: 0.08-0.1 s of CPU for each (docs/PERFORMANCE.md)."""
