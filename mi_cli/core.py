@@ -41,7 +41,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         dims = checkpoint_info(args.source)
     except MIError as exc:
         print(f"{args.source}: NOT supported: its header / config could not be read: {exc}")
-        print("\n".join(lines[1:]))
+        print("  detection from the name / config alone (overruled by the header):")
+        print("\n".join("  " + line for line in lines[1:]))
         return 1
     print("\n".join(lines))
     if dims is not None:

@@ -192,9 +192,10 @@
       g.setAttribute("transform", `translate(${X[i]},${Y[i]})`);
       const lab = g.querySelector(".node-label");  // a feature's id where the cell leaves room:
       if (lab && n.kind !== 3) {                   // one row of nodes, labels on two staggered lines
-        const need = 6 * lab.textContent.length + 6, slot = colW[c.pos] / Math.max(1, c.visible);
-        const room = c.nsub === 1 && 2 * slot >= need;
-        lab.setAttribute("y", J[i] % 2 && slot < need ? 23 : 14);
+        // nodes sit SP apart: the cell's widest label decides, so neighbours never collide
+        const need = 5 * Math.max(...c.members.filter((k) => nodeOn[k]).map((k) => short(nodes[k]).length)) + 4;
+        const room = c.nsub === 1 && 2 * SP >= need;
+        lab.setAttribute("y", J[i] % 2 && SP < need ? 23 : 14);
         lab.style.display = i === focus || room ? "" : "none";
       }
       g.querySelector(".shape").setAttribute("stroke", i === selected ? "#000" : i === hovered ? "#e6550d" : "none");
