@@ -152,3 +152,18 @@ def test_plot_html_writes_one_self_contained_page(fake, tmp_path, argv):
     assert text.lstrip().lower().startswith("<!doctype html") and "hello" in text
     assert not re.search(r"""(src|href)=["']https?:""", text)
     assert [p.name for p in tmp_path.iterdir()] == ["view.html"]
+
+
+def test_heads_plot_html_writes_the_page_with_all_three_scores(fake, tmp_path, capsys):
+    """`mi heads --plot X.html` (refused before issue 24) writes the head-scores page with
+    previous-token, duplicate-token and induction grids, named by the measured input."""
+    import json
+    import re
+
+    out = tmp_path / "heads.html"
+    assert main(["heads", "--length", "5", "--batch", "2", "--plot", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    data = json.loads(re.search(r"<script type='application/json' id='mi-data'>(.*?)</script>",
+                                text, re.S).group(1))
+    assert data["kinds"] == ["previous_token", "duplicate_token", "induction"]
+    assert "2 x 5 random tokens repeated once" in text
