@@ -154,17 +154,19 @@ def _cmd_patch(args: argparse.Namespace) -> int:
 
 def _cmd_attention(args: argparse.Namespace) -> int:
     from mi_cli.demo import AttentionResult
-    from mi_core import HookPoint, HookSpec
+    from mi_core import HookPoint
+    from mi_core.interp import display_weights, layer_attention
     from mi_core.interp._common import check_heads, check_layers
     from mi_core.util.plot import plot_attention
 
     model = _load(args)
     (layer,) = check_layers([args.layer], model.num_layers)
     name = model_name(model)
-    hp = HookPoint.attn_pattern(layer)
-    model.require_points([hp])
     ids = model.to_tokens(args.prompt)
-    full = model.forward(ids, HookSpec().capture(hp)).require(hp)[0].float().cpu()
+    # an attention layer's pattern, or a recurrent layer's effective attention
+    full, hp = layer_attention(model, ids, layer)
+    effective = hp != HookPoint.attn_pattern(layer)
+    full = display_weights(full[0].float().cpu())
     if args.head is not None:
         (h,) = check_heads([args.head], model.num_heads)
         pat = full[h]
@@ -174,7 +176,8 @@ def _cmd_attention(args: argparse.Namespace) -> int:
     r = AttentionResult(layer, args.head, toks, pat, args.prompt, model.source)
     last = pat[-1]
     order = last.argsort(descending=True)[: args.k].tolist()
-    which = f"head {args.head}" if args.head is not None else "mean of heads"
+    which = (f"head {args.head}" if args.head is not None else "mean of heads") + (
+        " (effective attention, |A| row-normalised)" if effective else "")
     console.say(f"{name}, layer {layer} {which}: last token {toks[-1]!r} attends to " +
                 ", ".join(f"{i}:{toks[i]!r} {float(last[i]):.3f}" for i in order))
     write_json(args.json_out, r, args.raw)
@@ -182,12 +185,15 @@ def _cmd_attention(args: argparse.Namespace) -> int:
     def html(path: Path) -> Any:
         from mi_core.plugin import view
 
-        return view("attention")(toks, full, path, layer=layer, head=args.head,
-                                 model_name=name, prompt=args.prompt)
-    hook = f"blocks.{layer}.attn.hook_pattern" + (f"[{args.head}]" if args.head is not None
-                                                  else ", mean over heads")
+        title = f"effective attention (|A| row-normalised), layer {layer}" if effective else None
+        sub = (f"effective attention of layer {layer} ({hp}; |A| normalised per query row), "
+               f"{len(toks)} tokens, rows: query, columns: source token") if effective else ""
+        return view("attention")(toks, full, path, layer=layer, head=args.head, title=title,
+                                 subtitle=sub, model_name=name, prompt=args.prompt)
+    hook = f"{hp}" + (f"[{args.head}]" if args.head is not None else ", mean over heads")
     write_plot(args.plot_out, lambda p: plot_attention(
-        pat, toks, p, title=f"attention pattern, {name}: {hook}\nprompt {args.prompt!r}"),
+        pat, toks, p, title=f"{'effective attention' if effective else 'attention pattern'}, "
+                            f"{name}: {hook}\nprompt {args.prompt!r}"),
         html=html)
     return 0
 

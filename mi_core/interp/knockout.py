@@ -82,17 +82,19 @@ class KnockoutSpec:
 def _mask_cached(spec: KnockoutSpec, n_heads: int, seq: int, device: str,
                  dtype: torch.dtype) -> torch.Tensor:
     heads = check_heads(spec.heads, n_heads)
-    keep = torch.ones(n_heads, seq, seq, dtype=torch.bool)
+    # built on the CPU (a few small index writes) and moved once; the result is cached
+    cpu = torch.device("cpu")
+    keep = torch.ones(n_heads, seq, seq, dtype=torch.bool, device=cpu)
     for q, k in spec.edges:
         qq, kk = norm_position(q, seq, "query position"), norm_position(k, seq, "key position")
         keep[heads, qq, kk] = False
     if spec.from_positions is not None or spec.to_positions is not None:
         qs = norm_positions(spec.from_positions, seq, "query position")
         ks = norm_positions(spec.to_positions, seq, "key position")
-        sel = torch.zeros(seq, seq, dtype=torch.bool)
-        sel[torch.tensor(qs)[:, None], torch.tensor(ks)[None, :]] = True
+        sel = torch.zeros(seq, seq, dtype=torch.bool, device=cpu)
+        sel[torch.tensor(qs, device=cpu)[:, None], torch.tensor(ks, device=cpu)[None, :]] = True
         keep[heads] &= ~sel
-    mask = torch.zeros(1, n_heads, seq, seq, dtype=dtype)
+    mask = torch.zeros(1, n_heads, seq, seq, dtype=dtype, device=cpu)
     mask[0][~keep] = float("-inf")
     return mask.to(device)
 
@@ -135,7 +137,9 @@ def knockout_hooks(model: MIModel, spec: KnockoutSpec, seq_len: int,
     layers = check_layers(spec.layers, model.num_layers)
     need = [HookPoint.attn_scores(layer) for layer in layers]
     need += [HookPoint.attn_pattern(layer) for layer in layers]
-    require_points(model, need)
+    # a layer without attention (a recurrent mixer) is refused naming the layer and its
+    # type; mi.StateKnockoutSpec is the knockout of a recurrent layer
+    model.require_points(need, "attention knockout")
     mask = create_knockout_mask(spec, model.num_heads, seq_len, model.device, model.dtype)
     empty = emptied_queries(spec, model.num_heads, seq_len)
     if empty:

@@ -31,6 +31,7 @@ from mi_core.interp.describe import describe_patching, model_label, tok
 #: patch kind -> hook suffix
 PATCH_KINDS = {"resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid",
                "attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out",
+               "mixer_out": "hook_mixer_out",
                "resid_post": "hook_resid_post", "z": "attn.hook_z", "q": "attn.hook_q",
                "k": "attn.hook_k", "v": "attn.hook_v", "result": "attn.hook_result",
                "pattern": "attn.hook_pattern"}
@@ -73,7 +74,9 @@ def normalize_metric(value: torch.Tensor | float, clean: float, corrupted: float
         raise MetricError(f"the metric is the same on the clean and corrupted prompts "
                           f"({clean:.6g}); it cannot be normalised (choose a metric that "
                           f"differs, e.g. a logit difference between the two answers)")
-    return (torch.as_tensor(value, dtype=torch.float32) - corrupted) / denom
+    v = value.float() if isinstance(value, torch.Tensor) else \
+        torch.tensor(value, dtype=torch.float32, device="cpu")
+    return (v - corrupted) / denom
 
 
 @attrs.define
@@ -141,7 +144,7 @@ def _texts(clean: Any, corrupted: Any) -> tuple[str | None, str | None]:
 
 def _metric_values(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
     v = metric(logits)
-    v = torch.as_tensor(v)
+    v = v if isinstance(v, torch.Tensor) else torch.as_tensor(v, device=logits.device)
     if v.dim() == 0:
         v = v[None]
     if v.shape != (logits.shape[0],):
@@ -200,7 +203,7 @@ def patching_grid(model: MIModel, clean: Any, corrupted: Any, metric: Metric,
     if not raw:
         normalize_metric(0.0, m_clean, m_corr)  # fail early on a constant metric
     cols = list(range(_n_heads(model, kind))) if kind in HEAD_KINDS else pos
-    grid = torch.zeros(len(layers), len(cols))
+    grid = torch.zeros(len(layers), len(cols), device="cpu")  # results live on the CPU
     for li, (layer, hp) in enumerate(progress(list(zip(layers, points)), f"patch {kind}",
                                              enabled=show_progress)):
         src = clean_cache.require(hp)

@@ -112,11 +112,12 @@ def steering_hooks(model: MIModel, spec: SteeringSpec, seq_len: int,
                                     f"d_model is {model.hidden_size}")
         points = [HookPoint.layer_point(i, spec.point) for i in layers]
         require_points(model, points)
-        vec = torch.zeros(1, seq_len, model.hidden_size, dtype=torch.float32)
+        vec = torch.zeros(1, seq_len, model.hidden_size, dtype=torch.float32,
+                          device=model.device)
         ps = norm_positions(spec.from_positions, seq_len, "position")
-        vec[0, ps] = spec.strength * d.float().cpu()
+        vec[0, ps] = spec.strength * d.float().to(model.device)
         for hp in points:
-            hooks.intervene(hp, Add(vec.to(model.device)))
+            hooks.intervene(hp, Add(vec))
         return hooks
     raise InterventionError(f"unknown steering kind {spec.kind!r} (attention or residual)")
 

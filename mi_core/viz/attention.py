@@ -1,5 +1,6 @@
 """The attention view: every head of one layer as a selectable thumbnail, the selected head
-large with its tokens on both axes, and the prompt coloured by what a query attends to."""
+large with its tokens on both axes, and the prompt coloured by what a query attends to; also
+for a recurrent layer's effective attention (:func:`effective_attention_html`)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,23 @@ def attention_html(tokens: Sequence[str], pattern: torch.Tensor, path: str | Pat
     head_t = f"attention, {where}" + (f", {model_name}" if model_name else "")
     return write_page(path, "attention", title or head_t, data, sub,
                       prompt if prompt is not None else prompt_text(tokens))
+
+
+def effective_attention_html(tokens: Sequence[str], matrix: torch.Tensor, path: str | Path,
+                             layer: int | None = None, head: int | None = None, *,
+                             title: str | None = None, model_name: str = "", top_k: int = 10,
+                             prompt: str | None = None) -> Path:
+    """The attention page for a recurrent layer's effective attention A ([heads, seq, seq],
+    signed, with A @ x = y): drawn as |A| normalised per query row, which says how much of
+    each output's magnitude comes from each source token (the exact signed matrix is the
+    hook's). Arguments as :func:`attention_html`."""
+    a = matrix.detach().float()
+    mag = a.abs()
+    weights = mag / mag.sum(-1, keepdim=True).clamp_min(1e-30)
+    where = f"layer {layer}" if layer is not None else "a recurrent layer"
+    sub = (f"effective attention of {where} (|A| normalised per query row; the signed "
+           f"matrix is the hook's), {weights.shape[-3] if weights.dim() > 2 else 1} heads, "
+           f"{len(tokens)} tokens, rows: query, columns: source token")
+    return attention_html(tokens, weights, path, layer, head, model_name=model_name,
+                          top_k=top_k, prompt=prompt, subtitle=sub,
+                          title=title or f"effective attention (|A| row-normalised), {where}")

@@ -14,6 +14,8 @@ from mi_core.viz import attention, effects, features, graph, heads, lens, patchi
 def mi_register_views() -> list[ViewSpec]:
     return [
         ViewSpec("attention", attention.attention_html, "every head of a layer, hover a token"),
+        ViewSpec("effective_attention", attention.effective_attention_html,
+                 "a recurrent layer's effective attention (|A| row-normalised), every head"),
         ViewSpec("logit_lens", lens.logit_lens_html, "lens points x positions, top-k on hover"),
         ViewSpec("patching", patching.patching_html, "a patching grid, normalised and raw metric"),
         ViewSpec("ablation", effects.ablation_html, "next-token distribution, knocked out"),

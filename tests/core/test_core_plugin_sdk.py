@@ -92,6 +92,21 @@ def test_mi_register_dictionary_formats_offers_every_builtin_format() -> None:
         f.name for f in plugins.dictionary_formats()}
 
 
+def test_mi_register_mixers_offers_the_state_space_mixers_by_layer_type() -> None:
+    found = plugins.mixers()
+    assert {"mamba", "mamba2"} <= set(found) and found["mamba2"].name == "mamba2"
+    assert plugins.mixer("mamba") is not None
+    with pytest.raises(mi.UnsupportedModelError, match="sequence mixer 'nope'.*mamba"):
+        plugins.mixer("nope", "a test")
+
+
+def test_mi_opt_in_hook_points_leaves_a_plugins_large_points_out_of_run_with_cache() -> None:
+    plugins.get_plugin_manager()
+    from mi_core.plugin import OPT_IN_SUFFIXES
+
+    assert {"ssm.hook_state", "ssm.hook_effective_attn", "attn.hook_result"} <= OPT_IN_SUFFIXES
+
+
 def test_mi_register_tokenizers_offers_the_rwkv_world_tokenizer() -> None:
     assert "rwkv-world" in [t.name for t in plugins.tokenizer_specs()]
 

@@ -85,6 +85,21 @@ class Masks:
         self._bool: dict[tuple[int | None, int | None], torch.Tensor | None] = {}
         self._add: dict[tuple[int | None, int | None, torch.dtype], torch.Tensor] = {}
         self._temps: dict[tuple[float, float], torch.Tensor] = {}
+        self._new: list[torch.Tensor | None] = []
+
+    def new_valid(self) -> torch.Tensor | None:
+        """[batch, seq] bool: which of this call's tokens are real; None when all are (a
+        recurrent mixer then takes its path without padding). One check per call."""
+        if not self._new:
+            new = None if self.key_valid is None else self.key_valid[:, self.offset:]
+            self._new.append(None if new is None or bool(new.all()) else new)
+        return self._new[0]
+
+    def to(self, device: torch.device) -> "Masks":
+        """The same masks built on `device` (a placed model's blocks on another device)."""
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Masks(move(self.key_valid), self.offset, self.seq, device,
+                     move(self.key_positions))
 
     def allowed(self, window: int | None, chunk: int | None = None) -> torch.Tensor:
         """bool [batch or 1, 1, seq, offset + seq]."""

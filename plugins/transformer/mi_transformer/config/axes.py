@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
+from typing import Any
 
 import attrs
 
@@ -48,6 +49,7 @@ class MlpLayout(enum.Enum):
 class Positions(enum.Enum):
     ROPE = "rope"  # rotary embedding of q and k
     LEARNED = "learned"  # a learned absolute position embedding added to the token embedding
+    NONE = "none"  # no positions (state-space models: the recurrence orders the tokens)
 
 
 class RopeLayout(enum.Enum):
@@ -147,6 +149,20 @@ class MoeConfig:
                 and self.routed_scaling == 1.0 and self.norm_min == 0.0)
 
 
+#: The layer type of an attention layer in ``TransformerConfig.layer_mixers``.
+ATTENTION = "attention"
+
+
+@attrs.frozen
+class MixerConfig:
+    """A sequence mixer a plugin provides (``mi_core.plugin.mixer(name)``) that some layers run
+    instead of attention: its spec (``MixerSpec``) and the settings it read from the config."""
+
+    name: str  # the layer type, e.g. "mamba2"
+    spec: Any = attrs.field(eq=False, repr=False)
+    settings: Any = None
+
+
 @attrs.frozen
 class MlaConfig:
     """Multi-head latent attention (DeepSeek-V2/V3; mi_transformer.mla): q from a low-rank
@@ -215,6 +231,11 @@ class TransformerConfig:
     qk_norm_heads: bool = False  # q/k norm gains per head, [heads, d_head] (Cohere)
     moe: MoeConfig | None = None  # the mixture-of-experts MLP of the layers layer_moe marks
     layer_moe: tuple[bool, ...] = ()  # per layer, True = MoE MLP; () = all dense
+    # -- mixer schedule (state-space and hybrid models, mi_transformer.mixers) --
+    layer_mixers: tuple[str, ...] = ()  # per layer, ATTENTION or a mixer's name; () = all attention
+    mixers: tuple[MixerConfig, ...] = ()  # the non-attention mixers layer_mixers names
+    layer_mlp: tuple[bool, ...] = ()  # per layer, False = no MLP sublayer (Mamba); () = all
+    residual_fp32: bool = False  # the residual stream kept in F32 (Mamba's residual_in_fp32)
     # -- axes of the 2025-26 families (config/families_recent.py, config/families_moe2.py) --
     qk_norm_after_rope: bool = False  # q/k norms applied to the rotated q/k (Hunyuan, Llama 4)
     qk_norm_affine: bool = True  # False: q/k norms without weights (Llama 4's L2 norm)
@@ -261,10 +282,15 @@ class TransformerConfig:
                                       f"dimension {self.rot_dim} needs {self.rot_dim // 2}")
         for name, flags in (("layer_use_rope", self.layer_use_rope), ("layer_moe", self.layer_moe),
                             ("layer_qk_norm", self.layer_qk_norm),
-                            ("layer_chunks", self.layer_chunks)):
+                            ("layer_chunks", self.layer_chunks),
+                            ("layer_mixers", self.layer_mixers), ("layer_mlp", self.layer_mlp)):
             if flags and len(flags) != self.num_layers:
                 raise ConfigError(f"{where}: {name} has {len(flags)} entries for "
                                   f"{self.num_layers} layers")
+        named = {m.name for m in self.mixers}
+        unknown = sorted({t for t in self.layer_mixers if t != ATTENTION and t not in named})
+        if unknown:
+            raise ConfigError(f"{where}: layer_mixers names {unknown}, which no mixer config gives")
         if any(c is not None and c < 1 for c in self.layer_chunks):
             raise ConfigError(f"{where}: attention chunks {self.layer_chunks} must be >= 1")
         if self.mla is not None and (self.num_kv_heads != self.num_heads or self.head_dim != (
@@ -293,6 +319,14 @@ class TransformerConfig:
     @property
     def rot_dim(self) -> int:
         return self.rotary_dim or self.head_dim
+
+    def mixer_of(self, layer: int) -> MixerConfig | None:
+        """The non-attention mixer of `layer`, or None for an attention layer."""
+        name = self.layer_mixers[layer] if self.layer_mixers else ATTENTION
+        return None if name == ATTENTION else next(m for m in self.mixers if m.name == name)
+
+    def has_mlp(self, layer: int) -> bool:
+        return not self.layer_mlp or self.layer_mlp[layer]
 
     @property
     def v_head_dim(self) -> int:

@@ -23,6 +23,10 @@ from mi_transformer.config.families_moe import (
 )
 from mi_transformer.config.families_moe2 import MOE2_FAMILIES, NEUTRAL as _MOE2_NEUTRAL
 from mi_transformer.config.families_recent import RECENT_FAMILIES
+from mi_transformer.config.families_ssm import (
+    FALCON_MAMBA_READS, MAMBA2_READS, MAMBA_READS, SSM_HARMLESS, parse_falcon_mamba,
+    parse_mamba, parse_mamba2,
+)
 from mi_transformer.config.neutral import (KV_HEADS, MLP_WIDTH, ROTARY, ROTARY_DIM,
                                            ROTARY_INTERLEAVED)
 from mi_transformer.config.reader import ConfigReader
@@ -172,6 +176,14 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
                                                       "use_bias"},
             # StarCoder2's config.json names its (only) MLP and norm kinds
             neutral={**ROTARY, "mlp_type": "default", "norm_type": "layer_norm"}),
+    # state-space families: the layers run a plugin's mixer (mi-ssm), not attention; no
+    # positions, so no rotary key is neutral
+    _family("mamba", parse_mamba, MAMBA_READS, harmless=SSM_HARMLESS,
+            note="Mamba-1 mixer (mi-ssm), no MLP", neutral={}),
+    _family("falcon_mamba", parse_falcon_mamba, FALCON_MAMBA_READS, harmless=SSM_HARMLESS,
+            note="Mamba-1 mixer with B/C/dt RMS norms (mi-ssm), no MLP", neutral={}),
+    _family("mamba2", parse_mamba2, MAMBA2_READS, harmless=SSM_HARMLESS | {"time_step_rank"},
+            note="Mamba-2 mixer (mi-ssm), no MLP", neutral={}),
 ]}
 
 

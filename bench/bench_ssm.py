@@ -1,0 +1,94 @@
+"""Mamba, Falcon-Mamba and Mamba-2 at real widths: mi-transformer + mi-ssm against
+transformers' own CPU path (its torch fallbacks: the sequential selective scan for Mamba-1,
+the chunked SSD for Mamba-2), same weights, same dtype, side by side.
+
+Random weights at the 130m checkpoints' widths (d_model 768, vocab 50280; Mamba: d_state 16,
+expand 2, dt_rank 48; Mamba-2: 24 heads x 64, d_state 128, 1 group, chunk 256) with fewer
+layers (`--layers`, default 6) to keep a run short on a shared machine; built with
+transformers, saved as safetensors, loaded by us from that directory. CPU, batch 2 x
+`--seq` random ids. Each row: the median of `--reps` runs taken round-robin, our empty-hook
+forward and transformers' forward (``use_cache=False``), their ratio, and the max logit
+difference. Target: ours <= 1.05x transformers.
+
+    .venv/bin/python bench/bench_ssm.py [--reps 5] [--threads N] [--seq 256] [--layers 6]
+        [--dtype float32|bfloat16] [--only mamba,falcon_mamba,mamba2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import mi_core as mi
+
+from _timing import round_robin  # bench/ is on sys.path when run as a script
+
+BATCH = 2
+FAMILIES = ("mamba", "falcon_mamba", "mamba2")
+
+
+def _hf(kind: str, layers: int, dtype: torch.dtype) -> Any:
+    import transformers as tf
+
+    common = dict(hidden_size=768, num_hidden_layers=layers, vocab_size=50280)
+    if kind == "mamba2":
+        cfg = tf.Mamba2Config(state_size=128, num_heads=24, head_dim=64, n_groups=1,
+                              expand=2, chunk_size=256, **common)
+    else:
+        cls = tf.MambaConfig if kind == "mamba" else tf.FalconMambaConfig
+        cfg = cls(state_size=16, expand=2, time_step_rank=48, **common)
+    torch.manual_seed(0)
+    return tf.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+
+
+def bench(kind: str, args: argparse.Namespace, workdir: Path) -> dict[str, float]:
+    dtype = getattr(torch, args.dtype)
+    hf = _hf(kind, args.layers, dtype)
+    hf.save_pretrained(workdir / kind)
+    model = mi.MIModel.from_pretrained(workdir / kind, dtype=dtype)
+    ids = torch.randint(0, 50280, (BATCH, args.seq), generator=torch.Generator().manual_seed(0))
+
+    def ours() -> torch.Tensor:
+        with torch.inference_mode():
+            return model.forward(ids).output
+
+    def theirs() -> torch.Tensor:
+        with torch.inference_mode():
+            return hf(ids, use_cache=False).logits
+
+    diff = (ours().float() - theirs().float()).abs().max().item()
+    t = round_robin({"ours": ours, "theirs": theirs}, args.reps)
+    return {"ours": t["ours"], "theirs": t["theirs"], "ratio": t["ours"] / t["theirs"],
+            "diff": diff}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--only", default=",".join(FAMILIES))
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"d_model 768, {args.layers} layers, {BATCH} x {args.seq} tokens, {args.dtype}, CPU, "
+          f"torch threads {torch.get_num_threads()}, median of {args.reps}\n")
+    print("| family | ours (s) | transformers (s) | ours / transformers | max logit diff |")
+    print("|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in args.only.split(","):
+            r = bench(kind, args, Path(tmp))
+            print(f"| {kind} | {r['ours']:.3f} | {r['theirs']:.3f} | {r['ratio']:.2f}x | "
+                  f"{r['diff']:.1e} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
