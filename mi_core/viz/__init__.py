@@ -12,6 +12,10 @@ writes them for ``--plot OUT.html``. See docs/VIEWS.md.
 - :func:`dose_response_html`: a steering sweep.
 - :func:`attribution_graph_html`: an attribution graph with pruning sliders.
 - :func:`feature_activations_html`, :func:`sparse_activations_html`: features over tokens.
+- :func:`head_scores_html`: previous-token, duplicate-token and induction scores per head.
+
+Every view validates its input (a ``ConfigError`` names the field), shows any text with its
+invisible characters escaped, keeps NaN visible, and refuses sizes a browser cannot draw.
 """
 
 from mi_core.viz.attention import attention_html, effective_attention_html
@@ -20,11 +24,13 @@ from mi_core.viz.effects import (
 )
 from mi_core.viz.features import feature_activations_html, sparse_activations_html
 from mi_core.viz.graph import NODE_KINDS, attribution_graph_html
+from mi_core.viz.heads import head_scores_html
 from mi_core.viz.lens import logit_lens_html
 from mi_core.viz.patching import patching_html
 
 __all__ = [
     "NODE_KINDS", "ablation_html", "attention_html", "attribution_graph_html",
-    "comparison_html", "effective_attention_html", "dose_response_html", "feature_activations_html", "logit_lens_html",
-    "patching_html", "sparse_activations_html", "steering_html",
+    "comparison_html", "dose_response_html", "effective_attention_html",
+    "feature_activations_html", "head_scores_html", "logit_lens_html", "patching_html",
+    "sparse_activations_html", "steering_html",
 ]

@@ -7,7 +7,7 @@ Results draw themselves through this registry (``result.to_html(path)`` calls
 from __future__ import annotations
 
 from mi_core.plugin import ViewSpec, plugin_impl
-from mi_core.viz import attention, effects, features, graph, lens, patching
+from mi_core.viz import attention, effects, features, graph, heads, lens, patching
 
 
 @plugin_impl
@@ -28,4 +28,6 @@ def mi_register_views() -> list[ViewSpec]:
                  "features over tokens"),
         ViewSpec("sparse_activations", features.sparse_activations_html,
                  "sparse feature activations over tokens"),
+        ViewSpec("head_scores", heads.head_scores_html,
+                 "previous-token, duplicate-token and induction scores per head"),
     ]

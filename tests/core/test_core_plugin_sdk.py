@@ -137,6 +137,21 @@ def test_mi_default_model_is_the_embedded_smollm2() -> None:
     assert path is not None and Path(path).name == "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def test_mi_checkpoint_info_reads_the_header_without_weights(tmp_path: Path) -> None:
+    """mi-transformer answers from the GGUF header (SmolLM2: 30 layers, 9 heads) and refuses a
+    text file named .gguf; a source it does not know gets None (another plugin may answer)."""
+    from mi_cli.main import plugin_manager
+
+    hook = plugin_manager().hook.mi_checkpoint_info
+    info = hook(source=str(plugins.get_plugin_manager().hook.mi_default_model()))
+    assert (info["num_layers"], info["num_heads"]) == (30, 9)
+    fake = tmp_path / "fake.gguf"
+    fake.write_text("hello\n")
+    with pytest.raises(mi.WeightLoadError, match="fake.gguf"):
+        hook(source=str(fake))
+    assert hook(source=str(tmp_path)) is None
+
+
 def test_mi_plugin_info_describes_what_each_plugin_provides() -> None:
     info = {i.name: i for i in plugins.plugin_infos()}
     assert any("probes" in p for p in info["probing"].provides)
