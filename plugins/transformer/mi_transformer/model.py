@@ -239,6 +239,8 @@ class TransformerBackend:
         if hp.layer is not None and (own := mixer_hook_shape(self, hp.layer, suffix, batch,
                                                               seq)) is not None:
             return own
+        if suffix == "attn.hook_gate" and c.attn_output_gate:
+            return (batch, seq, c.num_heads, c.head_dim)
         if suffix in ("attn.q_ln.hook_scale", "attn.k_ln.hook_scale"):
             heads = c.num_heads if suffix.startswith("attn.q") else c.num_kv_heads
             return (batch, seq, 1) if c.qk_norm_full else (batch, seq, heads, 1)
@@ -478,7 +480,8 @@ class LayerNames:
             attn=AttnNames(q=a + "hook_q", k=a + "hook_k", v=a + "hook_v", rot_q=a + "hook_rot_q",
                            rot_k=a + "hook_rot_k", scores=a + "hook_attn_scores",
                            pattern=a + "hook_pattern", z=a + "hook_z", result=a + "hook_result",
-                           q_scale=a + "q_ln.hook_scale", k_scale=a + "k_ln.hook_scale"),
+                           q_scale=a + "q_ln.hook_scale", k_scale=a + "k_ln.hook_scale",
+                           gate=a + "hook_gate"),
             ln1_post_scale=p + "ln1_post.hook_scale",
             ln1_post_normalized=p + "ln1_post.hook_normalized",
             attn_out=p + "hook_attn_out", resid_mid=p + "hook_resid_mid",
@@ -502,7 +505,8 @@ class LayerNames:
         out += [a.q_scale, a.k_scale] if c.qk_norm else []
         out += [a.q, a.k, a.v]
         out += [a.rot_q, a.rot_k] if self.rotary else []
-        out += [a.scores, a.pattern, a.z, a.result]
+        out += [a.scores, a.pattern, a.z] + ([a.gate] if c.attn_output_gate else [])
+        out += [a.result]
         out += [self.ln1_post_scale, self.ln1_post_normalized] if c.post_norms else []
         out += [self.attn_out]
         out += [self.resid_mid] if c.block is BlockLayout.SEQUENTIAL else []

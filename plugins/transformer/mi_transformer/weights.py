@@ -118,6 +118,8 @@ NAME_TABLES: dict[str, NameTable] = {
     # state-space families: one norm and a mixer per layer (mi_transformer.mixers)
     "mamba": NameTable(embed="backbone.embeddings", final_norm="backbone.norm_f",
                        layer="backbone.layers.{i}.", ln1="norm", ln2="", mixer="mixer"),
+    # linear-attention hybrids: the mixer's tensors under linear_attn. (Qwen3-Next, Qwen3.5)
+    "qwen3_next": NameTable(mixer="linear_attn"),
     "falcon_two_norms": NameTable(embed="transformer.word_embeddings",
                                   final_norm="transformer.ln_f", layer="transformer.h.{i}.",
                                   ln1="ln_attn", ln2="ln_mlp", qkv="self_attention.query_key_value",
@@ -188,7 +190,8 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
             for name, shape in mixer.spec.tensors(mixer.settings).items():
                 out[prefix + name] = Entry("mixer:" + name, i, tuple(shape))
         elif cfg.qkv_layout is QkvLayout.SEPARATE:
-            for slot, rows in (("q", h * hd), ("k", kv * hd), ("v", kv * hd)):
+            q_rows = h * hd * (2 if cfg.attn_output_gate else 1)  # [q | gate] per head
+            for slot, rows in (("q", q_rows), ("k", kv * hd), ("v", kv * hd)):
                 add(i, slot, getattr(t, slot), _linear(t, rows, d), cfg.qkv_bias)
         else:
             add(i, "qkv", t.qkv, _linear(t, (h + 2 * kv) * hd, d), cfg.qkv_bias)
@@ -361,6 +364,13 @@ class Weights:
     lm_head_bias: torch.Tensor | None = None  # [vocab]
 
 
+def _split_gate(cfg: TransformerConfig, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A gated q_proj [heads * 2 * d_head, ...] -> (q, gate) [heads * d_head, ...] each."""
+    per = t.view(cfg.num_heads, 2 * cfg.head_dim, *t.shape[1:])
+    q, gate = per.split(cfg.head_dim, dim=1)
+    return q.reshape(-1, *t.shape[1:]), gate.reshape(-1, *t.shape[1:])
+
+
 def _origin(src: TensorSource) -> str:
     files = getattr(src, "files", None)
     return ", ".join(map(str, files)) if files else getattr(src, "origin", "<memory>")
@@ -478,6 +488,10 @@ class _Slots:
             wq, wk, wv = _unpack_qkv(cfg, tensors[(i, "qkv.weight")])
             b = opt(i, "qkv.bias")
             bq, bk, bv = _unpack_qkv(cfg, b) if b is not None else (None,) * 3
+        wg = bg = None
+        if cfg.attn_output_gate:  # q_proj rows per head: [q (d_head) | gate (d_head)]
+            wq, wg = _split_gate(cfg, wq)
+            bq, bg = _split_gate(cfg, bq) if bq is not None else (None, None)
         if cfg.qk_norm and (i, "q_norm.weight") not in tensors:  # per-head tensors -> [n, d_head]
             for which, n in (("q_norm", cfg.num_heads), ("k_norm", cfg.num_kv_heads)):
                 tensors[(i, which + ".weight")] = torch.stack(
@@ -487,7 +501,8 @@ class _Slots:
             qn = Norm(cfg.norm_type, cfg.norm_eps, tensors[(i, "q_norm.weight")])
             kn = Norm(cfg.norm_type, cfg.norm_eps, tensors[(i, "k_norm.weight")])
         return AttnWeights(wq, wk, wv, tensors[(i, "o.weight")], bq, bk, bv, opt(i, "o.bias"),
-                           qn, kn, qk_norm_full=cfg.qk_norm_full, clip=cfg.clip_qkv)
+                           qn, kn, qk_norm_full=cfg.qk_norm_full, clip=cfg.clip_qkv,
+                           w_gate=wg, b_gate=bg)
 
     def mlp(self, i: int) -> MlpWeights | MoeWeights:
         """The layer's MLP: mixture of experts, gated with gate/up fused ([gate | up] rows,

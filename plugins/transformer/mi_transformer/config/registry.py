@@ -17,6 +17,9 @@ from mi_transformer.config.families_llama import (
     parse_gemma3_text, parse_granite, parse_helium, parse_llama, parse_mistral, parse_olmo,
     parse_olmo2, parse_phi3, parse_qwen2, parse_qwen3, parse_smollm3, parse_starcoder2,
 )
+from mi_transformer.config.families_linear import (
+    QWEN3_5_TEXT_READS, QWEN3_NEXT_READS, parse_qwen3_5_text, parse_qwen3_next,
+)
 from mi_transformer.config.families_moe import (
     parse_mixtral, parse_olmoe, parse_qwen2_moe, parse_qwen3_moe,
 )
@@ -150,6 +153,11 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
             note="Mamba-1 mixer with B/C/dt RMS norms (mi-ssm), no MLP"),
     _family("mamba2", parse_mamba2, MAMBA2_READS, harmless=SSM_HARMLESS | {"time_step_rank"},
             note="Mamba-2 mixer (mi-ssm), no MLP"),
+    # linear-attention hybrids: gated DeltaNet layers (mi-ssm) and gated attention layers
+    _family("qwen3_next", parse_qwen3_next, _LLAMA | QWEN3_NEXT_READS, harmless=_MOE_HARMLESS,
+            note="gated DeltaNet (mi-ssm) + gated attention, MoE with a shared expert"),
+    _family("qwen3_5_text", parse_qwen3_5_text, _LLAMA | QWEN3_5_TEXT_READS,
+            note="gated DeltaNet (mi-ssm) + gated attention, dense MLP"),
 ]}
 
 

@@ -1,0 +1,112 @@
+"""Parsers of the hybrid families whose recurrent layers are linear attention: Qwen3-Next and
+Qwen3.5 (gated DeltaNet, mi-ssm's ``gated_deltanet`` mixer).
+
+A layer is ``x + mixer(norm(x))`` (the mixer: gated DeltaNet or gated softmax attention),
+then ``x + mlp(norm(x))``; the schedule comes from ``layer_types`` ("linear_attention" /
+"full_attention"; absent: every ``full_attention_interval``-th layer is attention). The
+attention layers are Qwen3's with an output gate (``attn_output_gate``: q_proj rows [q | gate]
+per head), partial rotary (``partial_rotary_factor``, transformers' default 0.25), per-head
+q/k norms; every norm is ``x / rms(x) * (1 + w)`` (:attr:`NormType.GEMMA_RMS`). Qwen3-Next's
+MLP is a mixture of experts with a sigmoid-gated shared expert on the layers
+``decoder_sparse_step`` / ``mlp_only_layers`` mark. A family is this parser, its key table
+(:data:`GATED_DELTA_KEYS`) and a weight-name table (``weights.NAME_TABLES``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mi_core.plugin import ConfigError, UnsupportedModelError, mixer
+
+from mi_transformer.config.axes import ATTENTION, MixerConfig, NormType, TransformerConfig
+from mi_transformer.config.common import _base, _finish, _ropes_by_type
+from mi_transformer.config.families_moe import _moe, _sparse_layers
+from mi_transformer.config.reader import ConfigReader
+
+#: Mixer setting -> config key (mi_ssm.gated_delta reads them); "layout" names the
+#: checkpoint's projection layout (a value, not a key).
+GATED_DELTA_KEYS: dict[str, str] = {
+    "k_heads": "linear_num_key_heads", "v_heads": "linear_num_value_heads",
+    "d_k": "linear_key_head_dim", "d_v": "linear_value_head_dim",
+    "d_conv": "linear_conv_kernel_dim", "norm_eps": "rms_norm_eps", "act": "hidden_act"}
+GATED_DELTA = "gated_deltanet"
+#: transformers' layer_types spellings -> our layer types
+_TYPES = {"linear_attention": GATED_DELTA, "full_attention": ATTENTION}
+
+
+def _schedule(r: ConfigReader, n: int) -> tuple[str, ...]:
+    """layer_types, or (transformers' rule without it) attention every interval-th layer."""
+    types = r.list("layer_types")
+    if types is None:
+        every = r.int("full_attention_interval", 4)
+        types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(n)]
+    elif r.has("full_attention_interval"):
+        r.int("full_attention_interval")  # transformers ignores it when layer_types is given
+    if len(types) != n:
+        raise ConfigError(f"{r.src}: layer_types has {len(types)} entries, num_hidden_layers "
+                          f"is {n}")
+    bad = sorted({repr(t) for t in types if t not in _TYPES})
+    if bad:
+        raise ConfigError(f"{r.src}: layer_types has unsupported entries {bad} (supported: "
+                          f"{sorted(_TYPES)})")
+    return tuple(_TYPES[t] for t in types)
+
+
+def _rotary_dims(r: ConfigReader, head_dim: int) -> int:
+    """partial_rotary_factor (top level or in rope_parameters); transformers' default for
+    these families is 0.25, not 1."""
+    params = r.mapping("rope_parameters") or {}
+    frac = r.float("partial_rotary_factor", None, gt=0, le=1)
+    if frac is None and "partial_rotary_factor" in params:
+        frac = r.sub("rope_parameters", params).float("partial_rotary_factor", gt=0, le=1)
+    dims = int(head_dim * (0.25 if frac is None else frac))
+    if dims < 2 or dims % 2:
+        raise ConfigError(f"{r.src}: partial rotary factor {frac} of head_dim {head_dim} gives "
+                          f"{dims} rotated dims (must be even and >= 2)")
+    return 0 if dims == head_dim else dims
+
+
+def _gated_delta_hybrid(r: ConfigReader, model_type: str, layout: str,
+                        extra: dict[str, Any]) -> TransformerConfig:
+    base = _base(r, model_type)
+    n, hidden = base["num_layers"], base["hidden_size"]
+    try:
+        spec = mixer(GATED_DELTA, f"{r.src}: model_type {model_type!r}")
+    except UnsupportedModelError as exc:
+        raise UnsupportedModelError(f"{exc}; the linear-attention mixers come with mi-ssm (pip "
+                                    f"install 'mi-core[ssm]')") from None
+    settings = spec.settings(r, {**GATED_DELTA_KEYS, "layout": layout}, hidden)
+    bias = r.bool("attention_bias", False)
+    base.update(qkv_bias=bias, o_bias=bias, qk_norm=True, attn_output_gate=True,
+                weight_names="qwen3_next",
+                norm_type=NormType.GEMMA_RMS, rotary_dim=_rotary_dims(r, base["head_dim"]),
+                layer_mixers=_schedule(r, n), mixers=(MixerConfig(GATED_DELTA, spec, settings),),
+                **extra)
+    return _finish(r, base, ["full_attention"] * n, _ropes_by_type(r), None)
+
+
+def parse_qwen3_next(r: ConfigReader) -> TransformerConfig:
+    """Qwen3-Next: fused in_proj_qkvz / in_proj_ba; MoE with a gated shared expert."""
+    n = r.int("num_hidden_layers")
+    moe = _moe(r, ("num_experts",), "moe_intermediate_size", True, shared=True) \
+        if r.int("num_experts", 0, min=0) else None
+    if moe is None:  # no experts: the MoE keys transformers writes cannot change a number
+        r.read.update({"num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+                       "shared_expert_intermediate_size", "decoder_sparse_step",
+                       "mlp_only_layers"})
+    layer_moe = _sparse_layers(r, n) if moe is not None else ()
+    return _gated_delta_hybrid(r, "qwen3_next", "fused", dict(moe=moe, layer_moe=layer_moe))
+
+
+def parse_qwen3_5_text(r: ConfigReader) -> TransformerConfig:
+    """Qwen3.5 (text): separate in_proj_qkv / z / b / a; a dense MLP."""
+    return _gated_delta_hybrid(r, "qwen3_5_text", "separate", {})
+
+
+_HYBRID = {"layer_types", "full_attention_interval", "attention_bias",
+           *GATED_DELTA_KEYS.values()}
+QWEN3_NEXT_READS = frozenset(_HYBRID | {
+    "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+    "mlp_only_layers"})
+QWEN3_5_TEXT_READS = frozenset(_HYBRID)
