@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from tests.support.ssm_tiny import TinySsm
@@ -69,3 +70,33 @@ def make_tiny_linear(root: Path, name: str, seed: int = 0, **overrides: Any) -> 
     path = root / name
     hf.save_pretrained(path)
     return TinySsm(name, path, hf)
+
+
+_CACHE: dict[str, TinySsm] = {}
+_MODELS: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="session")
+def tiny_linear(tmp_path_factory: pytest.TempPathFactory):
+    """tiny_linear(name) -> TinySsm (the checkpoint and transformers' model), built once."""
+    root = tmp_path_factory.mktemp("tiny_linear")
+
+    def get(name: str) -> TinySsm:
+        if name not in _CACHE:
+            _CACHE[name] = make_tiny_linear(root, name)
+        return _CACHE[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def linear_model(tiny_linear):
+    """linear_model(name) -> our MIModel of that tiny checkpoint (loaded once)."""
+    import mi_core as mi
+
+    def get(name: str) -> Any:
+        if name not in _MODELS:
+            _MODELS[name] = mi.MIModel.from_pretrained(tiny_linear(name).path)
+        return _MODELS[name]
+
+    return get
