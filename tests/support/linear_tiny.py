@@ -35,10 +35,15 @@ LINEAR_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                       moe_intermediate_size=16,
                                       shared_expert_intermediate_size=24)),
     "qwen3_5_text": ("qwen3_5_text", dict(_COMMON)),
+    # OLMo hybrid as released: no rotary (rope_parameters null), beta in (0, 2). Key and
+    # value widths equal (2 x 16 = 4 x 8): transformers 5.23 saves the q/k/v convs split in
+    # equal thirds whatever their widths (its reverse conversion), so only then is its file right
+    "olmo_hybrid": ("olmo_hybrid", dict({k: v for k, v in _COMMON.items() if k != "head_dim"},
+                                        linear_key_head_dim=16, rope_parameters=None)),
 }
 
 
-def _randomise(model: torch.nn.Module, seed: int) -> None:
+def _randomise(model: torch.nn.Module, seed: int, zero_centred: bool) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -49,7 +54,8 @@ def _randomise(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(1.0 + 0.3 * noise)
             elif "embed" in name:
                 p.copy_(noise)
-            elif name.endswith("linear_attn.norm.weight"):  # gated norm: gain w
+            elif name.endswith(("linear_attn.norm.weight", "o_norm.weight")) or (
+                    "norm" in name and not zero_centred):  # gains w
                 p.copy_(1.0 + 0.1 * noise)
             elif "norm" in name:  # (1 + w) norms
                 p.copy_(0.1 * noise)
@@ -66,7 +72,7 @@ def make_tiny_linear(root: Path, name: str, seed: int = 0, **overrides: Any) -> 
     cfg = AutoConfig.for_model(model_type, **{**kwargs, **overrides})
     torch.manual_seed(seed)
     hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    _randomise(hf, seed)
+    _randomise(hf, seed, zero_centred=model_type != "olmo_hybrid")
     path = root / name
     hf.save_pretrained(path)
     return TinySsm(name, path, hf)

@@ -14,8 +14,11 @@ This is the shared recurrence layer's diagonal + rank-1 scan (:mod:`mi_core.recu
 with one scalar decay per head: ``a = k``, ``b = -exp(g) beta k``, written key ``beta k``;
 chunked (64 tokens) for the forward, the exact recurrence only when ``attn.hook_state`` is
 hooked. Two checkpoint layouts: Qwen3-Next's fused ``in_proj_qkvz`` / ``in_proj_ba``
-(interleaved per key head) and Qwen3.5's separate ``in_proj_qkv`` / ``in_proj_z`` /
-``in_proj_b`` / ``in_proj_a``; the family's key table picks one (``"layout"``).
+(interleaved per key head), Qwen3.5's separate ``in_proj_qkv`` / ``in_proj_z`` /
+``in_proj_b`` / ``in_proj_a``, and OLMo hybrid's ``q_proj`` / ``k_proj`` / ``v_proj`` /
+``a_proj`` / ``b_proj`` / ``g_proj`` / ``o_proj`` / ``o_norm`` and one conv per projection
+(``q_conv1d`` / ``k_conv1d`` / ``v_conv1d``, as saved; with ``beta = 2 sigmoid(b)``
+where it allows negative eigenvalues); the family's key table picks one (``"layout"``).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ POINTS = ("attn.hook_in", "attn.hook_conv", "attn.hook_q", "attn.hook_k", "attn.
 FACTORIES = {"linear_attn_" + s.split(".hook_")[1]: s for s in POINTS
              if s not in ("attn.hook_in", "attn.hook_q", "attn.hook_k", "attn.hook_v",
                           "attn.hook_z")}
-LAYOUTS = ("fused", "separate")
+LAYOUTS = ("fused", "separate", "olmo")
 
 
 @attrs.frozen
@@ -57,7 +60,8 @@ class GatedDeltaSettings:
     d_v: int
     d_conv: int
     norm_eps: float
-    layout: str = "separate"  # "fused": Qwen3-Next in_proj_qkvz / in_proj_ba
+    layout: str = "separate"  # "fused": Qwen3-Next in_proj_qkvz / in_proj_ba; "olmo"
+    beta_scale: float = 1.0  # 2: beta in (0, 2), negative eigenvalues allowed (OLMo hybrid)
 
     @property
     def key_dim(self) -> int:
@@ -74,8 +78,9 @@ class GatedDeltaSettings:
 
 def gated_delta_settings(r: ConfigFields, keys: Mapping[str, str],
                          hidden: int) -> GatedDeltaSettings:
-    """k_heads, v_heads (a multiple of k_heads), d_k, d_v, d_conv, norm_eps, act (silu);
-    ``keys["layout"]`` is a layout name ("fused" / "separate"), not a config key."""
+    """k_heads, v_heads (a multiple of k_heads), d_k, d_v, d_conv, norm_eps (the gated norm's;
+    unnamed: 1e-5, FLA's fixed value), neg_eigval (beta scaled by 2), act (silu);
+    ``keys["layout"]`` is a layout name ("fused" / "separate" / "olmo"), not a config key."""
     k = _Keys(r, keys)
     act_key = keys.get("act")
     if act_key is not None:
@@ -89,7 +94,8 @@ def gated_delta_settings(r: ConfigFields, keys: Mapping[str, str],
         raise k.fail("v_heads", f"must be a multiple of the {kh} key heads")
     return GatedDeltaSettings(d_model=hidden, k_heads=kh, v_heads=vh, d_k=k.int("d_k"),
                               d_v=k.int("d_v"), d_conv=k.int("d_conv", 4),
-                              norm_eps=k.number("norm_eps", 1e-6, gt=0), layout=layout)
+                              norm_eps=k.number("norm_eps", 1e-5, gt=0), layout=layout,
+                              beta_scale=2.0 if k.flag("neg_eigval", False) else 1.0)
 
 
 def gated_delta_tensors(s: GatedDeltaSettings) -> dict[str, tuple[int, ...]]:
@@ -101,6 +107,14 @@ def gated_delta_tensors(s: GatedDeltaSettings) -> dict[str, tuple[int, ...]]:
     if s.layout == "fused":
         out.update({"in_proj_qkvz.weight": (s.conv_dim + s.value_dim, d),
                     "in_proj_ba.weight": (2 * h, d)})
+    elif s.layout == "olmo":
+        out = {"q_conv1d.weight": (s.key_dim, 1, s.d_conv),   # one conv per projection
+               "k_conv1d.weight": (s.key_dim, 1, s.d_conv),
+               "v_conv1d.weight": (s.value_dim, 1, s.d_conv), "dt_bias": (h,), "A_log": (h,),
+               "o_norm.weight": (s.d_v,), "o_proj.weight": (d, s.value_dim),
+               "q_proj.weight": (s.key_dim, d), "k_proj.weight": (s.key_dim, d),
+               "v_proj.weight": (s.value_dim, d), "g_proj.weight": (s.value_dim, d),
+               "a_proj.weight": (h, d), "b_proj.weight": (h, d)}
     else:
         out.update({"in_proj_qkv.weight": (s.conv_dim, d), "in_proj_z.weight": (s.value_dim, d),
                     "in_proj_b.weight": (h, d), "in_proj_a.weight": (h, d)})
@@ -138,6 +152,11 @@ class GatedDeltaMixer:
         self.heads = s.v_heads
         if s.layout == "fused":
             self.w_qkv, self.w_z, self.w_b, self.w_a = _unfuse(s, w)
+        elif s.layout == "olmo":
+            self.w_qkv = torch.cat([w["q_proj.weight"], w["k_proj.weight"], w["v_proj.weight"]])
+            self.w_z, self.w_b, self.w_a = w["g_proj.weight"], w["b_proj.weight"], w["a_proj.weight"]
+            w = {**w, "norm.weight": w["o_norm.weight"], "out_proj.weight": w["o_proj.weight"],
+                 "conv1d.weight": torch.cat([w[f"{p}_conv1d.weight"] for p in "qkv"])}
         else:
             self.w_qkv, self.w_z = w["in_proj_qkv.weight"], w["in_proj_z.weight"]
             self.w_b, self.w_a = w["in_proj_b.weight"], w["in_proj_a.weight"]
@@ -177,7 +196,8 @@ class GatedDeltaMixer:
         q = run.apply(n.q, _l2(q.reshape(b, t, s.k_heads, s.d_k).float()))
         k = run.apply(n.k, _l2(k.reshape(b, t, s.k_heads, s.d_k).float()))
         v = run.apply(n.v, v.reshape(b, t, s.v_heads, s.d_v).float())
-        beta = run.apply(n.beta, torch.sigmoid(F.linear(x, self.w_b).float()))
+        beta = torch.sigmoid(F.linear(x, self.w_b).float())
+        beta = run.apply(n.beta, beta * s.beta_scale if s.beta_scale != 1.0 else beta)
         g = run.apply(n.decay, self.neg_A * F.softplus(F.linear(x, self.w_a).float()
                                                         + self.dt_bias))
         rep = s.v_heads // s.k_heads

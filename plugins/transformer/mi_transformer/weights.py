@@ -120,6 +120,12 @@ NAME_TABLES: dict[str, NameTable] = {
                        layer="backbone.layers.{i}.", ln1="norm", ln2="", mixer="mixer"),
     # linear-attention hybrids: the mixer's tensors under linear_attn. (Qwen3-Next, Qwen3.5)
     "qwen3_next": NameTable(mixer="linear_attn"),
+    # OLMo hybrid as saved: DeltaNet layers pre-norm (attention_layer_norm before the mixer,
+    # feedforward_layer_norm before the MLP); attention layers post-norm only (OLMo2), their
+    # post-attention norm saved as feedforward_layer_norm too (transformers' reverse renaming)
+    "olmo_hybrid": NameTable(ln1="attention_layer_norm", ln2="feedforward_layer_norm",
+                             ln1_post="feedforward_layer_norm",
+                             ln2_post="post_feedforward_layernorm", mixer="linear_attn"),
     "falcon_two_norms": NameTable(embed="transformer.word_embeddings",
                                   final_norm="transformer.ln_f", layer="transformer.h.{i}.",
                                   ln1="ln_attn", ln2="ln_mlp", qkv="self_attention.query_key_value",
@@ -197,7 +203,9 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
             add(i, "qkv", t.qkv, _linear(t, (h + 2 * kv) * hd, d), cfg.qkv_bias)
         if mixer is None:
             _attention_extras(t, cfg, add, i, (qn, kn))
-        for slot, name in norms.items():
+        layer_norms = {"ln1": t.ln1, "ln2": t.ln2} if mixer is not None and \
+            cfg.mixer_pre_norms else norms  # OLMo hybrid: pre-norm mixer layers
+        for slot, name in layer_norms.items():
             if cfg.has_mlp(i) or slot in ("ln1", "ln1_post"):
                 add(i, slot, name, (d,), cfg.norm_bias)
         if not cfg.has_mlp(i):
@@ -464,7 +472,8 @@ class _Slots:
             own = {slot[6:]: w for (layer, slot), w in tensors.items()
                    if layer == i and slot.startswith("mixer:")}
             mixer = spec.spec.build(spec.settings, own, i)
-        pre = cfg.pre_norms
+        own_pre = spec is not None and cfg.mixer_pre_norms  # pre-norm mixer layers
+        pre, post = cfg.pre_norms or own_pre, cfg.post_norms and not own_pre
         # ln2 is there when the checkpoint has its gain; norms without weights leave nothing
         # to look for, so then every block but the one-shared-norm kind has it
         has_ln2 = (i, "ln2.weight") in tensors or (
@@ -473,8 +482,8 @@ class _Slots:
             ln1=self.norm(i, "ln1") if pre else None,
             ln2=self.norm(i, "ln2") if pre and has_ln2 else None,
             attn=attn, mlp=mlp,
-            ln1_post=self.norm(i, "ln1_post") if cfg.post_norms else None,
-            ln2_post=self.norm(i, "ln2_post") if cfg.post_norms and mlp is not None else None,
+            ln1_post=self.norm(i, "ln1_post") if post else None,
+            ln2_post=self.norm(i, "ln2_post") if post and mlp is not None else None,
             mixer=mixer)
 
     def attn(self, i: int) -> AttnWeights:

@@ -190,6 +190,7 @@ class TransformerConfig:
     residual_fp32: bool = False  # the residual stream kept in F32 (Mamba's residual_in_fp32)
     # sigmoid(gate) multiplies each head's z before W_O; q_proj rows are [q | gate] per head
     attn_output_gate: bool = False  # (Qwen3-Next, Qwen3.5 gated attention)
+    mixer_pre_norms: bool = False  # mixer layers pre-norm (ln1, ln2) where attention is post-norm
 
     def __attrs_post_init__(self) -> None:
         """Relations between axes; the parsers check the same on JSON keys first, so this

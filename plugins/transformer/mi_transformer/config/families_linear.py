@@ -1,5 +1,5 @@
-"""Parsers of the hybrid families whose recurrent layers are linear attention: Qwen3-Next and
-Qwen3.5 (gated DeltaNet, mi-ssm's ``gated_deltanet`` mixer).
+"""Parsers of the hybrid families whose recurrent layers are linear attention: Qwen3-Next,
+Qwen3.5 and OLMo hybrid (gated DeltaNet, mi-ssm's ``gated_deltanet`` mixer).
 
 A layer is ``x + mixer(norm(x))`` (the mixer: gated DeltaNet or gated softmax attention),
 then ``x + mlp(norm(x))``; the schedule comes from ``layer_types`` ("linear_attention" /
@@ -8,7 +8,10 @@ attention layers are Qwen3's with an output gate (``attn_output_gate``: q_proj r
 per head), partial rotary (``partial_rotary_factor``, transformers' default 0.25), per-head
 q/k norms; every norm is ``x / rms(x) * (1 + w)`` (:attr:`NormType.GEMMA_RMS`). Qwen3-Next's
 MLP is a mixture of experts with a sigmoid-gated shared expert on the layers
-``decoder_sparse_step`` / ``mlp_only_layers`` mark. A family is this parser, its key table
+``decoder_sparse_step`` / ``mlp_only_layers`` mark. OLMo hybrid's attention layers are
+OLMo2's (post-norms only, full-width q/k norms, no rotary where ``rope_parameters`` is null,
+as released), its DeltaNet layers pre-norm (``mixer_pre_norms``) with separate projections
+and ``beta = 2 sigmoid(b)`` (``linear_allow_neg_eigval``). A family is this parser, its key table
 (:data:`GATED_DELTA_KEYS`) and a weight-name table (``weights.NAME_TABLES``).
 """
 
@@ -18,7 +21,8 @@ from typing import Any
 
 from mi_core.plugin import ConfigError, UnsupportedModelError, mixer
 
-from mi_transformer.config.axes import ATTENTION, MixerConfig, NormType, TransformerConfig
+from mi_transformer.config.axes import (ATTENTION, MixerConfig, NormType, Positions,
+                                        TransformerConfig)
 from mi_transformer.config.common import _base, _finish, _ropes_by_type
 from mi_transformer.config.families_moe import _moe, _sparse_layers
 from mi_transformer.config.reader import ConfigReader
@@ -66,15 +70,19 @@ def _rotary_dims(r: ConfigReader, head_dim: int) -> int:
     return 0 if dims == head_dim else dims
 
 
+def _gated_delta_spec(r: ConfigReader, model_type: str) -> Any:
+    try:
+        return mixer(GATED_DELTA, f"{r.src}: model_type {model_type!r}")
+    except UnsupportedModelError as exc:
+        raise UnsupportedModelError(f"{exc}; the linear-attention mixers come with mi-ssm (pip "
+                                    f"install 'mi-core[ssm]')") from None
+
+
 def _gated_delta_hybrid(r: ConfigReader, model_type: str, layout: str,
                         extra: dict[str, Any]) -> TransformerConfig:
     base = _base(r, model_type)
     n, hidden = base["num_layers"], base["hidden_size"]
-    try:
-        spec = mixer(GATED_DELTA, f"{r.src}: model_type {model_type!r}")
-    except UnsupportedModelError as exc:
-        raise UnsupportedModelError(f"{exc}; the linear-attention mixers come with mi-ssm (pip "
-                                    f"install 'mi-core[ssm]')") from None
+    spec = _gated_delta_spec(r, model_type)
     settings = spec.settings(r, {**GATED_DELTA_KEYS, "layout": layout}, hidden)
     bias = r.bool("attention_bias", False)
     base.update(qkv_bias=bias, o_bias=bias, qk_norm=True, attn_output_gate=True,
@@ -103,6 +111,28 @@ def parse_qwen3_5_text(r: ConfigReader) -> TransformerConfig:
     return _gated_delta_hybrid(r, "qwen3_5_text", "separate", {})
 
 
+#: OLMo hybrid's mixer keys (the gated norm's eps is FLA's fixed 1e-5: no key)
+OLMO_HYBRID_KEYS: dict[str, str] = {
+    **{k: v for k, v in GATED_DELTA_KEYS.items() if k != "norm_eps"},
+    "neg_eigval": "linear_allow_neg_eigval"}
+
+
+def parse_olmo_hybrid(r: ConfigReader) -> TransformerConfig:
+    """OLMo hybrid: OLMo2 attention layers (post-norms) and pre-norm gated DeltaNet layers."""
+    base = _base(r, "olmo_hybrid")
+    n, hidden = base["num_layers"], base["hidden_size"]
+    spec = _gated_delta_spec(r, "olmo_hybrid")
+    settings = spec.settings(r, {**OLMO_HYBRID_KEYS, "layout": "olmo"}, hidden)
+    params = r.mapping("rope_parameters")
+    rope = bool(params) and params.get("rope_theta") is not None  # released: no rotary
+    bias = r.bool("attention_bias", False)
+    base.update(qkv_bias=bias, o_bias=bias, qk_norm=True, qk_norm_full=True, pre_norms=False,
+                post_norms=True, mixer_pre_norms=True, weight_names="olmo_hybrid",
+                positions=Positions.ROPE if rope else Positions.NONE,
+                layer_mixers=_schedule(r, n), mixers=(MixerConfig(GATED_DELTA, spec, settings),))
+    return _finish(r, base, ["full_attention"] * n, _ropes_by_type(r), None)
+
+
 _HYBRID = {"layer_types", "full_attention_interval", "attention_bias",
            *GATED_DELTA_KEYS.values()}
 QWEN3_NEXT_READS = frozenset(_HYBRID | {
@@ -110,3 +140,7 @@ QWEN3_NEXT_READS = frozenset(_HYBRID | {
     "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
     "mlp_only_layers"})
 QWEN3_5_TEXT_READS = frozenset(_HYBRID)
+OLMO_HYBRID_READS = frozenset(_HYBRID | {"linear_allow_neg_eigval"})
+#: OLMo hybrid's initialisation-only keys (A_log / dt ranges at creation)
+OLMO_HYBRID_HARMLESS = frozenset({"linear_a_log_min", "linear_a_log_max", "linear_dt_min",
+                                  "linear_dt_max", "linear_dt_init_floor"})

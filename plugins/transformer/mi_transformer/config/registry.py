@@ -18,7 +18,8 @@ from mi_transformer.config.families_llama import (
     parse_olmo2, parse_phi3, parse_qwen2, parse_qwen3, parse_smollm3, parse_starcoder2,
 )
 from mi_transformer.config.families_linear import (
-    QWEN3_5_TEXT_READS, QWEN3_NEXT_READS, parse_qwen3_5_text, parse_qwen3_next,
+    OLMO_HYBRID_HARMLESS, OLMO_HYBRID_READS, QWEN3_5_TEXT_READS, QWEN3_NEXT_READS,
+    parse_olmo_hybrid, parse_qwen3_5_text, parse_qwen3_next,
 )
 from mi_transformer.config.families_moe import (
     parse_mixtral, parse_olmoe, parse_qwen2_moe, parse_qwen3_moe,
@@ -158,6 +159,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
             note="gated DeltaNet (mi-ssm) + gated attention, MoE with a shared expert"),
     _family("qwen3_5_text", parse_qwen3_5_text, _LLAMA | QWEN3_5_TEXT_READS,
             note="gated DeltaNet (mi-ssm) + gated attention, dense MLP"),
+    _family("olmo_hybrid", parse_olmo_hybrid, _LLAMA | OLMO_HYBRID_READS,
+            harmless=OLMO_HYBRID_HARMLESS,
+            note="gated DeltaNet (mi-ssm, pre-norm) + OLMo2 attention (post-norm)"),
 ]}
 
 
