@@ -1,10 +1,15 @@
-"""Mamba, Falcon-Mamba and Mamba-2 at real widths: mi-transformer + mi-ssm against
-transformers' own CPU path (its torch fallbacks: the sequential selective scan for Mamba-1,
-the chunked SSD for Mamba-2), same weights, same dtype, side by side.
+"""Mamba, Falcon-Mamba, Mamba-2 and the gated DeltaNet hybrids (Qwen3-Next, Qwen3.5, OLMo
+hybrid) at real widths: mi-transformer + mi-ssm against transformers' own CPU path (its torch
+fallbacks: the sequential selective scan for Mamba-1, the chunked SSD for Mamba-2, the
+chunked gated delta rule), same weights, same dtype, side by side.
 
 Random weights at the 130m checkpoints' widths (d_model 768, vocab 50280; Mamba: d_state 16,
 expand 2, dt_rank 48; Mamba-2: 24 heads x 64, d_state 128, 1 group, chunk 256) with fewer
-layers (`--layers`, default 6) to keep a run short on a shared machine; built with
+layers (`--layers`, default 6) to keep a run short on a shared machine. The hybrids: d_model
+1024, vocab 32000, gated DeltaNet 8 key / 16 value heads x 128 (Qwen3-Next's head sizes), conv
+4, attention every 4th layer (8 heads x 128, 2 KV heads, output gate, rotary 0.25 for the
+Qwen ones); Qwen3-Next's MoE 16 experts top 4 x 256 plus a 256 shared expert, the dense
+MLPs 2816. Built with
 transformers, saved as safetensors, loaded by us from that directory. CPU, batch 2 x
 `--seq` random ids. Each row: the median of `--reps` runs taken round-robin, our empty-hook
 forward and transformers' forward (``use_cache=False``), their ratio, and the max logit
@@ -29,14 +34,28 @@ import mi_core as mi
 from _timing import round_robin  # bench/ is on sys.path when run as a script
 
 BATCH = 2
-FAMILIES = ("mamba", "falcon_mamba", "mamba2")
+FAMILIES = ("mamba", "falcon_mamba", "mamba2", "qwen3_next", "qwen3_5_text", "olmo_hybrid")
+_LINEAR = dict(hidden_size=1024, vocab_size=32000, num_attention_heads=8, num_key_value_heads=2,
+               head_dim=128, intermediate_size=2816, linear_num_key_heads=8,
+               linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+               linear_conv_kernel_dim=4)
 
 
 def _hf(kind: str, layers: int, dtype: torch.dtype) -> Any:
     import transformers as tf
 
     common = dict(hidden_size=768, num_hidden_layers=layers, vocab_size=50280)
-    if kind == "mamba2":
+    if kind in ("qwen3_next", "qwen3_5_text", "olmo_hybrid"):
+        extra: dict[str, Any] = dict(num_experts=16, num_experts_per_tok=4,
+                                     moe_intermediate_size=256,
+                                     shared_expert_intermediate_size=256) \
+            if kind == "qwen3_next" else {}
+        kw = dict(_LINEAR, num_hidden_layers=layers, **extra)
+        if kind == "olmo_hybrid":  # as released: no rotary; key and value widths equal
+            kw.pop("head_dim")
+            kw.update(rope_parameters=None, linear_key_head_dim=256, pad_token_id=0)
+        cfg = tf.AutoConfig.for_model(kind, **kw)
+    elif kind == "mamba2":
         cfg = tf.Mamba2Config(state_size=128, num_heads=24, head_dim=64, n_groups=1,
                               expand=2, chunk_size=256, **common)
     else:
@@ -51,7 +70,8 @@ def bench(kind: str, args: argparse.Namespace, workdir: Path) -> dict[str, float
     hf = _hf(kind, args.layers, dtype)
     hf.save_pretrained(workdir / kind)
     model = mi.MIModel.from_pretrained(workdir / kind, dtype=dtype)
-    ids = torch.randint(0, 50280, (BATCH, args.seq), generator=torch.Generator().manual_seed(0))
+    vocab = hf.config.vocab_size
+    ids = torch.randint(0, vocab, (BATCH, args.seq), generator=torch.Generator().manual_seed(0))
 
     def ours() -> torch.Tensor:
         with torch.inference_mode():
@@ -78,7 +98,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"d_model 768, {args.layers} layers, {BATCH} x {args.seq} tokens, {args.dtype}, CPU, "
+    print(f"d_model 768 (hybrids 1024), {args.layers} layers, {BATCH} x {args.seq} tokens, {args.dtype}, CPU, "
           f"torch threads {torch.get_num_threads()}, median of {args.reps}\n")
     print("| family | ours (s) | transformers (s) | ours / transformers | max logit diff |")
     print("|---|---|---|---|---|")
