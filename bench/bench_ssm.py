@@ -6,10 +6,10 @@ chunked gated delta rule), same weights, same dtype, side by side.
 Random weights at the 130m checkpoints' widths (d_model 768, vocab 50280; Mamba: d_state 16,
 expand 2, dt_rank 48; Mamba-2: 24 heads x 64, d_state 128, 1 group, chunk 256) with fewer
 layers (`--layers`, default 6) to keep a run short on a shared machine. The hybrids: d_model
-1024, vocab 32000, gated DeltaNet 8 key / 16 value heads x 128 (Qwen3-Next's head sizes), conv
-4, attention every 4th layer (8 heads x 128, 2 KV heads, output gate, rotary 0.25 for the
-Qwen ones); Qwen3-Next's MoE 16 experts top 4 x 256 plus a 256 shared expert, the dense
-MLPs 2816. Built with
+1024, vocab 8000 (small files on a shared disk), gated DeltaNet 8 key / 16 value heads x 128
+(Qwen3-Next's head sizes), conv 4, attention every 4th layer (8 heads x 128, 2 KV heads,
+output gate, rotary 0.25 for the Qwen ones); Qwen3-Next's MoE 16 experts top 4 x 256 plus
+a 256 shared expert, the dense MLPs 2816. Built with
 transformers, saved as safetensors, loaded by us from that directory. CPU, batch 2 x
 `--seq` random ids. Each row: the median of `--reps` runs taken round-robin, our empty-hook
 forward and transformers' forward (``use_cache=False``), their ratio, and the max logit
@@ -35,7 +35,7 @@ from _timing import round_robin  # bench/ is on sys.path when run as a script
 
 BATCH = 2
 FAMILIES = ("mamba", "falcon_mamba", "mamba2", "qwen3_next", "qwen3_5_text", "olmo_hybrid")
-_LINEAR = dict(hidden_size=1024, vocab_size=32000, num_attention_heads=8, num_key_value_heads=2,
+_LINEAR = dict(hidden_size=1024, vocab_size=8000, num_attention_heads=8, num_key_value_heads=2,
                head_dim=128, intermediate_size=2816, linear_num_key_heads=8,
                linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
                linear_conv_kernel_dim=4)
@@ -98,7 +98,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"d_model 768 (hybrids 1024), {args.layers} layers, {BATCH} x {args.seq} tokens, {args.dtype}, CPU, "
+    print(f"d_model 768 (hybrids 1024), {args.layers} layers, {BATCH} x {args.seq} tokens, "
+          f"{args.dtype}, CPU, "
           f"torch threads {torch.get_num_threads()}, median of {args.reps}\n")
     print("| family | ours (s) | transformers (s) | ours / transformers | max logit diff |")
     print("|---|---|---|---|---|")

@@ -154,7 +154,8 @@ class GatedDeltaMixer:
             self.w_qkv, self.w_z, self.w_b, self.w_a = _unfuse(s, w)
         elif s.layout == "olmo":
             self.w_qkv = torch.cat([w["q_proj.weight"], w["k_proj.weight"], w["v_proj.weight"]])
-            self.w_z, self.w_b, self.w_a = w["g_proj.weight"], w["b_proj.weight"], w["a_proj.weight"]
+            self.w_z, self.w_b = w["g_proj.weight"], w["b_proj.weight"]
+            self.w_a = w["a_proj.weight"]
             w = {**w, "norm.weight": w["o_norm.weight"], "out_proj.weight": w["o_proj.weight"],
                  "conv1d.weight": torch.cat([w[f"{p}_conv1d.weight"] for p in "qkv"])}
         else:
