@@ -87,7 +87,8 @@ class MIModel(metaclass=_ModelClass):
                     raise UnsupportedModelError(
                         f"{source}: no backend plugins are installed (install mi-core with "
                         f"the extra of a backend plugin, e.g. pip install 'mi-core[all]')")
-                raise UnsupportedModelError("no plugin can load this checkpoint:\n" + rep.summary())
+                raise UnsupportedModelError(rep.summary() if rep.unimplemented else
+                                            "no plugin can load this checkpoint:\n" + rep.summary())
             backend = rep.backend
         if backend not in available:
             raise UnsupportedModelError(f"backend {backend!r} is not installed; installed: "
@@ -137,7 +138,7 @@ class MIModel(metaclass=_ModelClass):
 
     @property
     def layer_types(self) -> list[str]:
-        """Each layer's mixer ("full_attention", "sliding_attention", a recurrent mixer's name); a
+        """Each layer's mixer ("full_attention", "sliding_attention", a recurrent one ...); a
         CapabilityError for a backend that does not declare them."""
         self.require(caps.LayerTypes, "layer_types")
         return list(self.backend.layer_types)
@@ -234,7 +235,12 @@ class MIModel(metaclass=_ModelClass):
         capability). `stateful`: the call carries a state (positions are absolute)."""
         if hooks.is_empty():
             return
-        hooks.validate(self._hook_names(), num_layers=self.num_layers)
+        names = self._hook_names()
+        try:
+            hooks.validate(names, num_layers=self.num_layers)
+        except HookError as e:  # say what the layer is (a recurrent layer has no attention)
+            hp = next(p for p in hooks.points() if p.name not in names)
+            raise HookError(f"{e}{self._layer_kind(hp)}") from None
         be = self.backend
         for spec in (hooks.state_knockout, hooks.state_steering):
             if spec is not None:
@@ -258,11 +264,15 @@ class MIModel(metaclass=_ModelClass):
         for p in points:
             if not self.has_hook_point(p):
                 hp = HookPoint.parse(p)
-                kind = (f" (layer {hp.layer} is a {self.backend.layer_types[hp.layer]!r} layer)"
-                        if hp.layer is not None and hp.layer < self.num_layers
-                        and caps.has(self.backend, caps.LayerTypes) else "")
                 raise HookError(f"{needed_for} needs hook point {hp.name!r}, which the "
-                                f"{self.backend_name} backend does not provide{kind}")
+                                f"{self.backend_name} backend does not provide"
+                                f"{self._layer_kind(hp)}")
+
+    def _layer_kind(self, hp: HookPoint) -> str:
+        if hp.layer is None or hp.layer >= self.num_layers or not caps.has(self.backend,
+                                                                           caps.LayerTypes):
+            return ""
+        return f" (layer {hp.layer} is a {self.backend.layer_types[hp.layer]!r} layer)"
 
     def check_ids(self, ids: Any, what: str = "ids") -> torch.Tensor:
         """Token ids as LongTensor [batch, seq] on the model's device; InputError (shape,

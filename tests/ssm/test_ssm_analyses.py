@@ -24,6 +24,10 @@ def test_attention_knockout_is_refused_naming_the_layer_and_its_mixer(ssm_model)
     with pytest.raises(mi.HookError, match=r"attention knockout needs .*blocks\.0\.attn\."
                                            r"hook_attn_scores.*layer 0 is a 'mamba2' layer"):
         knockout_hooks(model, KnockoutSpec(from_positions=[-1], to_positions=[0]), 5)
+    # a raw capture of an attention point there says what the layer is, before any compute
+    with pytest.raises(mi.HookError, match=r"blocks\.1\.attn\.hook_pattern.*"
+                                           r"layer 1 is a 'mamba2' layer"):
+        model.forward(ssm_ids(1, 4), mi.HookSpec().capture("blocks.1.attn.hook_pattern"))
 
 
 def test_logit_lens_reads_every_layer(ssm_model) -> None:
@@ -64,6 +68,10 @@ def test_decomposition_sums_the_mixer_outputs_to_the_final_residual(family, ssm_
     assert "blocks.0.ssm.hook_state" not in tl and "blocks.0.ssm.hook_y" in tl
     _, named = model.run_with_cache(ssm_ids(1, 9), names_filter="blocks.0.ssm.hook_state")
     assert tuple(named["blocks.0.ssm.hook_state"].shape)[:2] == (1, 9)
+    # a callable filter that accepts them captures them (never an empty cache for it)
+    _, chosen = model.run_with_cache(ssm_ids(1, 9), names_filter=lambda n: "effective" in n)
+    assert sorted(chosen.keys()) == [f"blocks.{i}.ssm.hook_effective_attn"
+                                     for i in range(model.num_layers)]
     parts, names = tl.decompose_resid(return_labels=True)
     assert names == ["embed"] + [f"{i}_mixer_out" for i in range(model.num_layers)]
     assert (parts.sum(0) - final).abs().max().item() < 1e-4
