@@ -113,7 +113,7 @@ def test_every_family_declares_its_neutral_values_and_rotary_ones_the_layout():
         if mt in ("gpt2", "opt", "mamba", "falcon_mamba", "mamba2"):
             assert "rope_interleaved" not in f.neutral
             continue
-        # GPT-J's rotary layout; GLM and ERNIE-4.5 rotate interleaved pairs too (docs/BACKENDS.md)
+        # the GPT-J rotary layout (each parser sets RopeLayout.INTERLEAVED)
         interleaved = mt in ("gptj", "helium", "cohere", "glm", "glm4", "ernie4_5",
                              "ernie4_5_moe")
         assert f.neutral["rope_interleaved"] is interleaved, mt
