@@ -84,6 +84,8 @@ def _gated_delta_hybrid(r: ConfigReader, model_type: str, layout: str,
     n, hidden = base["num_layers"], base["hidden_size"]
     spec = _gated_delta_spec(r, model_type)
     settings = spec.settings(r, {**GATED_DELTA_KEYS, "layout": layout}, hidden)
+    # released Qwen3-Next configs say use_sliding_window: false; transformers has no window here
+    r.refuse_unless("use_sliding_window", False, "full attention only (no sliding window)")
     bias = r.bool("attention_bias", False)
     base.update(qkv_bias=bias, o_bias=bias, qk_norm=True, attn_output_gate=True,
                 weight_names="qwen3_next",
@@ -133,7 +135,7 @@ def parse_olmo_hybrid(r: ConfigReader) -> TransformerConfig:
     return _finish(r, base, ["full_attention"] * n, _ropes_by_type(r), None)
 
 
-_HYBRID = {"layer_types", "full_attention_interval", "attention_bias",
+_HYBRID = {"layer_types", "full_attention_interval", "attention_bias", "use_sliding_window",
            *GATED_DELTA_KEYS.values()}
 QWEN3_NEXT_READS = frozenset(_HYBRID | {
     "num_experts", "num_experts_per_tok", "moe_intermediate_size",
