@@ -2,14 +2,17 @@
 
 In key-value layout: ``S_t = diag(w_t) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T`` and
 ``y_t = S_t^T q_t`` (w = exp(g), g <= 0). With ``a = -kappa``, ``b = kappa * lr`` this is a
-delta rule (the state forgets what it held along kappa before the write).
+delta rule (the state forgets what it held along kappa before the write); with one scalar
+decay per head (g [..., 1]), ``a = k``, ``b = -w beta k`` and the written key ``beta k`` it is
+the gated delta rule ``S_t = w_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``.
 
 - :func:`rank1_scan`, the forward, chunked: inside a chunk the removed values
   ``u_t = a_t^T S_{t-1}`` solve a unit lower-triangular L x L system (pairwise decays
   ``exp(g_t - g_s)``), and each chunk maps the incoming state through one [K, K]
   transition plus a [K, V] offset. Precondition of the in-chunk factors: the log-decay of a
   token is bounded (>= about -0.6 here, so over 16 tokens each factor stays within exp(+-5));
-  a mixer with faster decays must use a shorter chunk.
+  a mixer with faster decays must use a shorter chunk. A scalar decay per head has no such
+  precondition: its pairwise decays form one exact L x L matrix (exponents <= 0).
 - :func:`rank1_states`, the exact recurrence token by token (every per-step state).
 - :func:`rank1_effective_attention`, A [B, H, T, T] with ``A @ v == y`` for the call.
 """
@@ -18,14 +21,15 @@ from __future__ import annotations
 
 import torch
 
-from mi_core.recurrence.diagonal import chunks, pad_time
+from mi_core.recurrence.diagonal import chunks, decay_matrix, pad_time
 
 
 def rank1_scan(q: torch.Tensor, log_decay: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                a: torch.Tensor, b: torch.Tensor, state: torch.Tensor, chunk: int = 16
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """All inputs [B, T, H, K] F32 (k: the written key, already scaled by state knockout /
-    steering); state [B, H, K, V]. Returns (y [B, T, H, V], state after the call)."""
+    steering; log_decay may be [B, T, H, 1], one decay per head); v [B, T, H, V]; state
+    [B, H, K, V]. Returns (y [B, T, H, V], state after the call)."""
     bsz, t, h, kd = q.shape
     if t == 1:  # one recurrent step (generation): no chunk machinery
         q1, w1, k1, v1, a1, b1 = (x[:, 0] for x in (q, log_decay.exp(), k, v, a, b))
@@ -57,7 +61,8 @@ def rank1_scan(q: torch.Tensor, log_decay: torch.Tensor, k: torch.Tensor, v: tor
     gl = g[..., -1:, :]
     decay_to_end = (gl - g).exp().float()
     bd, kdec = bc * decay_to_end, kc * decay_to_end
-    trans = torch.diag_embed(gl.squeeze(-2).exp().float()) + bd.transpose(-1, -2) @ w_s0   # [B, H, n, K, K]
+    diag = gl.squeeze(-2).exp().float().expand(*gl.shape[:-2], kd)   # [B, H, n, K]
+    trans = torch.diag_embed(diag) + bd.transpose(-1, -2) @ w_s0   # [B, H, n, K, K]
     offs = bd.transpose(-1, -2) @ u_v + kdec.transpose(-1, -2) @ vc                # [B, H, n, K, V]
     starts = []
     s = state
@@ -73,8 +78,11 @@ def _intra(q: torch.Tensor, gq: torch.Tensor, k: torch.Tensor, gk: torch.Tensor,
     """M[t, s] = sum_i q_{t,i} k_{s,i} exp(gq_{t,i} - gk_{s,i}) where `mask` [L, L] holds, else 0.
 
     One matmul with both factors referenced to the chunk midpoint (the bounded-decay
-    precondition of the module keeps each factor within exp(+-5) over 16 tokens).
+    precondition of the module keeps each factor within exp(+-5) over 16 tokens); a scalar
+    decay per head (gq, gk [..., L, 1]) multiplies q k^T by the exact pairwise decays.
     """
+    if gq.shape[-1] == 1:
+        return (q @ k.transpose(-1, -2)) * decay_matrix(gq[..., 0], gk[..., 0], mask)
     mid = gk[..., gk.shape[-2] // 2: gk.shape[-2] // 2 + 1, :]
     qf = q * (gq - mid).float().exp()
     kf = k * (mid - gk).float().exp()

@@ -10,6 +10,8 @@ from typing import Any
 from mi_core.plugin import MixerSpec, plugin_impl
 
 from mi_ssm.common import FACTORIES
+from mi_ssm.gated_delta import FACTORIES as GATED_DELTA_FACTORIES
+from mi_ssm.gated_delta import build_gated_delta, gated_delta_settings, gated_delta_tensors
 from mi_ssm.mamba import build_mamba, mamba_tensors
 from mi_ssm.mamba2 import build_mamba2, mamba2_tensors
 from mi_ssm.settings import mamba2_settings, mamba_settings
@@ -22,13 +24,15 @@ def mi_register_mixers() -> list[MixerSpec]:
                   "Mamba-1 selective scan (per-channel decays); Falcon-Mamba's B/C/dt norms"),
         MixerSpec("mamba2", mamba2_settings, mamba2_tensors, build_mamba2,
                   "Mamba-2 state-space duality (a scalar decay per head, grouped B/C)"),
+        MixerSpec("gated_deltanet", gated_delta_settings, gated_delta_tensors, build_gated_delta,
+                  "gated DeltaNet linear attention (Qwen3-Next, Qwen3.5): a gated delta rule"),
     ]
 
 
 @plugin_impl
 def mi_declare_hook_points() -> dict[str, str]:
     """``HookPoint.ssm_state(i)`` == ``blocks.{i}.ssm.hook_state``, and the other ssm points."""
-    return dict(FACTORIES)
+    return {**FACTORIES, **GATED_DELTA_FACTORIES}
 
 
 @plugin_impl
@@ -36,9 +40,11 @@ def mi_opt_in_hook_points() -> list[str]:
     """Per-step states ([b, s, heads, head_dim, d_state]) and effective attention ([b, heads,
     s, s]; Mamba-1's heads are its d_inner channels) are large: a default run_with_cache
     leaves them out (hook them by name)."""
-    return ["ssm.hook_state", "ssm.hook_effective_attn"]
+    return ["ssm.hook_state", "ssm.hook_effective_attn", "attn.hook_state",
+            "attn.hook_effective_attn"]
 
 
 @plugin_impl
 def mi_plugin_info() -> dict[str, Any]:
-    return {"provides": ["mixer mamba (Mamba, Falcon-Mamba)", "mixer mamba2 (Mamba-2)"]}
+    return {"provides": ["mixer mamba (Mamba, Falcon-Mamba)", "mixer mamba2 (Mamba-2)",
+                          "mixer gated_deltanet (Qwen3-Next, Qwen3.5)"]}

@@ -43,6 +43,8 @@ class AttnWeights:
     k_norm: Norm | None = None
     qk_norm_full: bool = False  # the q/k norms span all heads' dims at once (OLMo2, OLMoE)
     clip: float | None = None  # clamp q, k, v to [-clip, clip] after projection/norm (OLMo)
+    w_gate: torch.Tensor | None = None  # [heads * d_head, d_model]: output gate (Qwen3-Next)
+    b_gate: torch.Tensor | None = None
     sinks: torch.Tensor | None = None  # [heads] sink logits (gpt-oss)
     mla: MlaWeights | None = None  # latent projections (DeepSeek-V2/V3)
 
@@ -62,6 +64,7 @@ class AttnNames:
     result: str
     q_scale: str
     k_scale: str
+    gate: str = ""  # attn.hook_gate: sigmoid of the output gate [b, s, heads, d_head]
     sinks: str = ""
     q_latent: str = ""
     kv_latent: str = ""
@@ -295,6 +298,11 @@ def attention(w: AttnWeights, x: torch.Tensor,
     else:
         z = _sdpa(q, k, v, masks, ls, num_kv_heads)
     z = run.apply(n.z, z.transpose(1, 2))  # [b, s, heads, d_head]
+    if w.w_gate is not None:  # output gate: W_O reads z * sigmoid(gate) (hook_z is before it)
+        src = x if head_inputs is None else head_inputs[0]
+        gate = _per_head(src, w.w_gate, w.b_gate, ls.num_heads, ls.head_dim) \
+            if head_inputs is not None else F.linear(x, w.w_gate, w.b_gate).view(z.shape)
+        z = z * run.apply(n.gate, torch.sigmoid(gate))
     return _output(w, z, run, n, ls)
 
 

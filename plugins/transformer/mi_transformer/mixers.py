@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import torch
 
 from mi_core.plugin import HookRun, InterventionError, StateKnockoutSpec, StateSteeringSpec
@@ -64,8 +65,10 @@ def mixer_layer_points(be: Backend, i: int) -> list[str]:
         return [n.resid_pre] + n.mlp_points(be.config) + [n.resid_post]
     out = [n.resid_pre, n.ln1_scale, n.ln1_normalized]
     out += [f"blocks.{i}.{p}" for p in mixer.points] + [n.mixer_out]
-    if be.config.has_mlp(i):
-        out += [n.resid_mid] + n.mlp_points(be.config)
+    c = be.config
+    if c.has_mlp(i):  # pre-norm mixer layers in a post-norm model: the MLP's points as such
+        out += [n.resid_mid] + n.mlp_points(attrs.evolve(c, pre_norms=True, post_norms=False)
+                                            if c.mixer_pre_norms else c)
     return out + [n.resid_post]
 
 

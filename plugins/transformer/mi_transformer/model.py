@@ -260,6 +260,8 @@ class TransformerBackend:
         if hp.layer is not None and (own := mixer_hook_shape(self, hp.layer, suffix, batch,
                                                               seq)) is not None:
             return own
+        if suffix == "attn.hook_gate" and c.attn_output_gate:
+            return (batch, seq, c.num_heads, c.head_dim)
         if suffix in ("attn.q_ln.hook_scale", "attn.k_ln.hook_scale"):
             heads = c.num_heads if suffix.startswith("attn.q") else c.num_kv_heads
             return (batch, seq, 1) if c.qk_norm_full else (batch, seq, heads, 1)
@@ -524,6 +526,7 @@ class LayerNames:
                            rot_k=a + "hook_rot_k", scores=a + "hook_attn_scores",
                            pattern=a + "hook_pattern", z=a + "hook_z", result=a + "hook_result",
                            q_scale=a + "q_ln.hook_scale", k_scale=a + "k_ln.hook_scale",
+                           gate=a + "hook_gate",
                            sinks=a + "hook_sinks", q_latent=a + "hook_q_latent",
                            kv_latent=a + "hook_kv_latent"),
             ln1_post_scale=p + "ln1_post.hook_scale",
@@ -562,7 +565,8 @@ class LayerNames:
             out += [a.q, a.k, a.v]
             out += [a.rot_q, a.rot_k] if self.rotary else []
         out += [a.sinks] if c.attn_sinks else []
-        out += [a.scores, a.pattern, a.z, a.result]
+        out += [a.scores, a.pattern, a.z] + ([a.gate] if c.attn_output_gate else [])
+        out += [a.result]
         out += [self.ln1_post_scale, self.ln1_post_normalized] if c.post_norms else []
         out += [self.attn_out]
         if not self.has_mlp:

@@ -128,6 +128,8 @@ def _fold_attn(a: AttnWeights, norm: Norm, layer_norm: bool) -> None:
     a.w_q, a.b_q = _fold_rows(a.w_q, a.b_q, norm, layer_norm)
     a.w_k, a.b_k = _fold_rows(a.w_k, a.b_k, norm, layer_norm)
     a.w_v, a.b_v = _fold_rows(a.w_v, a.b_v, norm, layer_norm)
+    if a.w_gate is not None:  # the output gate reads the same normalised input
+        a.w_gate, a.b_gate = _fold_rows(a.w_gate, a.b_gate, norm, layer_norm)
 
 
 def _fold_mlp(m: MlpWeights, norm: Norm, layer_norm: bool) -> None:

@@ -156,6 +156,14 @@ NAME_TABLES: dict[str, NameTable] = {
                             mixer="mixer"),
     "granitemoehybrid": NameTable(mlp_gate_up="shared_mlp.input_linear",
                                   mlp_out="shared_mlp.output_linear", mixer="mamba"),
+    # linear-attention hybrids: the mixer's tensors under linear_attn. (Qwen3-Next, Qwen3.5)
+    "qwen3_next": NameTable(mixer="linear_attn"),
+    # OLMo hybrid as saved: DeltaNet layers pre-norm (attention_layer_norm before the mixer,
+    # feedforward_layer_norm before the MLP); attention layers post-norm only (OLMo2), their
+    # post-attention norm saved as feedforward_layer_norm too (transformers' reverse renaming)
+    "olmo_hybrid": NameTable(ln1="attention_layer_norm", ln2="feedforward_layer_norm",
+                             ln1_post="feedforward_layer_norm",
+                             ln2_post="post_feedforward_layernorm", mixer="linear_attn"),
     "falcon_two_norms": NameTable(embed="transformer.word_embeddings",
                                   final_norm="transformer.ln_f", layer="transformer.h.{i}.",
                                   ln1="ln_attn", ln2="ln_mlp", qkv="self_attention.query_key_value",
@@ -228,9 +236,10 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
         elif not cfg.has_attention(i):  # MLP_ONLY: no mixer's tensors
             pass
         else:
-            out.update(_attn_extras(cfg, t, i))  # latent projections (MLA), sinks
-            _attention_tensors(t, cfg, add, i, (qn, kn))
-        for slot, name in norms.items():
+            _attention_extras(t, cfg, add, out, i, (qn, kn))
+        layer_norms = {"ln1": t.ln1, "ln2": t.ln2} if mixer is not None and \
+            cfg.mixer_pre_norms else norms  # OLMo hybrid: pre-norm mixer layers
+        for slot, name in layer_norms.items():
             if not cfg.has_attention(i) and mixer is None and slot in ("ln1", "ln1_post"):
                 continue  # MLP_ONLY: the layer's one norm is ln2
             if cfg.has_mlp(i) or slot in ("ln1", "ln1_post"):
@@ -255,21 +264,24 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
     return out
 
 
-def _attention_tensors(t: NameTable, cfg: TransformerConfig, add: Callable[..., None], i: int,
-                       qk_norm_shapes: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
-    """An attention layer's q/k/v (fused or not; MLA's are latent, in `_attn_extras`), output
-    projection and q/k norms (one tensor per head where the table says ``{h}``, StableLM's,
-    stacked on load)."""
+def _attention_extras(t: NameTable, cfg: TransformerConfig, add: Callable[..., None],
+                      out: dict[str, Entry], i: int,
+                      qk_norm_shapes: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+    """An attention layer's tensors: q/k/v (with the output gate's rows where q_proj has
+    them), latent projections (MLA) and sinks, the output projection and q/k norms (one
+    tensor per head where the table says ``{h}``, StableLM's, stacked on load)."""
     d, hd, h, kv = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    out.update(_attn_extras(cfg, t, i))  # latent projections (MLA), sinks
     if cfg.mla is None and cfg.qkv_layout is QkvLayout.SEPARATE:
-        for slot, rows in (("q", h * hd), ("k", kv * hd), ("v", kv * hd)):
+        q_rows = h * hd * (2 if cfg.attn_output_gate else 1)  # [q | gate] per head
+        for slot, rows in (("q", q_rows), ("k", kv * hd), ("v", kv * hd)):
             add(i, slot, getattr(t, slot), _linear(t, rows, d), cfg.qkv_bias)
     elif cfg.mla is None:
         add(i, "qkv", t.qkv, _linear(t, (h + 2 * kv) * hd, d), cfg.qkv_bias)
     add(i, "o", t.o, _linear(t, d, h * cfg.v_head_dim), cfg.o_bias)
     qk_norm = cfg.qk_norm and cfg.qk_norm_affine and (
         not cfg.layer_qk_norm or cfg.layer_qk_norm[i])  # weightless norms: no tensors
-    if qk_norm and "{h}" in t.q_norm:
+    if qk_norm and "{h}" in t.q_norm:  # one tensor per head (StableLM), stacked on load
         for which, n, name in (("q_norm", h, t.q_norm), ("k_norm", kv, t.k_norm)):
             for j in range(n):
                 add(i, f"{which}.{j}", name.format(h=j), (hd,), False)
@@ -432,6 +444,13 @@ class Weights:
     lm_head_bias: torch.Tensor | None = None  # [vocab]
 
 
+def _split_gate(cfg: TransformerConfig, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A gated q_proj [heads * 2 * d_head, ...] -> (q, gate) [heads * d_head, ...] each."""
+    per = t.view(cfg.num_heads, 2 * cfg.head_dim, *t.shape[1:])
+    q, gate = per.split(cfg.head_dim, dim=1)
+    return q.reshape(-1, *t.shape[1:]), gate.reshape(-1, *t.shape[1:])
+
+
 def _origin(src: TensorSource) -> str:
     files = getattr(src, "files", None)
     return ", ".join(map(str, files)) if files else getattr(src, "origin", "<memory>")
@@ -590,7 +609,8 @@ class _Slots:
             own = {slot[6:]: w for (layer, slot), w in tensors.items()
                    if layer == i and slot.startswith("mixer:")}
             mixer = spec.spec.build(spec.settings, own, i)
-        pre = cfg.pre_norms
+        own_pre = spec is not None and cfg.mixer_pre_norms  # pre-norm mixer layers
+        pre, post = cfg.pre_norms or own_pre, cfg.post_norms and not own_pre
         # ln2 is there when the checkpoint has its gain; norms without weights leave nothing
         # to look for, so then every block but the one-shared-norm kind has it
         has_ln2 = (i, "ln2.weight") in tensors or (
@@ -599,8 +619,8 @@ class _Slots:
             ln1=self.norm(i, "ln1") if pre and (spec is not None or attn is not None) else None,
             ln2=self.norm(i, "ln2") if pre and has_ln2 else None,
             attn=attn, mlp=mlp,
-            ln1_post=self.norm(i, "ln1_post") if cfg.post_norms else None,
-            ln2_post=self.norm(i, "ln2_post") if cfg.post_norms and mlp is not None else None,
+            ln1_post=self.norm(i, "ln1_post") if post else None,
+            ln2_post=self.norm(i, "ln2_post") if post and mlp is not None else None,
             mixer=mixer)
 
     def attn(self, i: int) -> AttnWeights:
@@ -619,6 +639,10 @@ class _Slots:
             wq, wk, wv = _unpack_qkv(cfg, tensors[(i, "qkv.weight")])
             b = opt(i, "qkv.bias")
             bq, bk, bv = _unpack_qkv(cfg, b) if b is not None else (None,) * 3
+        wg = bg = None
+        if cfg.attn_output_gate:  # q_proj rows per head: [q (d_head) | gate (d_head)]
+            wq, wg = _split_gate(cfg, wq)
+            bq, bg = _split_gate(cfg, bq) if bq is not None else (None, None)
         if cfg.qk_norm and (i, "q_norm.0.weight") in tensors:  # per-head tensors -> [n, d_head]
             for which, n in (("q_norm", cfg.num_heads), ("k_norm", cfg.num_kv_heads)):
                 tensors[(i, which + ".weight")] = torch.stack(
@@ -633,7 +657,7 @@ class _Slots:
             kn = Norm(cfg.norm_type, cfg.norm_eps, tensors[(i, "k_norm.weight")])
         return AttnWeights(wq, wk, wv, tensors[(i, "o.weight")], bq, bk, bv, opt(i, "o.bias"),
                            qn, kn, qk_norm_full=cfg.qk_norm_full, clip=cfg.clip_qkv,
-                           sinks=opt(i, "sinks"), mla=mla)
+                           sinks=opt(i, "sinks"), mla=mla, w_gate=wg, b_gate=bg)
 
     def mlp(self, i: int) -> MlpWeights | MoeWeights:
         """The layer's MLP: mixture of experts, gated with gate/up fused ([gate | up] rows,

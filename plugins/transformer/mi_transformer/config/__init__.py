@@ -23,9 +23,9 @@ Every name is importable from here; the modules, in import order (none imports a
 - :mod:`~mi_transformer.config.families_llama`, :mod:`~mi_transformer.config.families_gpt`,
   :mod:`~mi_transformer.config.families_moe`, :mod:`~mi_transformer.config.families_recent`,
   :mod:`~mi_transformer.config.families_moe2` (gpt-oss, DeepSeek-V2/V3, Llama 4),
-  :mod:`~mi_transformer.config.families_ssm`: one ``parse_<family>`` per family
-  (families_recent also ``REFUSED``: families refused by name; the state-space ones run a
-  plugin's mixer);
+  :mod:`~mi_transformer.config.families_ssm`, :mod:`~mi_transformer.config.families_linear`:
+  one ``parse_<family>`` per family (families_recent also ``REFUSED``: families refused by
+  name; the state-space and linear-attention ones run a plugin's mixer);
 - :mod:`~mi_transformer.config.registry`: ``Family`` and ``FAMILIES`` (parser + keys read +
   keys known to be harmless + neutral values of keys not read);
 - :mod:`~mi_transformer.config.auto`: ``parse_config`` and ``auto_config``.

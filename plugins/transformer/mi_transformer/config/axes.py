@@ -245,6 +245,9 @@ class TransformerConfig:
     mixers: tuple[MixerConfig, ...] = ()  # the non-attention mixers layer_mixers names
     layer_mlp: tuple[bool, ...] = ()  # per layer, False = no MLP sublayer (Mamba); () = all
     residual_fp32: bool = False  # the residual stream kept in F32 (Mamba's residual_in_fp32)
+    # sigmoid(gate) multiplies each head's z before W_O; q_proj rows are [q | gate] per head
+    attn_output_gate: bool = False  # (Qwen3-Next, Qwen3.5 gated attention)
+    mixer_pre_norms: bool = False  # mixer layers pre-norm (ln1, ln2) where attention is post-norm
     # -- axes of the 2025-26 families (config/families_recent.py, config/families_moe2.py) --
     qk_norm_after_rope: bool = False  # q/k norms applied to the rotated q/k (Hunyuan, Llama 4)
     qk_norm_affine: bool = True  # False: q/k norms without weights (Llama 4's L2 norm)

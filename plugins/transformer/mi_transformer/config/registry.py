@@ -23,6 +23,10 @@ from mi_transformer.config.families_llama import (
     parse_gemma3_text, parse_granite, parse_helium, parse_llama, parse_mistral, parse_olmo,
     parse_olmo2, parse_phi3, parse_qwen2, parse_qwen3, parse_smollm3, parse_starcoder2,
 )
+from mi_transformer.config.families_linear import (
+    OLMO_HYBRID_HARMLESS, OLMO_HYBRID_READS, QWEN3_5_TEXT_READS, QWEN3_NEXT_READS,
+    parse_olmo_hybrid, parse_qwen3_5_text, parse_qwen3_next,
+)
 from mi_transformer.config.families_moe import (
     parse_mixtral, parse_olmoe, parse_qwen2_moe, parse_qwen3_moe,
 )
@@ -203,6 +207,14 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     _family("nemotron_h", parse_nemotron_h, NEMOTRON_H_READS,
             harmless=HYBRID_HARMLESS | SSM_HARMLESS | NEMOTRON_H_HARMLESS,
             note="Mamba-2 / attention / relu2 MLP layers (MoE layers refused)", neutral={}),
+    # linear-attention hybrids: gated DeltaNet layers (mi-ssm) and gated attention layers
+    _family("qwen3_next", parse_qwen3_next, _LLAMA | QWEN3_NEXT_READS, harmless=_MOE_HARMLESS,
+            note="gated DeltaNet (mi-ssm) + gated attention, MoE with a shared expert"),
+    _family("qwen3_5_text", parse_qwen3_5_text, _LLAMA | QWEN3_5_TEXT_READS,
+            note="gated DeltaNet (mi-ssm) + gated attention, dense MLP"),
+    _family("olmo_hybrid", parse_olmo_hybrid, _LLAMA | OLMO_HYBRID_READS,
+            harmless=OLMO_HYBRID_HARMLESS,
+            note="gated DeltaNet (mi-ssm, pre-norm) + OLMo2 attention (post-norm)"),
 ]}
 
 
