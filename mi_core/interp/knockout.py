@@ -117,7 +117,7 @@ def emptied_queries(spec: KnockoutSpec, n_heads: int, seq_len: int) -> list[int]
     softmax over nothing is undefined, so such a query attends to nothing at all (its
     attention output is the bias only) — rarely what a knockout means to test."""
     mask = create_knockout_mask(spec, n_heads, seq_len)[0]  # [heads, q, k], -inf = removed
-    causal = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=mask.device).tril()
     empty = (torch.isinf(mask) | ~causal).all(-1).any(0)  # [q]
     return empty.nonzero().flatten().tolist()
 

@@ -22,16 +22,18 @@ def fm():
 
 
 def test_factored_svd_matches_dense(fm):
-    U, S, Vh = fm.svd()
-    assert U.shape == (3, 20, 4) and S.shape == (3, 4) and Vh.shape == (3, 4, 20)
+    # TransformerLens' convention: V, not its transpose (U @ diag(S) @ V.T == AB)
+    U, S, V = fm.svd()
+    assert U.shape == (3, 20, 4) and S.shape == (3, 4) and V.shape == (3, 20, 4)
     dense_s = torch.linalg.svdvals(fm.AB)[:, :4]
     torch.testing.assert_close(S, dense_s, atol=1e-10, rtol=0)
-    torch.testing.assert_close(U @ torch.diag_embed(S) @ Vh, fm.AB, atol=1e-10, rtol=0)
+    torch.testing.assert_close(U @ torch.diag_embed(S) @ V.transpose(-1, -2), fm.AB, atol=1e-10,
+                               rtol=0)
     torch.testing.assert_close(fm.norm(), torch.linalg.matrix_norm(fm.AB), atol=1e-10, rtol=0)
 
 
 def test_factored_eigenvalues_are_the_nonzero_eigenvalues_of_ab(fm):
-    ev = fm.eigenvalues()
+    ev = fm.eigenvalues  # a property, as in TransformerLens
     dense = torch.linalg.eigvals(fm.AB)
     for b in range(3):
         big = dense[b][dense[b].abs() > 1e-8]
@@ -48,7 +50,8 @@ def test_factored_products_transpose_and_corner(fm):
     torch.testing.assert_close((other.T @ fm).AB, other.T @ fm.AB)
     torch.testing.assert_close((fm @ fm.T).AB, fm.AB @ fm.AB.transpose(-1, -2))
     torch.testing.assert_close(fm.T.AB, fm.AB.transpose(-1, -2))
-    torch.testing.assert_close(fm.get_corner(2), fm.AB[:, :2, :2])
+    # TransformerLens' get_corner cuts every dimension, the batch one too
+    torch.testing.assert_close(fm.get_corner(2), fm.AB[:2, :2, :2])
     assert fm.shape == (3, 20, 20)
     with pytest.raises(mi.MIError, match="inner dimensions"):
         FactoredMatrix(torch.zeros(3, 4), torch.zeros(5, 3))

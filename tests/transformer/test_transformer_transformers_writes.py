@@ -21,6 +21,8 @@ import torch
 
 import mi_core as mi
 from mi_transformer.config import FAMILIES as SUPPORTED
+from tests.support.hybrid_tiny import HYBRID_FAMILIES
+from tests.support.linear_tiny import LINEAR_FAMILIES
 from tests.support.ssm_tiny import SSM_FAMILIES
 from tests.support.tiny_families import FAMILIES, VOCAB
 from tests.support.tiny_families_moe2 import MOE2_FAMILIES
@@ -38,9 +40,11 @@ def test_every_supported_family_is_covered():
     """gemma3 multimodal: below; gpt-oss, DeepSeek-V2/V3, Llama 4 (text and multimodal):
     tests/transformer/test_transformer_moe2_configs.py and test_transformer_families_moe2.py
     (their tiny checkpoints are built there); the state-space families:
-    tests/ssm/test_ssm_config.py (save_pretrained and to_dict)."""
+    tests/ssm/test_ssm_config.py (save_pretrained and to_dict); the hybrid and linear-attention
+    families: tests/ssm/test_ssm_hybrid_to_dict.py and their parity tests."""
     moe2 = {mt for mt, _ in MOE2_FAMILIES.values()} | {"llama4"}
-    assert set(ONE_PER_FAMILY) | {"gemma3"} | moe2 | set(SSM_FAMILIES) == set(SUPPORTED)
+    mixed = {mt for mt, _ in (*HYBRID_FAMILIES.values(), *LINEAR_FAMILIES.values())}
+    assert set(ONE_PER_FAMILY) | {"gemma3"} | moe2 | set(SSM_FAMILIES) | mixed == set(SUPPORTED)
 
 
 def _with_config(t: Tiny, cfg: dict[str, Any], out: Path) -> Path:
