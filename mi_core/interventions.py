@@ -270,6 +270,10 @@ class Steer(Intervention):
         return tuple(self.mask.shape)
 
 
+#: The built-in interventions: each returns a new tensor and never edits its input.
+OUT_OF_PLACE = frozenset({Replace, Add, Knockout, Scale, Zero, Steer})
+
+
 class CallableIntervention(Intervention):
     """A user callable, prepared once at registration: ``fn(tensor, hook)`` or ``fn(tensor)``
     (decided from its signature), returning a tensor of the activation's shape, or None

@@ -231,9 +231,15 @@ def _qkv(w: AttnWeights, x: torch.Tensor, ls: LayerSettings, run: HookRun, n: At
     else:
         if head_inputs[1].shape[2] != num_kv_heads:  # per query head keys/values (hook_attn_in)
             groups = num_heads // num_kv_heads
-            w = attrs.evolve(w, **{n_: None if t is None else t.view(
-                num_kv_heads, -1).repeat_interleave(groups, 0).view(-1, *t.shape[1:])
-                for n_, t in (("w_k", w.w_k), ("w_v", w.w_v), ("b_k", w.b_k), ("b_v", w.b_v))})
+            rep = lambda t: None if t is None else t.reshape(  # noqa: E731  per KV head -> query
+                num_kv_heads, -1).repeat_interleave(groups, 0).reshape(-1, *t.shape[1:])
+            w = attrs.evolve(w, **{n_: rep(t) for n_, t in (
+                ("w_k", w.w_k), ("w_v", w.w_v), ("b_k", w.b_k), ("b_v", w.b_v))})
+            kn = w.k_norm
+            if kn is not None and (w.qk_norm_full or kn.weight.dim() == 2):  # gains per KV head
+                # (the RMS over heads repeated alike is theirs: only the gains are repeated)
+                w = attrs.evolve(w, k_norm=attrs.evolve(kn, weight=rep(kn.weight),
+                                                        bias=rep(kn.bias), gain=None))
             num_kv_heads = num_heads
         q, k, v = (_per_head(xi, wi, bi, n_i, head_dim) for xi, wi, bi, n_i in zip(
             head_inputs, (w.w_q, w.w_k, w.w_v), (w.b_q, w.b_k, w.b_v),

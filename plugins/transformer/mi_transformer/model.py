@@ -102,13 +102,14 @@ class TransformerBackend:
         explicit = {None: None, "explicit": True, "sdpa": False}[attn_impl]
 
         x = self._embed(ids, positions, run)
+        hooked = not run.spec.is_empty()
         for step, layer in enumerate(schedule):
             r = self.settings[layer].rope
             update = past.updater(step) if past is not None else None
             x = self._block(layer, x, run, rope[r] if r is not None else None, masks, explicit,
                             update)
-            if between_layers is not None:
-                x = between_layers(step, layer, x)
+            if between_layers is not None:  # a copy: an edit in place must not reach captures
+                x = between_layers(step, layer, x.clone() if hooked else x)
         x = w.final_norm(x, run, "ln_final.hook_scale", "ln_final.hook_normalized")
         logits = self.unembed(x)
         if past is not None:
@@ -254,6 +255,8 @@ class TransformerBackend:
         if not any(has(p) for p in (n.tl_attn_in, n.q_input, n.k_input, n.v_input)):
             return None
         ln1 = self.w.layers[i].ln1
+        if ln1 is None:  # no pre-norm (OLMo2): attention reads the per-head inputs as they are
+            return ins
         return ln1(ins[0]), ln1(ins[1]), ln1(ins[2])
 
     def _inv_freq(self, rope: RopeConfig, cached: torch.Tensor, positions: torch.Tensor
