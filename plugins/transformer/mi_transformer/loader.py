@@ -13,6 +13,7 @@ from mi_core.plugin import (
 )
 
 from mi_transformer.config import parse_config
+from mi_transformer.config.size import check_loaded
 from mi_transformer.model import TransformerBackend
 from mi_transformer.weights import DictSource, TensorSource, check_tensors, load_weights
 
@@ -33,6 +34,8 @@ def from_tensors(config: Mapping[str, Any], tensors: TensorSource | Mapping[str,
                 f"are not LLaMA-like; missing: {', '.join(chk.missing[:10]) or 'none'}; "
                 f"unexpected: {', '.join(chk.unexpected[:10]) or 'none'}")
     device = torch.device(device)
+    if not isinstance(tensors, Mapping):  # (tensors already in memory were paid for)
+        check_loaded(cfg, f"{origin}/config.json", dtype, device)
     weights = load_weights(cfg, src, device, dtype)
     return TransformerBackend(cfg, weights, device, dtype, tokenizer)
 
@@ -50,7 +53,7 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> Transform
         raise UnsupportedModelError(f"{path}: GGUF loading needs mi_transformer.gguf and the "
                                     f"'gguf' package (pip install 'mi-transformer[gguf]'): {exc}"
                                     ) from exc
-    ck = gguf.read_gguf(path, dtype)
+    ck = gguf.read_gguf(path, dtype, device=device)
     return from_tensors(ck.config, ck.tensors, device, dtype, ck.tokenizer, origin=str(path))
 
 

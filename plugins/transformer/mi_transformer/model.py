@@ -37,7 +37,7 @@ class TransformerBackend:
 
     name = "transformer"
     #: Capabilities (mi_core.capabilities): hook shapes, KV-cached generation, layer
-    #: schedules, weight access, readout, and gradients, declared here.
+    #: schedules, weight access, readout, layer types, context length and gradients.
     differentiable = True
 
     def __init__(self, config: TransformerConfig, weights: Weights, device: torch.device,
@@ -54,6 +54,7 @@ class TransformerBackend:
         self.d_head = config.head_dim
         self.d_mlp = config.intermediate_size
         self.max_positions = config.max_positions
+        self.context_length = config.max_positions  # ContextLength: max_position_embeddings
         self.act = ACTIVATIONS[config.activation]
         self.names = [LayerNames.of(i) for i in range(config.num_layers)]
         for i, n in enumerate(self.names):
@@ -228,6 +229,12 @@ class TransformerBackend:
     # -- generation --------------------------------------------------------------------
     def new_past(self, batch_size: int) -> KVCache:
         return KVCache(batch_size)
+
+    def cache_bytes(self, batch: int, tokens: int) -> int:
+        """ContextLength: the KV cache's keys and values after `tokens` tokens (one slot per
+        layer; a layer_schedule that repeats layers keeps more)."""
+        c = self.config
+        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * batch * tokens * self.dtype.itemsize
 
     # -- helpers of the forward -------------------------------------------------------
     def _head_inputs(self, i: int, x: torch.Tensor, run: HookRun

@@ -8,6 +8,7 @@ from mi_core.plugin import BackendSpec, Detection, MIError, ModelSource
 from mi_core import plugin_impl
 
 from mi_transformer.config import FAMILIES, UnknownKeysError, parse_config
+from mi_transformer.config.size import ConfigTooLarge
 from mi_transformer.weights import check_tensors
 
 BACKEND = "transformer"
@@ -51,6 +52,8 @@ def mi_detect_backend(source: ModelSource) -> Detection:
         return Detection(BACKEND, 0.0, f"model_type {mt!r}: config keys not understood "
                                        f"(they may change the numbers): {', '.join(exc.keys)}",
                          config_keys=list(exc.keys))
+    except ConfigTooLarge as exc:  # recognised, too large for this machine: loading says so
+        return Detection(BACKEND, 0.1, f"model_type {mt!r}: {exc}")
     except MIError as exc:
         what = "a supported family but its config is invalid" if known else \
             "unknown and config not LLaMA-like"

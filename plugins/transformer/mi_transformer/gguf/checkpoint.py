@@ -15,6 +15,8 @@ import torch
 
 from mi_core.plugin import HFTokenizer, UnsupportedModelError, WeightLoadError, progress
 
+from mi_transformer.config.size import check_size, dense_params
+
 from mi_transformer.gguf.arches import (
     _LONGROPE, _ROPE_FREQS, GgufArch, _Meta, gguf_arch, hf_config, llama3_rope_from_factors,
     slot_of, unpermute_qk,
@@ -83,7 +85,8 @@ class GgufCheckpoint:
         return out
 
 
-def read_gguf(path: Path, dtype: torch.dtype = torch.float32) -> GgufCheckpoint:
+def read_gguf(path: Path, dtype: torch.dtype = torch.float32, *,
+              device: torch.device | str | None = None) -> GgufCheckpoint:
     """Load a GGUF of a supported architecture (:data:`GGUF_ARCHES`): dequantised HF-named
     tensors, HF config, tokenizer.
 
@@ -91,7 +94,9 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32) -> GgufCheckpoint:
     (:func:`mi_transformer.weights.expected_shapes` of the parsed config). Raises
     UnsupportedModelError for other architectures or unknown tensors, WeightLoadError for
     truncated files, unsupported quantisations (naming tensor and type) and mis-shaped or
-    missing tensors, ConfigError for missing or malformed metadata.
+    missing tensors, ConfigError for missing or malformed metadata, ConfigTooLarge (naming
+    the metadata keys) before anything is built when the weights cannot fit in RAM in
+    `dtype` (they are dequantised there) or on `device`.
     """
 
     from mi_transformer.config import parse_config
@@ -100,6 +105,8 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32) -> GgufCheckpoint:
     header = read_gguf_header(path)
     arch = gguf_arch(header)
     cfg = hf_config(header)
+    for dev in {torch.device("cpu"), torch.device(device or "cpu")}:
+        _check_size(header, cfg, dtype, dev)
     unknown = [t.name for t in header.tensors if slot_of(t.name, arch) is None
                and t.name not in _FACTOR_TENSORS]
     if unknown:
@@ -115,6 +122,28 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32) -> GgufCheckpoint:
                 if not (isinstance(v, list) and len(v) > 64)}
     return GgufCheckpoint(path=path, config=cfg, tensors=tensors,
                           tokenizer=gguf_tokenizer(header), metadata=short_md, quant_types=quant)
+
+
+def _check_size(header: GgufHeader, cfg: dict[str, Any], dtype: torch.dtype,
+                device: torch.device) -> None:
+    """The parameters the metadata implies (dense and experts), in `dtype` on `device`,
+    before the config is parsed (per-layer tables) or a tensor dequantised."""
+    def get(*keys: str) -> int:
+        return next((int(cfg[k]) for k in keys if cfg.get(k) is not None), 0)
+
+    hidden, heads = get("hidden_size", "n_embd"), get("num_attention_heads", "n_head")
+    layers, experts = get("num_hidden_layers", "n_layer"), get("num_experts", "num_local_experts")
+    params = dense_params(get("vocab_size"), hidden, layers, heads,
+                          get("num_key_value_heads") or heads,
+                          get("head_dim") or hidden // max(heads, 1),
+                          get("intermediate_size", "n_inner")) + layers * hidden * experts * 3 * (
+        get("moe_intermediate_size", "intermediate_size"))
+    arch = header.metadata["general.architecture"]
+    keys = ("block_count", "embedding_length", "attention.head_count", "feed_forward_length",
+            "expert_count", "expert_feed_forward_length", "vocab_size")
+    sizes = {f"{arch}.{k}": header.metadata[f"{arch}.{k}"] for k in keys
+             if f"{arch}.{k}" in header.metadata}
+    check_size(f"{header.path}: GGUF metadata", sizes, params, dtype, device)
 
 
 def _rope_from_factors(header: GgufHeader, factor_tensors: list[GgufTensorInfo],
