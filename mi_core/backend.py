@@ -144,7 +144,7 @@ class MIModel(metaclass=_ModelClass):
 
     @property
     def layer_types(self) -> list[str]:
-        """Each layer's mixer ("full_attention", "sliding_attention", "rwkv7", ...); a
+        """Each layer's mixer ("full_attention", "sliding_attention", a recurrent one ...); a
         CapabilityError for a backend that does not declare them."""
         self.require(caps.LayerTypes, "layer_types")
         return list(self.backend.layer_types)

@@ -95,7 +95,7 @@ class Gradients(Protocol):
 @runtime_checkable
 class LayerTypes(Protocol):
     """Which mixer each layer has: ``layer_types[i]`` is e.g. "full_attention",
-    "sliding_attention", "rwkv7", "mamba2", "gated_deltanet" (one string per layer)."""
+    "sliding_attention" or a recurrent mixer's name (one string per layer)."""
 
     layer_types: Sequence[str]
 
