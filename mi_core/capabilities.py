@@ -15,7 +15,7 @@ capability, what needed it and the backend. No analysis probes a backend with ``
 | :class:`Gradients` | ``differentiable = True`` | attribution patching, gradient captures |
 | :class:`WeightProcessing` | ``process_weights(fold_ln=, ...)`` | ``MIModel.process_weights`` |
 | :class:`LayerTypes` | ``layer_types`` (one mixer name per layer) | ``MIModel.layer_types`` |
-| :class:`ContextLength` | ``context_length``, ``cache_bytes(batch, tokens)`` | ``forward`` / ``generate`` checks |
+| :class:`ContextLength` | ``context_length``, ``cache_bytes(batch, tokens)`` | length checks |
 """
 
 from __future__ import annotations
@@ -123,7 +123,8 @@ ALL: dict[str, type] = {
     "hook shapes": HookShapes, "KV-cached generation": KVCachedGeneration,
     "layer schedule": LayerSchedule, "state interventions": StateInterventions,
     "weight access": WeightAccess, "readout": Readout, "gradients": Gradients,
-    "weight processing": WeightProcessing, "layer types": LayerTypes, "context length": ContextLength,
+    "weight processing": WeightProcessing, "layer types": LayerTypes,
+    "context length": ContextLength,
 }
 
 

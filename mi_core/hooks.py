@@ -10,6 +10,7 @@ through the value returned (or another point), and never edits it in place.
 from __future__ import annotations
 
 import difflib
+import weakref
 from typing import Any, Callable, Iterable, Iterator, Union
 
 import torch
@@ -187,8 +188,7 @@ class HookSpec:
                 spec.validate(n)
 
     def start(self) -> "HookRun":
-        """Begin one forward pass: returns the object the backend calls at each point (a
-        plain one unless a callable, which may edit in place, or a gradient is asked for)."""
+        """Begin one forward pass (a copying run if a callable or a gradient is asked for)."""
         edits = any(type(t[2]) not in OUT_OF_PLACE for v in self._interventions.values() for t in v)
         return GradHookRun(self) if self._grads else EditHookRun(self) if edits else HookRun(self)
 
@@ -231,25 +231,25 @@ class HookRun:
 
 class EditHookRun(HookRun):
     """A run with callables, which may edit in place: such an edit changes only its point. A
-    callable gets a copy of a tensor whose storage was an earlier point's value (a capture;
-    ``hook_mlp_in`` is ``hook_resid_mid``) or seen by a callable (a reused address: a copy)."""
+    callable gets a copy of a tensor whose storage is shared with a live tensor that was an
+    earlier point's value (a capture; ``hook_mlp_in`` is ``hook_resid_mid``) or seen by one."""
 
     __slots__ = ("_seen",)
 
     def __init__(self, spec: HookSpec) -> None:
         super().__init__(spec)
-        self._seen: set[int] = set()
+        self._seen: dict[int, list[weakref.ref[torch.Tensor]]] = {}  # storage -> tensors seen
 
     def _edit(self, name: str, x: torch.Tensor) -> torch.Tensor:
         items, seen = self._ivs.get(name), self._seen
-        if items is not None:
-            shared = x.untyped_storage().data_ptr() in seen
-            seen.add(x.untyped_storage().data_ptr())
+        if items is not None:  # (a dead tensor's address reused by a fresh one: no copy)
+            shared = any(r() is not None for r in seen.get(x.untyped_storage().data_ptr(), ()))
+            seen.setdefault(x.untyped_storage().data_ptr(), []).append(weakref.ref(x))
             for hp, _, iv in items:
                 pure = type(iv) in OUT_OF_PLACE
                 x = apply_intervention(hp, iv, x.clone() if shared and not pure else x)
                 shared = not pure  # a callable may keep what it saw or returned
-        seen.add(x.untyped_storage().data_ptr())
+        seen.setdefault(x.untyped_storage().data_ptr(), []).append(weakref.ref(x))
         return x
 
     def apply(self, name: str, x: torch.Tensor) -> torch.Tensor:

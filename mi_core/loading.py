@@ -28,8 +28,7 @@ DEFAULT_HUB_PATTERNS = [
 ]
 
 
-#: =1: skip the memory checks made before allocating (one load: from_pretrained(check_memory=))
-MEMORY_CHECK_ENV = "MI_SKIP_MEMORY_CHECK"
+MEMORY_CHECK_ENV = "MI_SKIP_MEMORY_CHECK"  #: =1: no memory checks (one load: check_memory=False)
 SKIP_MEMORY_CHECK = contextvars.ContextVar("mi_skip_memory_check", default=False)
 
 
