@@ -14,9 +14,12 @@ markdown table:
 - ours, empty HookSpec / transformers (SDPA attention)                 target <= 1.02x
 - ours `run_with_cache` (every default point) / TransformerLens `run_with_cache`   (aim < 1)
 - MoE: ours, empty HookSpec / transformers (its own expert loop)
+- GLM-4.5-style MoE (4 x 512, 16 experts in 4 groups, top-4, shared expert) and Hunyuan-style
+  dense (12 x 768, q/k norms after RoPE): ours, empty HookSpec / transformers (--only
+  glm45,hunyuan; not in the default set)
 
     .venv/bin/python bench/bench_families.py [--reps 5] [--threads N] [--timer wall|cpu]
-        [--only gpt2,pythia,moe]
+        [--only gpt2,pythia,moe,glm45,hunyuan]
 """
 
 from __future__ import annotations
@@ -50,6 +53,19 @@ def _hf_model(kind: str) -> Any:
                                intermediate_size=3072, vocab_size=50304, rotary_pct=0.25,
                                max_position_embeddings=2048, use_parallel_residual=True,
                                tie_word_embeddings=False)
+    elif kind == "glm45":  # GLM-4.5-style MoE: sigmoid router, bias, groups, shared expert
+        cfg = tf.Glm4MoeConfig(hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
+                               num_key_value_heads=4, head_dim=64, intermediate_size=1024,
+                               vocab_size=32000, n_routed_experts=16, num_experts_per_tok=4,
+                               n_group=4, topk_group=2, moe_intermediate_size=256,
+                               routed_scaling_factor=2.5, first_k_dense_replace=1,
+                               use_qk_norm=True, attention_bias=True)
+    elif kind == "hunyuan":  # q/k norms after RoPE, NTK-alpha RoPE
+        cfg = tf.HunYuanDenseV1Config(hidden_size=768, num_hidden_layers=12,
+                                      num_attention_heads=12, num_key_value_heads=4, head_dim=64,
+                                      intermediate_size=3072, vocab_size=32000,
+                                      rope_parameters={"rope_type": "dynamic", "alpha": 1000.0,
+                                                       "rope_theta": 10000.0, "factor": 1.0})
     else:
         cfg = tf.MixtralConfig(hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
                                num_key_value_heads=4, intermediate_size=1024, vocab_size=32000,
@@ -113,7 +129,7 @@ def bench(kind: str, reps: int, clock: Callable[[], float], tmp: Path) -> list[s
 
     fns: dict[str, Callable[[], object]] = {"ours": ours_empty, "hf": hf_sdpa}
     rows = []
-    if kind != "moe":
+    if kind in ("gpt2", "pythia"):  # TransformerLens has the others not
         tl = _hooked(kind, hf)
         with torch.inference_mode():
             tl_diff = (tl(ids) - ref).abs().max().item()
@@ -130,11 +146,12 @@ def bench(kind: str, reps: int, clock: Callable[[], float], tmp: Path) -> list[s
 
         fns.update(ours_cache=ours_cache, tl_cache=tl_cache)
     t = round_robin(fns, reps, clock)
-    label = {"gpt2": "GPT-2 small", "pythia": "Pythia-160m", "moe": "Mixtral-style MoE"}[kind]
+    label = {"gpt2": "GPT-2 small", "pythia": "Pythia-160m", "moe": "Mixtral-style MoE",
+             "glm45": "GLM-4.5-style MoE", "hunyuan": "Hunyuan-style dense"}[kind]
     rows.append(f"| {label} | ours empty HookSpec / transformers SDPA | "
                 f"**{t['ours'] / t['hf']:.3f}×** ({t['ours'] * 1e3:.0f} / {t['hf'] * 1e3:.0f} ms) "
                 f"| max abs logit diff {diff:.1e} |")
-    if kind != "moe":
+    if kind in ("gpt2", "pythia"):
         rows.append(f"| {label} | ours `run_with_cache` ({n_ours} points) / HookedTransformer "
                     f"`run_with_cache` | **{t['ours_cache'] / t['tl_cache']:.3f}×** "
                     f"({t['ours_cache'] * 1e3:.0f} / {t['tl_cache'] * 1e3:.0f} ms) | TL logit "

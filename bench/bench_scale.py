@@ -4,7 +4,10 @@
    vs a hand-written loop doing the same forward passes.               target <= 1.05x
 2. ``mi.cache_activations`` (safetensors shards, writer thread) vs a bare capture of the
    same hooks with the same batching, without writing.                 target >= 0.9x throughput
-3. ``executor="ray"`` with 2 workers (a local Ray, one actor and one torch thread each) and
+3. Reading what the stores validate: one pass over an activation store (each shard's size
+   and header checked against the manifest), ``store.verify()`` (sha256 of every shard),
+   ``load_sweep`` of 5,000 records (each record's fields and key checked).
+4. ``executor="ray"`` with 2 workers (a local Ray, one actor and one torch thread each) and
    ``executor="processes"`` with 2 workers vs ``local`` (2 torch threads): speed-up, and
    where the time goes (start-up: Ray / processes + one model load per worker; then jobs).
 
@@ -13,7 +16,7 @@ on a shared machine hit both alike; `--timer cpu` measures the process's CPU tim
 threads: the writer thread's work counts) instead of wall time. Printed as markdown.
 
     .venv/bin/python bench/bench_scale.py [--reps 5] [--jobs 30] [--threads 1] [--timer wall|cpu]
-                                          [--skip-ray]
+                                          [--skip-ray] [--skip-executors] [--records 5000]
 """
 
 from __future__ import annotations
@@ -129,6 +132,44 @@ def bench_cache(model: mi.MIModel, rows: int, ctx: int, bs: int, reps: int) -> d
     return median_round_robin({"bare": bare, "store": store}, reps)
 
 
+def bench_reads(model: mi.MIModel, rows: int, ctx: int, n_records: int, reps: int
+                ) -> dict[str, float]:
+    """What reading costs now that stores are validated: one unshuffled pass over an
+    activation store (each shard's size and header checked), ``store.verify()`` (sha256 of
+    every shard), and ``load_sweep`` of `n_records` records (each key checked against its
+    job). Seconds, medians of `reps`."""
+    ids = torch.randint(100, 40000, (rows, ctx), generator=torch.Generator().manual_seed(0))
+    d = Path(tempfile.mkdtemp(prefix="bench_reads_"))
+    try:
+        s = mi.cache_activations(model, ids, HOOKS, d / "acts", context_len=ctx, batch_size=8,
+                                 tokens_per_shard=2 * 8 * ctx, progress=False, verbose=False)
+        mi.run_sweep(noop_job, [{"i": i, "prompt": prompt_of(i)} for i in range(n_records)],
+                     model=model, store=d / "sweep", progress=False)
+
+        def read() -> float:
+            t = time.perf_counter()
+            for h in HOOKS:
+                for _ in s.batches(h, batch_size=4096):
+                    pass
+            return time.perf_counter() - t
+
+        def timed(f: Callable[[], Any]) -> Callable[[], float]:
+            def run() -> float:
+                t = time.perf_counter()
+                f()
+                return time.perf_counter() - t
+            return run
+
+        fns = {"read": read, "load_sweep": timed(lambda: mi.load_sweep(d / "sweep"))}
+        if hasattr(s, "verify"):
+            fns["verify"] = timed(s.verify)
+        out = median_round_robin(fns, reps)
+        out["bytes"] = float(sum(p.stat().st_size for p in s.shards))
+        return out
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def bench_executors(path: str, n_jobs: int, skip_ray: bool
                     ) -> list[tuple[str, float, float, float, dict[str, float]]]:
     """(executor, wall, start-up, jobs/s after start-up, start-up parts) per executor."""
@@ -176,7 +217,9 @@ def main() -> None:
     ap.add_argument("--timer", default="wall", choices=["wall", "cpu"])
     ap.add_argument("--executor-jobs", type=int, default=60, help="jobs of the executor runs")
     ap.add_argument("--skip-ray", action="store_true")
-    ap.add_argument("--executors-only", action="store_true", help="only part 3")
+    ap.add_argument("--executors-only", action="store_true", help="only part 4")
+    ap.add_argument("--skip-executors", action="store_true", help="parts 1 to 3 only")
+    ap.add_argument("--records", type=int, default=5000, help="records of the load_sweep run")
     args = ap.parse_args()
     global CLOCK
     CLOCK = time.process_time if args.timer == "cpu" else time.perf_counter
@@ -209,6 +252,17 @@ def main() -> None:
         print(f"\ncache_activations / bare capture throughput: **{c['bare'] / c['store']:.3f}x** "
               f"(target >= 0.9x)\n")
 
+        r = bench_reads(model, args.rows, 64, args.records, args.reps)
+        print(f"| reading (validated) | time | rate |\n|---|---:|---:|\n"
+              f"| one pass over the store ({r['bytes'] / 2**20:.1f} MiB) | {r['read']:.3f} s | "
+              f"{r['bytes'] / 2**20 / r['read']:.0f} MiB/s |")
+        if "verify" in r:
+            print(f"| `store.verify()` (sha256 of every shard) | {r['verify']:.3f} s | "
+                  f"{r['bytes'] / 2**20 / r['verify']:.0f} MiB/s |")
+        print(f"| `load_sweep`, {args.records} records | {r['load_sweep']:.3f} s | "
+              f"{args.records / r['load_sweep']:.0f} records/s |\n")
+    if args.skip_executors:
+        return
     rows = bench_executors(path, args.executor_jobs, args.skip_ray)
     local = rows[0]
     print("| executor (%d jobs) | wall | start-up | jobs/s after start-up | speed-up (wall) | "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,8 @@ def _params(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from mi_core import ConfigError
-    from mi_core.scale.analyses import JOB_FNS, aggregate, hooks_needed, plot_aggregate
+    from mi_core.scale._fs import StoreDir
+    from mi_core.scale.analyses import JOB_FNS, hooks_needed
     from mi_core.scale.sweep import run_sweep
 
     prompts = read_prompts(args.prompts, args.analysis)
@@ -77,35 +79,54 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if model is None:
         raise ConfigError("no --model given and no embedded default model is installed")
     out = Path(args.out)
-    run = run_sweep(JOB_FNS[args.analysis], jobs, model=model, store=out / "store",
-                    executor=args.executor, retries=args.retries, overwrite=args.overwrite,
-                    hooks=hooks_needed(args.analysis, layers=params.get("layers")),
-                    workers=args.workers, address=args.address, device=args.device,
-                    model_dtype=str(args.dtype).removeprefix("torch."),
-                    progress=None if not args.no_progress else False)
-    done, failed = run.results(), run.failed()
-    per_prompt = {"analysis": args.analysis, "model": str(model), "params": params,
-                  "results": [{"index": j["index"], "prompt": j["prompt"], "answer": j["answer"],
-                               "result": r} for j, r in done],
-                  "failed": [{"index": j["index"], "prompt": j["prompt"], "error": e}
-                             for j, e in failed]}
-    (out / "results.json").write_text(json.dumps(per_prompt, indent=1) + "\n")
-    agg = aggregate(args.analysis, [r for _, r in done])
-    (out / "aggregate.json").write_text(json.dumps(agg, indent=1) + "\n")
-    print(f"{args.analysis}: {len(done)}/{len(jobs)} prompts done, {len(failed)} failed "
-          f"(store {out / 'store'})")
-    if agg.get("n"):
-        rows, mean = agg["rows"], agg["mean"]
-        flat = [(rows[i], m if not isinstance(m, list) else max(m, key=abs)) for i, m in enumerate(mean)]
-        top = sorted(flat, key=lambda t: -abs(t[1]))[:5]
-        print(f"largest mean {agg['metric']} by {agg['row_label']}: " +
-              ", ".join(f"{r}: {v:+.4g}" for r, v in top))
-        plot = Path(args.plot) if args.plot else out / "aggregate.png"
-        plot_aggregate(agg, plot)
-        print(f"wrote {out / 'results.json'}, {out / 'aggregate.json'}, {plot}")
+    # OUT's own files, like the store's, are written inside it and never through a link
+    with StoreDir(out, create=True) as odir:
+        for name in ("results.json", "aggregate.json", "aggregate.png"):
+            odir.is_file(name)  # a link planted there: refused before any compute
+        run = run_sweep(JOB_FNS[args.analysis], jobs, model=model, store=out / "store",
+                        executor=args.executor, retries=args.retries, overwrite=args.overwrite,
+                        hooks=hooks_needed(args.analysis, layers=params.get("layers")),
+                        workers=args.workers, address=args.address, device=args.device,
+                        model_dtype=str(args.dtype).removeprefix("torch."),
+                        progress=None if not args.no_progress else False)
+        done, failed = run.results(), run.failed()
+        per_prompt = {"analysis": args.analysis, "model": str(model), "params": params,
+                      "results": [{"index": j["index"], "prompt": j["prompt"],
+                                   "answer": j["answer"], "result": r} for j, r in done],
+                      "failed": [{"index": j["index"], "prompt": j["prompt"], "error": e}
+                                 for j, e in failed]}
+        odir.write_atomic("results.json", (json.dumps(per_prompt, indent=1) + "\n").encode())
+        print(f"{args.analysis}: {len(done)}/{len(jobs)} prompts done, {len(failed)} failed "
+              f"(store {out / 'store'})")
+        _write_aggregate(args, odir, [r for _, r in done])
     for j, e in failed[:5]:
         print(f"mi: warning: prompt {j['index']} failed: {e.splitlines()[0]}", file=sys.stderr)
     return 0 if not failed else 1
+
+
+def _write_aggregate(args: argparse.Namespace, odir: Any, results: list[Any]) -> None:
+    """OUT/aggregate.json and the picture (OUT/aggregate.png unless --plot), with the
+    largest means on stdout."""
+    from mi_core.scale.analyses import aggregate, plot_aggregate
+
+    agg = aggregate(args.analysis, results)
+    odir.write_atomic("aggregate.json", (json.dumps(agg, indent=1) + "\n").encode())
+    if not agg.get("n"):
+        return
+    rows, mean = agg["rows"], agg["mean"]
+    flat = [(rows[i], m if not isinstance(m, list) else max(m, key=abs))
+            for i, m in enumerate(mean)]
+    top = sorted(flat, key=lambda t: -abs(t[1]))[:5]
+    print(f"largest mean {agg['metric']} by {agg['row_label']}: " +
+          ", ".join(f"{r}: {v:+.4g}" for r, v in top))
+    if args.plot:
+        plot = plot_aggregate(agg, Path(args.plot))
+    else:  # drawn aside, then written into OUT like the other files
+        plot = odir.file("aggregate.png")
+        with tempfile.TemporaryDirectory(prefix="mi-sweep-") as tmp:
+            odir.write_atomic("aggregate.png",
+                              plot_aggregate(agg, Path(tmp) / "aggregate.png").read_bytes())
+    print(f"wrote {odir.file('results.json')}, {odir.file('aggregate.json')}, {plot}")
 
 
 def read_texts(path: str | Path) -> list[str]:

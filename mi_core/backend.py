@@ -90,7 +90,8 @@ class MIModel(metaclass=_ModelClass):
                         raise UnsupportedModelError(
                             f"{source}: no backend plugins are installed (install mi-core with "
                             f"the extra of a backend plugin, e.g. pip install 'mi-core[all]')")
-                    raise UnsupportedModelError("no plugin can load this checkpoint:\n"
+                    raise UnsupportedModelError(rep.summary() if rep.unimplemented else
+                                                "no plugin can load this checkpoint:\n"
                                                 + rep.summary())
                 backend = rep.backend
             if backend not in available:

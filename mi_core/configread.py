@@ -173,6 +173,8 @@ GENERIC_HARMLESS: frozenset[str] = frozenset({
     "cross_attention_hidden_size", "gradient_checkpointing", "_attn_implementation",
     "attn_implementation", "_attn_implementation_autoset", "pretraining_tp",
     "tie_encoder_decoder", "keys_to_ignore_at_inference",
+    # export markers of converters and fine-tuning tools (nanotron, transformers.js, unsloth)
+    "is_llama_config", "transformers.js_config", "unsloth_version", "unsloth_fixed",
 })
 
 #: Generic keys that are harmless only at their default (e.g. encoder-decoder or cross
@@ -183,9 +185,15 @@ GENERIC_AT_DEFAULT: dict[str, Any] = {"is_encoder_decoder": False, "add_cross_at
 _DROPOUT = re.compile(r"(^|_)(dropout|pdrop)$|dropout|_pdrop$|^layerdrop$")
 
 
+#: token ids of any kind (``unk_token_id``, ``image_token_index``): no forward reads them
+_TOKEN_ID = re.compile(r"_token_(id|ids|index)$")
+
+
 def is_generic_harmless(key: str, value: Any) -> bool:
     """Whether `key` = `value` is a generic transformers config entry that cannot change
-    the numbers."""
-    if key in GENERIC_HARMLESS or _DROPOUT.search(key):
+    the numbers: the keys above, dropouts, token ids and ``_``-prefixed metadata (e.g. the
+    ``_model_name_or_path`` transformers writes from a GGUF file)."""
+    if key in GENERIC_HARMLESS or _DROPOUT.search(key) or _TOKEN_ID.search(key) \
+            or key.startswith("_"):
         return True
     return key in GENERIC_AT_DEFAULT and value == GENERIC_AT_DEFAULT[key]

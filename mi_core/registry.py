@@ -41,6 +41,8 @@ class Detection:
     unexpected: list[str] = attrs.field(factory=list)
     plugin: str = ""
     config_keys: list[str] = attrs.field(factory=list)  # config keys the backend refuses
+    #: the plugin implements the checkpoint's model_type (even if it refuses this config)
+    implements: bool = False
 
     @property
     def ok(self) -> bool:
@@ -105,9 +107,17 @@ class CompatibilityReport:
         ok = [d for d in self.detections if d.ok]
         return max(ok, key=lambda d: d.score) if ok else None
 
+    @property
+    def unimplemented(self) -> bool:
+        """No plugin implements the config's model_type (said first by :meth:`summary`)."""
+        return not self.supported and isinstance(self.model_type, str) and not any(
+            d.implements or d.ok for d in self.detections)
+
     def summary(self) -> str:
-        lines = [f"{self.source}: model_type={self.model_type!r}, "
-                 f"{'supported by ' + str(self.backend) if self.supported else 'NOT supported'}"]
+        verdict = f"supported by {self.backend}" if self.supported else "NOT supported"
+        lines = [f"no installed plugin implements model_type {self.model_type!r}"] \
+            if self.unimplemented else []
+        lines.append(f"{self.source}: model_type={self.model_type!r}, {verdict}")
         for d in sorted(self.detections, key=lambda d: -d.score):
             lines.append(f"  [{d.plugin or '?'}:{d.backend}] score={d.score:.2f}: {d.reason}")
             if d.missing:

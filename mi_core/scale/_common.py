@@ -1,16 +1,16 @@
 """What the sweep store and the activation store share: errors, canonical JSON, keys,
-fingerprints of models and functions, the store lock."""
+fingerprints of models, strict JSON reading (the function's identity is in
+:mod:`mi_core.scale._identity`, the confined directory and lock in :mod:`mi_core.scale._fs`)."""
 
 from __future__ import annotations
 
 import errno
 import hashlib
-import inspect
 import json
 import os
 import struct
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mi_core.plugin import (
     DEFAULT_HUB_PATTERNS, MIError, MIModel, looks_like_hub_id, resolve_source,
@@ -34,12 +34,25 @@ class StoreError(MIError):
 
 def canonical_json(obj: Any, what: str = "value") -> str:
     """Compact JSON with sorted keys (the same text for the same content); SweepError naming
-    `what` when `obj` is not JSON-able (NaN and infinities included)."""
+    `what` when `obj` is not JSON-able (NaN and infinities included) or holds a lone
+    surrogate."""
     try:
-        return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+        text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                           allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise SweepError(f"{what} is not JSON-able ({exc}): {obj!r:.200}") from None
+    check_utf8(text, what)
+    return text
+
+
+def check_utf8(text: str, what: str) -> None:
+    """SweepError naming `what` when `text` holds a lone surrogate (UTF-8 cannot store it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SweepError(f"{what} holds a lone surrogate (U+{ord(text[exc.start]):04X} at "
+                         f"character {exc.start} of its JSON) that UTF-8 cannot store: "
+                         f"{text[max(0, exc.start - 40):exc.start + 40]!r}") from None
 
 
 def job_key(job: Any, what: str = "job") -> str:
@@ -106,24 +119,6 @@ def _local_path(source: str) -> Path | None:
     return None
 
 
-def fn_identity(fn: Callable[..., Any]) -> dict[str, str]:
-    """``{"name": qualname, "module": ..., "source_hash": ...}``; the hash is of the function's
-    source text (of its bytecode and constants when the source is unavailable). Stores compare
-    name and source hash, not the module: a script's function is ``__main__.f`` when run and
-    ``script.f`` when imported."""
-    target = getattr(fn, "func", fn)  # functools.partial
-    name = getattr(target, "__qualname__", repr(target))
-    try:
-        text = inspect.getsource(target)
-    except (OSError, TypeError):
-        code = getattr(target, "__code__", None)
-        text = repr((code.co_code, code.co_consts)) if code is not None else repr(target)
-    if target is not fn:
-        text += repr((getattr(fn, "args", ()), getattr(fn, "keywords", {})))
-    return {"name": name, "module": str(getattr(target, "__module__", "?")),
-            "source_hash": hashlib.sha256(text.encode()).hexdigest()[:32]}
-
-
 def write_all(fd: int, data: bytes) -> None:
     """os.write until every byte is written (a short write continues, an error raises)."""
     view = memoryview(data)
@@ -132,16 +127,26 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `path` through a temporary file + fsync + rename: never half-written."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def strict_json(raw: bytes, where: str, duplicates: bool = True) -> Any:
+    """Parse a store file's JSON strictly: UTF-8, no NaN / Infinity and, with `duplicates`,
+    no duplicate keys; StoreError naming `where` otherwise. (Sweep records skip the
+    duplicate check, a Python call per object: every field of a record is checked after
+    parsing, and its key against its job as parsed.)"""
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out = dict(items)
+        if len(out) != len(items):
+            dup = next(k for i, (k, _) in enumerate(items) if k in dict(items[:i]))
+            raise ValueError(f"duplicate key {dup!r:.60}")
+        return out
+
     try:
-        write_all(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        return json.loads(raw.decode("utf-8"), parse_constant=no_constant,
+                          object_pairs_hook=pairs if duplicates else None)
+    except (ValueError, RecursionError) as exc:
+        raise StoreError(f"{where}: not valid JSON ({exc})") from None
 
 
 def disk_error(exc: OSError, path: Path, saved: str) -> StoreError:
@@ -149,30 +154,3 @@ def disk_error(exc: OSError, path: Path, saved: str) -> StoreError:
     why = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else str(exc)
     return StoreError(f"cannot write {path}: {why}; {saved} (nothing half-written: "
                       f"free some space and re-run to resume)")
-
-
-class StoreLock:
-    """An exclusive ``flock`` on ``<store>/.lock`` while a run writes: two writers of one
-    store would break the one-record-per-key guarantee, so the second is refused."""
-
-    def __init__(self, directory: Path) -> None:
-        self.path = directory / ".lock"
-        self.fd: int | None = None
-
-    def __enter__(self) -> "StoreLock":
-        import fcntl
-
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self.fd)
-            self.fd = None
-            raise StoreError(f"{self.path.parent}: another process is writing this store "
-                             f"(it holds {self.path})") from None
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing releases the flock
-            self.fd = None

@@ -6,26 +6,28 @@ Layout::
 
     out/manifest.json           format, versions, model {source, fingerprint}, inputs_hash,
                                 context_len, batch_size, rows, tokens, hooks {name: dtype,
-                                per-token shape, bytes per token, layout}, shards [{file,
-                                rows, tokens}], planned_bytes
+                                per-token shape, bytes per token, layout}, shards [{index,
+                                file, rows, token_range, tokens, bytes, header_sha256,
+                                sha256}], planned_bytes
     out/shard-00000.safetensors one tensor per hook, [tokens of the shard, *per-token shape],
                                 plus ``tokens`` [tokens] int32 (the input ids)
+    out/.lock                   flock of the process writing
 
 Activations are token-major: a hook of shape [batch, seq, *rest] is stored as
 [batch * seq, *rest]; attention patterns / scores [batch, heads, q, k] as [batch * q, heads,
 k] (one row per query token). A shard's file is written under a temporary name at known
 offsets (its size is known up front) by a writer thread while the next batches compute, then
-fsynced and renamed: a shard file is either complete or absent, and a re-run computes only
-the absent ones. No pickle anywhere.
+fsynced, hashed and renamed: a shard file is either complete or absent, and a re-run computes
+only the absent ones. Every file is opened inside the store without following links
+(:mod:`mi_core.scale._fs`); every shard is checked against the manifest when read
+(:mod:`mi_core.scale.shards`). No pickle anywhere.
 """
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import logging
-import math
 import os
 import queue
 import shutil
@@ -40,18 +42,17 @@ import attrs
 import torch
 
 from mi_core.plugin import ConfigError, HookError, HookPoint, HookSpec, Progress
-from mi_core.scale._common import (
-    StoreError, StoreLock, atomic_write_text, disk_error, model_identity,
-)
+from mi_core.scale._common import StoreError, disk_error, model_identity, strict_json
+from mi_core.scale._fs import StoreDir, StoreLock
 from mi_core.scale.executors import make_executor
+from mi_core.scale.shards import (
+    DTYPES, FORMAT, SHARD_NAME, ShardFile, file_sha256, ids_sha256, map_shard, open_shard,
+    per_token_bytes, plan_entry, shard_metadata, shard_tensors_plan, validate_manifest,
+)
 
-FORMAT = "mi-core-activations"
-FORMAT_VERSION = 1
-_ST_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-              torch.float64: "F64", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
-              torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
-_FROM_ST = {v: k for k, v in _ST_DTYPES.items()}
+FORMAT_VERSION = 2
 _QUERY_MAJOR = ("attn.hook_pattern", "attn.hook_attn_scores", "attn.hook_scores")
+_MANIFEST_LIMIT = 1 << 26  # 64 MiB: a manifest lists shards, ~300 bytes each
 
 
 @attrs.define
@@ -91,6 +92,25 @@ def _token_major(t: torch.Tensor, layout: str, dtype: torch.dtype) -> torch.Tens
     if layout == "query":
         t = t.transpose(1, 2)
     return t.reshape(-1, *t.shape[2:]).to(device="cpu", dtype=dtype).contiguous()
+
+
+def _stored(name: str, t: torch.Tensor, layout: str, dtype: torch.dtype) -> torch.Tensor:
+    """`t` token-major in the store's `dtype`; StoreError naming the hook point when a finite
+    value becomes infinite there (float16 holds at most 65504). The check is one ``isinf``
+    over the converted values, and only when the dtype changes."""
+    out = _token_major(t, layout, dtype)
+    if dtype == t.dtype or not out.is_floating_point() or not bool(torch.isinf(out).any()):
+        return out
+    src = _token_major(t, layout, t.dtype)
+    over = torch.isinf(out) & torch.isfinite(src)
+    n = int(over.sum())
+    if not n:
+        return out  # infinities of the model's own, stored as they are
+    big = float(src[over].abs().max())
+    raise StoreError(f"hook point {name!r}: {n} of {out.numel()} values overflow the store's "
+                     f"dtype {str(dtype).removeprefix('torch.')} (largest magnitude {big:.6g}; "
+                     f"it holds at most {torch.finfo(dtype).max:.6g}); store in float32 or "
+                     f"bfloat16")
 
 
 def _tokenize_task(model: Any, texts: list[str]) -> list[list[int]]:
@@ -152,61 +172,6 @@ def _inputs_hash(rows: torch.Tensor) -> str:
     return hashlib.sha256(struct.pack(f"<{len(ids)}q", *ids)).hexdigest()[:32]
 
 
-# -- safetensors writing at known offsets -----------------------------------------------------
-
-def _header(tensors: dict[str, tuple[str, list[int], int]], metadata: dict[str, str]
-            ) -> tuple[bytes, dict[str, int]]:
-    """(the 8-byte length + JSON header, name -> offset of its data in the file)."""
-    head: dict[str, Any] = {"__metadata__": metadata}
-    offsets, pos = {}, 0
-    for name, (dt, shape, nbytes) in tensors.items():
-        head[name] = {"dtype": dt, "shape": shape, "data_offsets": [pos, pos + nbytes]}
-        offsets[name] = pos
-        pos += nbytes
-    text = json.dumps(head, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
-    start = 8 + len(text)
-    return struct.pack("<Q", len(text)) + text, {k: v + start for k, v in offsets.items()}
-
-
-class _ShardFile:
-    def __init__(self, path: Path, tensors: dict[str, tuple[str, list[int], int]],
-                 n_batches: int) -> None:
-        self.path, self.tmp = path, path.with_name(path.name + ".tmp")
-        header, self.offsets = _header(tensors, {"format": FORMAT})
-        self.total = len(header) + sum(t[2] for t in tensors.values())
-        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self.left = n_batches
-        os.pwrite(self.fd, header, 0)
-
-    def write(self, name: str, token_offset: int, bytes_per_token: int, t: torch.Tensor) -> None:
-        pos = self.offsets[name] + token_offset * bytes_per_token
-        t = t.contiguous()  # kept alive while its bytes are written
-        view = _as_bytes(t)
-        while view:
-            n = os.pwrite(self.fd, view, pos)
-            view, pos = view[n:], pos + n
-
-    def finish(self) -> None:
-        os.ftruncate(self.fd, self.total)  # no-op unless the last tensor was empty
-        os.fsync(self.fd)
-        os.close(self.fd)
-        os.replace(self.tmp, self.path)
-
-    def abort(self) -> None:
-        os.close(self.fd)
-        self.tmp.unlink(missing_ok=True)
-
-
-def _as_bytes(t: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU tensor, without a copy (the tensor must outlive the view)."""
-    assert t.is_contiguous()
-    if not t.numel():
-        return memoryview(b"")
-    return memoryview((ctypes.c_char * (t.numel() * t.element_size())).from_address(
-        t.data_ptr())).cast("B")
-
-
 # -- the public function ----------------------------------------------------------------------
 
 def cache_activations(model: Any, texts_or_token_batches: Any, hooks: Sequence[str | HookPoint],
@@ -221,7 +186,9 @@ def cache_activations(model: Any, texts_or_token_batches: Any, hooks: Sequence[s
     - inputs: texts (tokenized, concatenated, cut into rows of `context_len`; the last
       incomplete row is dropped) or token batches ``[batch, context_len]`` used as given.
     - forwards of `batch_size` rows; shards of ``tokens_per_shard // context_len`` rows.
-    - `dtype`: storage dtype (default: the model's activation dtype).
+    - `dtype`: storage dtype (default: the model's activation dtype); a floating dtype for
+      floating activations. A value that overflows it (beyond 65504 in float16) is a
+      StoreError naming the hook point and the shard, never a stored inf.
     - resumable: re-running the same call writes only the shards still missing. Another
       model, other inputs, hooks, context_len or dtype against an existing store is a
       StoreError unless ``overwrite=True`` (which discards it).
@@ -229,6 +196,8 @@ def cache_activations(model: Any, texts_or_token_batches: Any, hooks: Sequence[s
       ``store.report``; more than the free space is a StoreError up front.
     - `executor`: ``"local"``, ``"processes"`` or ``"ray"`` (model as a path for the last
       two); the driver writes, workers compute.
+    - `out` must be a directory (created) and not a symbolic link; every file in it is
+      opened without following links (a planted link is a StoreError naming it).
 
     Returns the :class:`ActivationStore`. HookError (before any compute) for a hook point
     the model lacks.
@@ -240,10 +209,8 @@ def cache_activations(model: Any, texts_or_token_batches: Any, hooks: Sequence[s
     names = [HookPoint.parse(h).name for h in hooks]
     if not names:
         raise ConfigError("cache_activations needs at least one hook point")
-    directory = Path(out)
     ex = make_executor(executor, model, device, workers, address)
-    directory.mkdir(parents=True, exist_ok=True)
-    with StoreLock(directory):
+    with StoreDir(out, create=True) as sdir, StoreLock(sdir):
         try:
             ex.start(names)
             rows, dropped = _rows_from(texts_or_token_batches, context_len, ex)
@@ -252,29 +219,67 @@ def cache_activations(model: Any, texts_or_token_batches: Any, hooks: Sequence[s
                 raise StoreError(f"cannot capture {names}: {probe}")
             manifest = _plan(model, names, probe, rows, dropped, context_len, batch_size,
                              tokens_per_shard, dtype)
-            old_path = directory / "manifest.json"
-            if overwrite:
-                _discard(directory)
-            elif old_path.exists():
-                _check_same(directory, json.loads(old_path.read_text()), manifest)
-            for tmp in directory.glob("shard-*.safetensors.tmp"):
-                tmp.unlink()  # a shard a killed run was writing: recomputed
-            atomic_write_text(old_path, json.dumps(manifest, indent=2) + "\n")
-            report = _report(directory, manifest)
-            logging.getLogger("mi_core.scale").info("cache_activations %s: %s", directory,
+            report = _prepare(sdir, manifest, rows, overwrite)
+            logging.getLogger("mi_core.scale").info("cache_activations %s: %s", sdir.path,
                                                     report.summary())
             if verbose:
                 print(f"mi: cache_activations: {report.summary()}", file=sys.stderr)
             if report.todo_bytes > report.free_bytes:
-                raise StoreError(f"{directory}: the store needs {report.todo_bytes} more bytes, "
+                raise StoreError(f"{sdir.path}: the store needs {report.todo_bytes} more bytes, "
                                  f"only {report.free_bytes} are free; nothing was written")
-            _fill(directory, manifest, rows, ex, progress)
+            _fill(sdir, manifest, rows, ex, progress)
         finally:
             ex.close()
     report.seconds = time.perf_counter() - t0
-    store = ActivationStore(directory)
+    store = ActivationStore(out)
     store.report = report
     return store
+
+
+def _prepare(sdir: StoreDir, manifest: dict[str, Any], rows: torch.Tensor,
+             overwrite: bool) -> CacheReport:
+    """Check an existing store against the plan (or discard it), remove a killed run's
+    temporary files, write the manifest; the report of what is done and what is to do."""
+    old = None
+    if overwrite:
+        _discard(sdir)
+    else:
+        old = read_manifest(sdir)
+        if old is not None:
+            _check_same(sdir.path, old, manifest)
+            for new, prev in zip(manifest["shards"], old["shards"]):
+                if prev.get("sha256") and prev["header_sha256"] == new["header_sha256"]:
+                    new["sha256"] = prev["sha256"]
+    for name in sdir.names():
+        if name.endswith(".tmp") and (SHARD_NAME.match(name[:-4]) or name == "manifest.json.tmp"):
+            sdir.unlink(name)  # a shard a killed run was writing: recomputed
+    done = [s for s in manifest["shards"] if sdir.is_file(s["file"])]
+    for s in done:  # a finished shard must be the one planned (fast check), with its checksum
+        fd, _, _ = open_shard(sdir, s, manifest["hooks"])
+        try:
+            if not s.get("sha256"):  # finished by a run killed before it recorded the sum
+                s["sha256"] = file_sha256(fd)
+        finally:
+            os.close(fd)
+    if manifest != old:  # a finished store is not rewritten (it may be read-only)
+        write_manifest(sdir, manifest)
+    per_token = sum(v["bytes_per_token"] for v in manifest["hooks"].values()) + 4
+    todo_tokens = manifest["tokens"] - sum(s["tokens"] for s in done)
+    return CacheReport(manifest["tokens"], manifest["rows"], len(manifest["shards"]), len(done),
+                       manifest["planned_bytes"], todo_tokens * per_token,
+                       shutil.disk_usage(sdir.path).free)
+
+
+def _store_dtype(name: str, probed: str, dtype: torch.dtype | None) -> torch.dtype:
+    src = DTYPES.get(probed)
+    dt = dtype or src
+    if dt not in DTYPES.values():
+        raise ConfigError(f"cannot store dtype {dt} (one of {sorted(DTYPES)})")
+    if dt != src and (src is None or not (dt.is_floating_point and src.is_floating_point)):
+        raise ConfigError(f"hook point {name!r} is {probed}: it can be stored as {probed} or, "
+                          f"if floating, another floating dtype, not {dt} (values would be "
+                          f"truncated)")
+    return dt
 
 
 def _plan(model: Any, names: list[str], probe: dict[str, Any], rows: torch.Tensor, dropped: int,
@@ -284,17 +289,13 @@ def _plan(model: Any, names: list[str], probe: dict[str, Any], rows: torch.Tenso
 
     hooks = {}
     for h in names:
-        dt = dtype or getattr(torch, probe[h]["dtype"])
-        if dt not in _ST_DTYPES:
-            raise ConfigError(f"cannot store dtype {dt} (one of {sorted(map(str, _ST_DTYPES))})")
+        dt = str(_store_dtype(h, probe[h]["dtype"], dtype)).removeprefix("torch.")
         per = probe[h]["shape"]
-        nbytes = math.prod(per) * torch.tensor([], dtype=dt).element_size()
-        hooks[h] = {"dtype": str(dt).removeprefix("torch."), "shape": per,
-                    "bytes_per_token": nbytes, "layout": probe[h]["layout"]}
+        hooks[h] = {"dtype": dt, "shape": per, "bytes_per_token": per_token_bytes(per, dt),
+                    "layout": probe[h]["layout"]}
     n = rows.shape[0]
     rps = max(1, tokens_per_shard // context_len)
-    shards = [{"file": f"shard-{s:05d}.safetensors", "rows": [a, min(a + rps, n)],
-               "tokens": (min(a + rps, n) - a) * context_len}
+    shards = [plan_entry(s, (a, min(a + rps, n)), context_len, hooks, rows[a:min(a + rps, n)])
               for s, a in enumerate(range(0, n, rps))]
     per_token = sum(v["bytes_per_token"] for v in hooks.values()) + 4  # + the int32 token id
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "mi_core_version": __version__,
@@ -304,11 +305,21 @@ def _plan(model: Any, names: list[str], probe: dict[str, Any], rows: torch.Tenso
             "hooks": hooks, "shards": shards, "planned_bytes": n * context_len * per_token}
 
 
+def read_manifest(sdir: StoreDir) -> dict[str, Any] | None:
+    """The store's validated manifest, None when there is none (StoreError naming the key
+    when it is not a manifest of this format)."""
+    raw = sdir.read_bytes("manifest.json", limit=_MANIFEST_LIMIT)
+    if raw is None:
+        return None
+    where = str(sdir.file("manifest.json"))
+    return validate_manifest(strict_json(raw, where), where, FORMAT_VERSION)
+
+
+def write_manifest(sdir: StoreDir, manifest: dict[str, Any]) -> None:
+    sdir.write_atomic("manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
+
+
 def _check_same(directory: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
-    if old.get("format") != FORMAT or old.get("format_version") != FORMAT_VERSION:
-        raise StoreError(f"{directory}: not an activation store of format {FORMAT} version "
-                         f"{FORMAT_VERSION} (found {old.get('format')!r} version "
-                         f"{old.get('format_version')!r}); use a new directory or overwrite=True")
     for field in ("mi_core_version", "model", "inputs_hash", "context_len", "hooks",
                   "rows_per_shard", "batch_size"):
         if old.get(field) != new.get(field):
@@ -317,41 +328,43 @@ def _check_same(directory: Path, old: dict[str, Any], new: dict[str, Any]) -> No
                              f"directory, or overwrite=True to discard it")
 
 
-def _discard(directory: Path) -> None:
-    for p in list(directory.glob("shard-*.safetensors")) + list(directory.glob("shard-*.tmp")):
-        p.unlink()
-    (directory / "manifest.json").unlink(missing_ok=True)
-
-
-def _report(directory: Path, manifest: dict[str, Any]) -> CacheReport:
-    per_token = sum(v["bytes_per_token"] for v in manifest["hooks"].values()) + 4
-    done = [s for s in manifest["shards"] if (directory / s["file"]).exists()]
-    todo_tokens = manifest["tokens"] - sum(s["tokens"] for s in done)
-    return CacheReport(manifest["tokens"], manifest["rows"], len(manifest["shards"]), len(done),
-                       manifest["planned_bytes"], todo_tokens * per_token,
-                       shutil.disk_usage(directory).free)
+def _discard(sdir: StoreDir) -> None:
+    """Remove the store's own files (links are removed, never followed)."""
+    for name in sdir.names():
+        base = name[:-4] if name.endswith(".tmp") else name
+        if SHARD_NAME.match(base) or base == "manifest.json":
+            sdir.unlink(name)
 
 
 class _Writer:
-    """The writer thread of :func:`_fill`: puts each captured batch at its offsets in its
-    shard file, finishing a shard when its last batch is in; the first error stops it."""
+    """The two threads of :func:`_fill`. :meth:`run` puts each captured batch at its offsets
+    in its shard file and hands a shard whose last batch is in to :meth:`finish_all`, which
+    fsyncs it, hashes it (hashlib releases the GIL: this overlaps the next shard's writes
+    and forwards), renames it into place and records its checksum in the manifest (the only
+    writer of the manifest while they run). The first error stops both."""
 
-    def __init__(self, directory: Path, manifest: dict[str, Any], rows: torch.Tensor,
+    def __init__(self, sdir: StoreDir, manifest: dict[str, Any], rows: torch.Tensor,
                  n_batches: dict[int, int]) -> None:
-        self.directory, self.manifest, self.rows, self.n_batches = (directory, manifest, rows,
-                                                                    n_batches)
+        self.sdir, self.manifest, self.rows, self.n_batches = sdir, manifest, rows, n_batches
         self.hooks = manifest["hooks"]
-        self.files: dict[int, _ShardFile] = {}
+        self.files: dict[int, ShardFile] = {}
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=4)
+        self.finished: queue.Queue[Any] = queue.Queue()  # (shard index, ShardFile) | None
         self.failure: list[BaseException] = []
 
-    def open_shard(self, si: int) -> _ShardFile:
+    def _failed(self, exc: BaseException, si: int) -> None:
+        if isinstance(exc, OSError):
+            shards = self.manifest["shards"]
+            saved = sum(1 for s in shards if s.get("sha256"))
+            exc = disk_error(exc, self.sdir.file(shards[si]["file"]),
+                             f"the {saved} complete shards are intact")
+        self.failure.append(exc)
+
+    def open_shard(self, si: int) -> ShardFile:
         s = self.manifest["shards"][si]
-        t = s["tokens"]
-        tensors = {h: (_ST_DTYPES[getattr(torch, v["dtype"])], [t] + v["shape"],
-                       t * v["bytes_per_token"]) for h, v in self.hooks.items()}
-        tensors["tokens"] = ("I32", [t], 4 * t)
-        return _ShardFile(self.directory / s["file"], tensors, self.n_batches[si])
+        a, b = s["rows"]
+        return ShardFile(self.sdir, s, shard_tensors_plan(self.hooks, s["tokens"]),
+                         shard_metadata(s, ids_sha256(self.rows[a:b])), self.n_batches[si])
 
     def run(self) -> None:
         while True:
@@ -363,21 +376,29 @@ class _Writer:
             si, r0, r1, acts = item
             try:
                 self.write(si, r0, r1, acts)
-            except OSError as exc:
-                shards = self.manifest["shards"]
-                saved = sum(1 for s in shards if (self.directory / s["file"]).exists())
-                self.failure.append(disk_error(exc, self.directory / shards[si]["file"],
-                                               f"the {saved} complete shards are intact"))
             except BaseException as exc:  # noqa: BLE001 - re-raised in the driver
-                self.failure.append(exc)
+                self._failed(exc, si)
+
+    def finish_all(self) -> None:
+        while True:
+            item = self.finished.get()
+            if item is None:
+                return
+            si, f = item
+            try:  # a complete shard is finished even after another one failed
+                self.manifest["shards"][si]["sha256"] = f.finish()
+                write_manifest(self.sdir, self.manifest)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the driver
+                self._failed(exc, si)
 
     def write(self, si: int, r0: int, r1: int, acts: dict[str, torch.Tensor]) -> None:
         ctx = self.manifest["context_len"]
         for h, v in self.hooks.items():  # the plan came from a probe: every batch must fit it
             want = [(r1 - r0) * ctx] + v["shape"]
-            if list(acts[h].shape) != want:
-                raise StoreError(f"hook point {h!r}: a batch of rows {r0}..{r1} has "
-                                 f"shape {list(acts[h].shape)}, the store expects {want}")
+            if list(acts[h].shape) != want or str(acts[h].dtype) != "torch." + v["dtype"]:
+                raise StoreError(f"hook point {h!r}: a batch of rows {r0}..{r1} is "
+                                 f"{acts[h].dtype} {list(acts[h].shape)}, the store expects "
+                                 f"{v['dtype']} {want}")
         f = self.files.get(si) or self.files.setdefault(si, self.open_shard(si))
         tok0 = (r0 - self.manifest["shards"][si]["rows"][0]) * ctx
         for h, v in self.hooks.items():
@@ -385,11 +406,11 @@ class _Writer:
         f.write("tokens", tok0, 4, self.rows[r0:r1].reshape(-1).to(torch.int32))
         f.left -= 1
         if f.left == 0:
-            f.finish()
             del self.files[si]
+            self.finished.put((si, f))
 
 
-def _fill(directory: Path, manifest: dict[str, Any], rows: torch.Tensor, ex: Any,
+def _fill(sdir: StoreDir, manifest: dict[str, Any], rows: torch.Tensor, ex: Any,
           progress: bool | None) -> None:
     """Compute the missing shards; a writer thread puts each batch at its offsets."""
     hooks = manifest["hooks"]
@@ -397,7 +418,7 @@ def _fill(directory: Path, manifest: dict[str, Any], rows: torch.Tensor, ex: Any
     layouts = {h: v["layout"] for h, v in hooks.items()}
     ctx, bs = manifest["context_len"], manifest["batch_size"]
     dtypes = {h: v["dtype"] for h, v in hooks.items()}
-    todo = [(si, s) for si, s in enumerate(manifest["shards"]) if not (directory / s["file"]).exists()]
+    todo = [(si, s) for si, s in enumerate(manifest["shards"]) if not sdir.is_file(s["file"])]
     if not todo:
         return
     batches: list[tuple[int, int, int]] = []  # (shard index, first row, end row)
@@ -407,25 +428,30 @@ def _fill(directory: Path, manifest: dict[str, Any], rows: torch.Tensor, ex: Any
     n_batches = {si: 0 for si, _ in todo}
     for si, _, _ in batches:
         n_batches[si] += 1
-    w = _Writer(directory, manifest, rows, n_batches)
+    w = _Writer(sdir, manifest, rows, n_batches)
     th = threading.Thread(target=w.run, name="mi-activation-writer", daemon=True)
+    fin = threading.Thread(target=w.finish_all, name="mi-activation-finisher", daemon=True)
     th.start()
+    fin.start()
     bar = Progress(manifest["tokens"], "cache activations", unit="tok", enabled=progress,
                    initial=manifest["tokens"] - sum(s["tokens"] for _, s in todo))
     try:
         payloads = ((i, (names, layouts, rows[r0:r1], dtypes))
                     for i, (_, r0, r1) in enumerate(batches))
         for i, ok, value in ex.run(_capture_task, payloads):
+            si, r0, r1 = batches[i]
             if not ok:
-                raise StoreError(f"capturing rows {batches[i][1]}..{batches[i][2]} failed: {value}")
+                raise StoreError(f"{sdir.file(manifest['shards'][si]['file'])} (rows "
+                                 f"{r0}..{r1}): capturing failed: {value}")
             if w.failure:
                 break
-            si, r0, r1 = batches[i]
             w.queue.put((si, r0, r1, value))
             bar.update((r1 - r0) * ctx)
     finally:
         w.queue.put(None)
         th.join()
+        w.finished.put(None)
+        fin.join()
         bar.close()
         for f in w.files.values():
             f.abort()
@@ -438,60 +464,33 @@ def _capture_task(model: Any, payload: tuple[list[str], dict[str, str], torch.Te
     """Token-major activations of `rows` [b, context_len] at each hook, each in its store dtype."""
     hooks, layouts, rows, dtypes = payload
     cache = model.forward(rows, HookSpec().capture_all(hooks))
-    return {h: _token_major(cache.require(h), layouts[h], getattr(torch, dtypes[h])) for h in hooks}
+    return {h: _stored(h, cache.require(h), layouts[h], DTYPES[dtypes[h]]) for h in hooks}
 
 
 # -- reading --------------------------------------------------------------------------------
-
-def _mmap_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file as a read-only-by-convention view of a copy-on-write
-    memory map (pages are read from disk when touched)."""
-    with path.open("rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    base = 8 + n
-    mapped = torch.from_file(str(path), shared=False, size=path.stat().st_size,
-                             dtype=torch.uint8)  # a private (copy-on-write) memory map
-    out = {}
-    for name, info in header.items():
-        a, b = info["data_offsets"]
-        dt = _FROM_ST[info["dtype"]]
-        if b == a:
-            out[name] = torch.empty(info["shape"], dtype=dt)
-            continue
-        raw = mapped[base + a:base + b]
-        if (base + a) % dt.itemsize:  # a misaligned tensor (odd sizes before it): a copy
-            raw = raw.clone()
-        out[name] = raw.view(dt).reshape(info["shape"])
-    return out
-
 
 class ActivationStore:
     """A store written by :func:`cache_activations`, read memory-mapped.
 
     ``store.hooks`` (name -> dtype, per-token shape), ``store.tokens``, ``store.shards``,
     ``store.complete``; :meth:`batches` iterates one hook's per-token activations;
-    :meth:`tokens_of` the input ids aligned with them.
+    :meth:`tokens_of` the input ids aligned with them; :meth:`verify` checks every shard's
+    content against its recorded sha256. The manifest is validated when the store is
+    opened, each shard (size, header: index, token range, dtypes, shapes) when it is read;
+    a disagreement is a StoreError naming the shard and the field.
     """
 
     report: CacheReport | None = None
 
     def __init__(self, out: str | os.PathLike[str]) -> None:
         self.directory = Path(out)
-        path = self.directory / "manifest.json"
-        if not path.exists():
+        with StoreDir(self.directory) as sdir:
+            manifest = read_manifest(sdir)
+        if manifest is None:
             raise StoreError(f"{self.directory}: no activation store here (manifest.json missing)")
-        try:
-            self.manifest = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as exc:
-            raise StoreError(f"{path}: unreadable manifest ({exc})") from None
-        if (self.manifest.get("format") != FORMAT
-                or self.manifest.get("format_version") != FORMAT_VERSION):
-            raise StoreError(f"{path}: not an activation store of format {FORMAT} version "
-                             f"{FORMAT_VERSION}")
-        self.hooks: dict[str, dict[str, Any]] = self.manifest["hooks"]
-        self.context_len: int = self.manifest["context_len"]
+        self.manifest = manifest
+        self.hooks: dict[str, dict[str, Any]] = manifest["hooks"]
+        self.context_len: int = manifest["context_len"]
 
     @property
     def shards(self) -> list[Path]:
@@ -499,7 +498,8 @@ class ActivationStore:
 
     @property
     def complete(self) -> bool:
-        return all(p.exists() for p in self.shards)
+        with StoreDir(self.directory) as sdir:
+            return all(sdir.is_file(s["file"]) for s in self.manifest["shards"])
 
     @property
     def tokens(self) -> int:
@@ -513,7 +513,8 @@ class ActivationStore:
         if name not in self.hooks and name != "tokens":
             raise HookError(f"hook point {name!r} is not in the store {self.directory} "
                             f"(it has {sorted(self.hooks)})")
-        missing = [p.name for p in self.shards if not p.exists()]
+        with StoreDir(self.directory) as sdir:
+            missing = [s["file"] for s in self.manifest["shards"] if not sdir.is_file(s["file"])]
         if missing:
             raise StoreError(f"{self.directory}: the store is incomplete ({len(missing)} of "
                              f"{len(self.shards)} shards missing, e.g. {missing[0]}); re-run "
@@ -521,8 +522,23 @@ class ActivationStore:
         return name
 
     def shard_tensors(self, index: int) -> dict[str, torch.Tensor]:
-        """All tensors of one shard, memory-mapped."""
-        return _mmap_tensors(self.shards[index])
+        """All tensors of one shard, memory-mapped, after checking the shard against the
+        manifest (size and header: StoreError naming the shard and the field)."""
+        shards = self.manifest["shards"]
+        if not -len(shards) <= index < len(shards):
+            raise ConfigError(f"shard index {index} out of range: the store has {len(shards)}")
+        with StoreDir(self.directory) as sdir:
+            return map_shard(sdir, shards[index], self.hooks)
+
+    def verify(self) -> None:
+        """Check every shard in full: the manifest's size and header, and the sha256 of the
+        whole file against the one recorded when it was written. StoreError naming the
+        first shard and field that disagree (or the missing shard)."""
+        self._check("tokens")
+        with StoreDir(self.directory) as sdir:
+            for s in self.manifest["shards"]:
+                fd, _, _ = open_shard(sdir, s, self.hooks, full=True)
+                os.close(fd)
 
     def tokens_of(self) -> torch.Tensor:
         """The input ids [tokens] (int32), aligned with every hook's activations."""

@@ -15,6 +15,11 @@ truncates away (a reader ignores it). A write that fails
 (disk full) is truncated back to the previous line before the error is raised. Keys are
 content hashes of the jobs, a writer skips every key that already has a result, and the lock
 keeps a second writer out: a result is never recorded twice.
+
+Confinement and validation: every file is opened inside the store without following links
+(:mod:`mi_core.scale._fs`); the manifest and every record are strict JSON, checked field by
+field when read (``ok`` a bool, ``key`` the hash of ``job``, ...): a record that is not what
+this module writes is a StoreError naming the part, the line and the field.
 """
 
 from __future__ import annotations
@@ -28,12 +33,17 @@ from typing import Any, Iterator
 
 import attrs
 
-from mi_core.scale._common import StoreError, atomic_write_text, disk_error, write_all
+from mi_core.scale._common import (
+    StoreError, SweepError, disk_error, job_key, strict_json, write_all,
+)
+from mi_core.scale._fs import StoreDir, oserror
 
 FORMAT = "mi-core-sweep"
 FORMAT_VERSION = 1
 RECORDS_PER_PART = 100_000
 _PART = re.compile(r"^part-(\d{5,})\.jsonl$")
+_FIELDS = ("key", "index", "job", "ok", "result", "error", "attempts", "seconds")
+_MANIFEST_LIMIT = 1 << 20
 
 
 @attrs.define
@@ -50,35 +60,98 @@ class SweepRecord:
     seconds: float = 0.0
 
 
-def _parts(directory: Path) -> list[Path]:
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _PART.match(p.name))]
-    return [p for _, p in sorted(found)]
+def _parts(sdir: StoreDir) -> list[str]:
+    found = [(int(m.group(1)), n) for n in sdir.names() if (m := _PART.match(n))]
+    return [n for _, n in sorted(found)]
 
 
-def read_manifest(directory: Path) -> dict[str, Any] | None:
-    path = directory / "manifest.json"
-    if not path.exists():
+def _need(cond: bool, where: str, key: str, msg: str) -> None:
+    if not cond:
+        raise StoreError(f"{where}: {key}: {msg}; not a sweep store manifest of this format")
+
+
+def read_manifest(sdir: StoreDir) -> dict[str, Any] | None:
+    """The store's manifest, validated; None when there is none."""
+    raw = sdir.read_bytes("manifest.json", limit=_MANIFEST_LIMIT)
+    if raw is None:
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise StoreError(f"{path}: unreadable manifest ({exc})") from None
+    where = str(sdir.file("manifest.json"))
+    data = strict_json(raw, where)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise StoreError(f"{path}: not a sweep store manifest (format "
-                         f"{data.get('format') if isinstance(data, dict) else None!r}, "
+        raise StoreError(f"{where}: not a sweep store manifest (format "
+                         f"{data.get('format') if isinstance(data, dict) else None!r:.60}, "
                          f"expected {FORMAT!r})")
     if data.get("format_version") != FORMAT_VERSION:
-        raise StoreError(f"{path}: written in sweep store format version "
-                         f"{data.get('format_version')!r} (by mi-core "
-                         f"{data.get('mi_core_version')!r}); this mi-core reads version "
+        raise StoreError(f"{where}: written in sweep store format version "
+                         f"{data.get('format_version')!r:.20} (by mi-core "
+                         f"{data.get('mi_core_version')!r:.20}); this mi-core reads version "
                          f"{FORMAT_VERSION}: use a new store, or overwrite=True to discard it")
+    _need(isinstance(data.get("mi_core_version"), str), where, "mi_core_version",
+          "expected a string")
+    model, fn = data.get("model"), data.get("fn")
+    _need(isinstance(model, dict) and all(isinstance(model.get(k), str)
+                                          for k in ("source", "fingerprint")),
+          where, "model", "expected an object with string source and fingerprint")
+    _need(isinstance(fn, dict) and all(isinstance(fn.get(k), str)
+                                       for k in ("name", "source_hash")), where, "fn",
+          "expected an object with string name and source_hash")
+    _need(isinstance(fn.get("bound", {}), dict), where, "fn.bound", "expected an object")
+    bs = data.get("batch_size")
+    _need(bs is None or (type(bs) is int and bs >= 1), where, "batch_size",
+          f"{bs!r:.40} is not null or an integer >= 1")
     return data
 
 
-def scan_part(path: Path, repair: bool) -> tuple[list[SweepRecord], int]:
+def _problem(raw: Any) -> tuple[str, str] | None:
+    """(field, what is wrong) of the first field of a parsed line that is not what
+    :func:`mi_core.scale.sweep._record_line` writes; None for a valid record. Messages are
+    built only on failure (a store of 100,000 records is checked on every load)."""
+    if not isinstance(raw, dict):
+        return "record", f"expected a JSON object, got {type(raw).__name__}"
+    if len(raw) != len(_FIELDS) or any(f not in raw for f in _FIELDS):
+        return "record", f"fields {sorted(raw)}, expected {sorted(_FIELDS)}"
+    ok, index, error = raw["ok"], raw["index"], raw["error"]
+    attempts, seconds = raw["attempts"], raw["seconds"]
+    if ok is not True and ok is not False:
+        return "ok", f"{ok!r:.40} is not true or false"
+    if type(index) is not int or index < 0:
+        return "index", f"{index!r:.40} is not an integer >= 0"
+    if type(attempts) is not int or attempts < 1:
+        return "attempts", f"{attempts!r:.40} is not an integer >= 1"
+    if type(seconds) not in (int, float) or seconds < 0:
+        return "seconds", f"{seconds!r:.40} is not a number >= 0"
+    if ok and error is not None:
+        return "error", "a result has no error"
+    if not ok and (not isinstance(error, str) or raw["result"] is not None):
+        return ("error", "a failure needs its error text") if not isinstance(error, str) else (
+            "result", "a failure has no result")
+    try:
+        key = job_key(raw["job"])
+    except SweepError as exc:
+        return "job", str(exc)
+    if raw["key"] != key:
+        return "key", (f"{raw['key']!r:.40} is not the key of its job ({key}): the record "
+                       f"would pair a result with another job")
+    return None
+
+
+def _record(raw: Any, where: str) -> SweepRecord:
+    """The record of one parsed line, every field checked (StoreError naming it)."""
+    problem = _problem(raw)
+    if problem is not None:
+        raise StoreError(f"{where}: field {problem[0]!r}: {problem[1]}; the store is corrupt or "
+                         f"was edited (records are written by mi-core only)")
+    return SweepRecord(**raw)
+
+
+def scan_part(sdir: StoreDir, name: str, repair: bool) -> tuple[list[SweepRecord], int]:
     """The records of one part and the number of torn trailing bytes found (truncated away
-    when `repair`). A malformed line that is not the last is corruption: StoreError."""
-    data = path.read_bytes()
+    when `repair`). A malformed line that is not the last, or a line that parses but is not
+    a valid record, is corruption: StoreError naming the part, the line and the field."""
+    data = sdir.read_bytes(name)
+    path = sdir.file(name)
+    if data is None:
+        return [], 0
     lines = data.split(b"\n")
     tail = lines.pop()  # bytes after the last newline: empty unless the last write was torn
     records: list[SweepRecord] = []
@@ -86,29 +159,35 @@ def scan_part(path: Path, repair: bool) -> tuple[list[SweepRecord], int]:
     torn = len(tail)
     for i, line in enumerate(lines):
         try:
-            raw = json.loads(line)
-            rec = SweepRecord(**raw)
-        except (ValueError, TypeError) as exc:
+            raw = strict_json(line, f"{path}: line {i + 1}", duplicates=False)
+        except StoreError as exc:
             if i == len(lines) - 1 and not tail:
                 torn = len(line) + 1  # a complete-looking but unparsable last line
                 break
-            raise StoreError(f"{path}: line {i + 1} is not a valid record ({exc}); the store "
-                             f"is corrupt (a torn write can only affect the last line)") from None
-        records.append(rec)
+            raise StoreError(f"{exc}; the store is corrupt (a torn write can only affect the "
+                             f"last line)") from None
+        records.append(_record(raw, f"{path}: line {i + 1}"))
         good_end += len(line) + 1
     if torn and repair:
-        with path.open("r+b") as f:
-            f.truncate(good_end)
-            os.fsync(f.fileno())
+        fd = sdir.open_write(name)
+        try:
+            os.ftruncate(fd, good_end)
+            os.fsync(fd)
+        except OSError as exc:
+            raise oserror(exc, path, "repair") from None
+        finally:
+            os.close(fd)
     return records, torn
 
 
 class SweepStore:
-    """Reads a store's records; with :meth:`open_writer`, appends new ones."""
+    """A store's records; :meth:`append` adds new ones (the store's directory stays open
+    while it writes, see :meth:`close`)."""
 
-    def __init__(self, directory: Path, manifest: dict[str, Any],
+    def __init__(self, sdir: StoreDir, manifest: dict[str, Any],
                  records: dict[str, SweepRecord], torn: int = 0) -> None:
-        self.directory = directory
+        self.sdir = sdir
+        self.directory = sdir.path
         self.manifest = manifest
         self.records = records  # key -> the result, else the latest error
         self.torn_bytes = torn
@@ -118,35 +197,40 @@ class SweepStore:
         self._in_part = 0
 
     @classmethod
-    def load(cls, directory: str | os.PathLike[str], repair: bool = False) -> "SweepStore":
-        d = Path(directory)
-        manifest = read_manifest(d) if d.is_dir() else None
-        if manifest is None:
-            raise StoreError(f"{d}: no sweep store here (manifest.json missing)")
-        records: dict[str, SweepRecord] = {}
-        torn = 0
-        for part in _parts(d):
-            recs, t = scan_part(part, repair)
-            torn += t
-            for r in recs:
-                old = records.get(r.key)
-                if old is None or not old.ok:  # a result is final; a later error replaces one
-                    records[r.key] = r
-        return cls(d, manifest, records, torn)
+    def load(cls, directory: str | os.PathLike[str] | StoreDir, repair: bool = False
+             ) -> "SweepStore":
+        """Read a store: `directory` a path (read, then closed) or the open StoreDir of a
+        writer (`repair` truncates a torn last line)."""
+        sdir = directory if isinstance(directory, StoreDir) else StoreDir(directory)
+        try:
+            manifest = read_manifest(sdir)
+            if manifest is None:
+                raise StoreError(f"{sdir.path}: no sweep store here (manifest.json missing)")
+            records: dict[str, SweepRecord] = {}
+            torn = 0
+            for part in _parts(sdir):
+                recs, t = scan_part(sdir, part, repair)
+                torn += t
+                for r in recs:
+                    old = records.get(r.key)
+                    if old is None or not old.ok:  # a result is final; a later error replaces one
+                        records[r.key] = r
+        finally:
+            if sdir is not directory:
+                sdir.close()
+        return cls(sdir, manifest, records, torn)
 
     @classmethod
-    def create(cls, directory: Path, manifest: dict[str, Any]) -> "SweepStore":
-        directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(directory / "manifest.json", json.dumps(manifest, indent=2) + "\n")
-        return cls(directory, manifest, {})
+    def create(cls, sdir: StoreDir, manifest: dict[str, Any]) -> "SweepStore":
+        sdir.write_atomic("manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
+        return cls(sdir, manifest, {})
 
     @staticmethod
-    def discard(directory: Path) -> None:
-        """Remove a store's own files (manifest, parts); nothing else in the directory."""
-        for p in _parts(directory):
-            p.unlink()
-        for name in ("manifest.json", "manifest.json.tmp"):
-            (directory / name).unlink(missing_ok=True)
+    def discard(sdir: StoreDir) -> None:
+        """Remove a store's own files (manifest, parts; links themselves, never what they
+        point to); nothing else in the directory."""
+        for name in _parts(sdir) + ["manifest.json", "manifest.json.tmp"]:
+            sdir.unlink(name)
 
     # -- queries ------------------------------------------------------------------------
     def done_keys(self) -> set[str]:
@@ -158,10 +242,11 @@ class SweepStore:
     # -- writing ------------------------------------------------------------------------
     def _new_part(self) -> None:
         self.close()
-        parts = _parts(self.directory)
-        n = int(_PART.match(parts[-1].name).group(1)) + 1 if parts else 0  # type: ignore[union-attr]
-        self._part = self.directory / f"part-{n:05d}.jsonl"
-        self._fd = os.open(self._part, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        parts = _parts(self.sdir)
+        n = int(_PART.match(parts[-1]).group(1)) + 1 if parts else 0  # type: ignore[union-attr]
+        name = f"part-{n:05d}.jsonl"
+        self._part = self.sdir.file(name)
+        self._fd = self.sdir.create(name, append=True)  # new, never through a link
         self._in_part = 0
         self._syncer = _Syncer(self._fd)
 
@@ -170,8 +255,8 @@ class SweepStore:
         return disk_error(exc, self._part or self.directory,
                           f"the {n} results recorded before are intact")
 
-    def append(self, record: SweepRecord, line: str) -> None:
-        """Append `record` (already serialised as `line`, no newline).
+    def append(self, record: SweepRecord, line: bytes) -> None:
+        """Append `record` (already serialised as UTF-8 `line`, no newline).
 
         One ``write`` of the whole line: once it returns, the line survives the death of this
         process. A background thread then fsyncs the part (group commit, off the compute
@@ -187,7 +272,7 @@ class SweepStore:
             raise self._failed(self._syncer.error)
         start = os.lseek(self._fd, 0, os.SEEK_END)
         try:
-            write_all(self._fd, (line + "\n").encode())
+            write_all(self._fd, line + b"\n")
         except OSError as exc:
             try:
                 os.ftruncate(self._fd, start)

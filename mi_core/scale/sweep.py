@@ -13,12 +13,16 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from mi_core.plugin import ConfigError, HookPoint, converter, Progress
 from mi_core.scale._common import (
-    StoreError, StoreLock, SweepError, canonical_json, fn_identity, job_key, model_identity,
+    StoreError, SweepError, canonical_json, check_utf8, job_key, model_identity, strict_json,
 )
+from mi_core.scale._fs import StoreDir, StoreLock
+from mi_core.scale._identity import describe_change, fn_identity
 from mi_core.scale.executors import ensure_shippable, make_executor
 from mi_core.scale.store import FORMAT, FORMAT_VERSION, SweepRecord, SweepStore, read_manifest
 
 T = TypeVar("T")
+#: marks a result strict JSON cannot hold in what _sweep_task returns
+_UNSTORABLE = "mi-sweep-unstorable"
 
 
 class SweepRun:
@@ -95,25 +99,33 @@ def _manifest(model_id: dict[str, str], fn_id: dict[str, str],
 
 
 def _check_same(directory: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
-    def same(field: str) -> bool:
-        if field == "fn":  # the module is informative only (see fn_identity)
-            keep = ("name", "source_hash")
-            return ({k: (old.get(field) or {}).get(k) for k in keep}
-                    == {k: new[field].get(k) for k in keep})
-        return old.get(field) == new.get(field)
+    def fn_changes() -> list[str]:  # the module is informative only (see fn_identity)
+        o, n = old.get("fn") or {}, new["fn"]
+        out = [k for k in ("name", "source_hash") if o.get(k) != n.get(k)]
+        ob, nb = o.get("bound") or {}, n.get("bound") or {}
+        return out + sorted(k for k in set(ob) | set(nb) if ob.get(k) != nb.get(k))
 
-    for field, what in (("model", "model"), ("fn", "function"),
-                        ("mi_core_version", "mi-core version")):
-        if not same(field):
+    changes = fn_changes()
+    if changes:
+        raise StoreError(
+            f"{directory}: this store was written with another function "
+            f"({new['fn'].get('name')!r:.100}: {', '.join(map(describe_change, changes))} "
+            f"changed since); its results would not be comparable. Use a new store, or "
+            f"overwrite=True to discard the old results")
+    for field, what in (("model", "model"), ("mi_core_version", "mi-core version")):
+        if old.get(field) != new.get(field):
             raise StoreError(
                 f"{directory}: this store was written with another {what} "
-                f"({old.get(field)!r}, now {new.get(field)!r}); its results would not be "
-                f"comparable. Use a new store, or overwrite=True to discard the old results")
+                f"({old.get(field)!r:.300}, now {new.get(field)!r:.300}); its results would not "
+                f"be comparable. Use a new store, or overwrite=True to discard the old results")
 
 
-def _sweep_task(fn: Callable[..., Any], batched: bool, model: Any, jobs: list[Any]) -> list[str]:
+def _sweep_task(fn: Callable[..., Any], batched: bool, model: Any, jobs: list[Any]
+                ) -> list[str | tuple[str, str]]:
     """Run `fn` on one job (or a batch of them); each result as JSON text (cattrs unstructures
-    attrs results; tensors become lists)."""
+    attrs results; tensors become lists), or ``(_UNSTORABLE, why)`` for a result strict JSON
+    cannot hold (NaN, infinities, lone surrogates, objects): that job's error, not its
+    batch's."""
     if batched:
         out = fn(model, jobs)
         if not isinstance(out, (list, tuple)) or len(out) != len(jobs):
@@ -122,14 +134,46 @@ def _sweep_task(fn: Callable[..., Any], batched: bool, model: Any, jobs: list[An
                              f"for {len(jobs)} jobs")
     else:
         out = [fn(model, jobs[0])]
-    texts = []
+    texts: list[str | tuple[str, str]] = []
     for r in out:
         try:
-            texts.append(json.dumps(converter.unstructure(r), separators=(",", ":"),
-                                    ensure_ascii=False))
-        except (TypeError, ValueError) as exc:
-            raise SweepError(f"fn returned a result that is not JSON-able ({exc}): {r!r:.200}") from None
+            text = json.dumps(converter.unstructure(r), separators=(",", ":"),
+                              ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            texts.append((_UNSTORABLE, f"SweepError: fn returned a result that is not JSON-able "
+                          f"({exc}; NaN and infinities are not JSON: return None or a "
+                          f"string): {r!r:.200}"))
+            continue
+        try:
+            check_utf8(text, "fn's result")
+        except SweepError as exc:
+            texts.append((_UNSTORABLE, f"SweepError: {exc}"))
+            continue
+        texts.append(text)
     return texts
+
+
+def _record_line(key: str, index: int, job: Any, ok: bool, value: Any, attempts: int,
+                 seconds: float) -> tuple[SweepRecord, bytes]:
+    """A job's record and its line (strict JSON, UTF-8). `value`: the result's JSON text, or
+    the error text. A result that does not read back as strict JSON (a duplicate key, e.g.
+    ``{1: ..., "1": ...}``) is recorded as the job's error: what is written always loads."""
+    result = None
+    if ok and isinstance(value, tuple):  # (_UNSTORABLE, why) from _sweep_task
+        ok, value = False, value[1]
+    if ok:
+        try:
+            result = strict_json(value.encode("utf-8"), "fn's result")
+        except (StoreError, UnicodeEncodeError) as exc:
+            ok, value = False, f"SweepError: the result cannot be stored: {exc}"
+    error = None if ok else value.encode("utf-8", "backslashreplace").decode("utf-8")
+    rec = SweepRecord(key, index, job, ok, result, error, attempts, round(seconds, 6))
+    line = (f'{{"key":"{key}","index":{index},"job":{canonical_json(job)},'
+            f'"ok":{"true" if ok else "false"},'
+            + (f'"result":{value},"error":null,' if ok else
+               f'"result":null,"error":{json.dumps(error)},')
+            + f'"attempts":{attempts},"seconds":{rec.seconds}}}')
+    return rec, line.encode("utf-8")
 
 
 def run_sweep(fn: Callable[..., Any], jobs: Iterable[Any], model: Any, store: str | os.PathLike[str],
@@ -172,18 +216,16 @@ def run_sweep(fn: Callable[..., Any], jobs: Iterable[Any], model: Any, store: st
             seen.add(k)
             keyed.append((k, job))
     hook_names = [HookPoint.parse(h).name for h in (hooks or [])]
-    directory = Path(store)
     manifest = _manifest(model_identity(model), fn_identity(fn), batch_size)
-    directory.mkdir(parents=True, exist_ok=True)
-    with StoreLock(directory):
+    with StoreDir(store, create=True) as sdir, StoreLock(sdir):
         if overwrite:
-            SweepStore.discard(directory)
-        old = read_manifest(directory)
+            SweepStore.discard(sdir)
+        old = read_manifest(sdir)
         if old is None:
-            st = SweepStore.create(directory, manifest)
+            st = SweepStore.create(sdir, manifest)
         else:
-            _check_same(directory, old, manifest)
-            st = SweepStore.load(directory, repair=True)
+            _check_same(sdir.path, old, manifest)
+            st = SweepStore.load(sdir, repair=True)
         run = SweepRun(st, keyed)
         try:
             _execute(run, fn, model, executor, batch_size, int(retries), hook_names, workers,
@@ -229,19 +271,11 @@ def _execute(run: SweepRun, fn: Callable[..., Any], model: Any, executor: str,
                     retry.append(b)
                     continue
                 for pos, (i, k, job) in enumerate(batches[b]):
-                    rec = SweepRecord(k, i, job, ok, None, None if ok else value, attempts[b],
-                                      round(secs, 6))
-                    head = (f'{{"key":"{k}","index":{i},"job":{canonical_json(job)},'
-                            f'"ok":{"true" if ok else "false"},')
-                    if ok:
-                        rec.result = json.loads(value[pos])
-                        line = head + f'"result":{value[pos]},"error":null,'
-                    else:
-                        line = head + f'"result":null,"error":{json.dumps(value)},'
-                    line += f'"attempts":{attempts[b]},"seconds":{rec.seconds}}}'
+                    rec, line = _record_line(k, i, job, ok, value[pos] if ok else value,
+                                             attempts[b], secs)
                     st.append(rec, line)
-                    bar.update(1 if ok else 0)
-                if not ok:  # failed jobs stay in the total; counted beside it
+                    bar.update(1 if rec.ok else 0)
+                if not all(st.records[k].ok for _, k, _ in batches[b]):
                     bar.note = f"{len(run.failed())} failed"
             queue = retry
     finally:

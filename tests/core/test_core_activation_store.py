@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 import mi_core as mi
 from mi_core.scale import activations as act_mod
+from mi_core.scale import shards as shards_mod
 from tests.support.fake_backend import fake_model
 from tests.support.ray_cluster import ray_cluster  # noqa: F401 - fixture
 from tests.support.toy_checkpoint import write_toy_checkpoint
@@ -109,7 +110,7 @@ def test_resume_recomputes_only_missing_shards(model, rows, tmp_path, monkeypatc
 def test_full_disk_keeps_finished_shards_and_leaves_no_partial_file(model, rows, tmp_path,
                                                                     monkeypatch):
     out = tmp_path / "a"
-    real = act_mod._ShardFile.write
+    real = shards_mod.ShardFile.write
     n = {"calls": 0}
 
     def failing(self, *a):
@@ -118,11 +119,11 @@ def test_full_disk_keeps_finished_shards_and_leaves_no_partial_file(model, rows,
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(self, *a)
 
-    monkeypatch.setattr(act_mod._ShardFile, "write", failing)
+    monkeypatch.setattr(shards_mod.ShardFile, "write", failing)
     with pytest.raises(mi.StoreError, match="the disk is full"):
         mi.cache_activations(model, rows, HOOKS, out, context_len=CTX, batch_size=BS,
                              tokens_per_shard=3 * CTX)
-    monkeypatch.setattr(act_mod._ShardFile, "write", real)
+    monkeypatch.setattr(shards_mod.ShardFile, "write", real)
     assert sorted(p.name for p in out.iterdir() if "shard" in p.name) == [
         "shard-00000.safetensors", "shard-00001.safetensors"]
     with pytest.raises(mi.StoreError, match="incomplete"):

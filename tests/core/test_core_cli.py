@@ -35,7 +35,9 @@ def test_check_exit_code_says_whether_the_checkpoint_is_supported(toy_dir: Path,
     assert "supported by toy" in capsys.readouterr().out
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "banana"}))
     assert main(["check", str(tmp_path)]) == 1
-    assert "NOT supported" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "NOT supported" in out
+    assert out.splitlines()[0] == "no installed plugin implements model_type 'banana'"
 
 
 def test_user_errors_go_to_stderr_without_traceback_and_exit_nonzero() -> None:

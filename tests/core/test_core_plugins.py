@@ -59,6 +59,31 @@ def test_no_match_raises_unsupported_model_error_listing_every_reason(tmp_path: 
     assert "[toy:toy]" in msg
 
 
+def test_a_model_type_no_plugin_implements_is_said_plainly_first(tmp_path: Path) -> None:
+    """The report and the error begin with the plain line, then every plugin's details."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "banana"}))
+    report = mi.check_compatibility(tmp_path)
+    assert report.unimplemented
+    lines = report.summary().splitlines()
+    assert lines[0] == "no installed plugin implements model_type 'banana'"
+    assert any("[toy:toy]" in line for line in lines[1:])
+    with pytest.raises(mi.UnsupportedModelError) as err:
+        mi.MIModel.from_pretrained(tmp_path)
+    assert str(err.value).splitlines()[0] == lines[0]
+
+
+def test_a_plugin_implementing_the_type_keeps_the_plain_line_out(tmp_path: Path) -> None:
+    """toy-mlp without its tensors: the toy plugin implements the type (Detection.implements),
+    so the refusal is about this checkpoint, not the family; no model_type: nothing to say."""
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "toy-mlp", "vocab_size": 2, "d_model": 2, "n_layers": 1}))
+    report = mi.check_compatibility(tmp_path)
+    assert not report.supported and not report.unimplemented
+    assert not report.summary().startswith("no installed plugin")
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 2}))
+    assert not mi.check_compatibility(tmp_path).unimplemented
+
+
 def test_check_compatibility_reads_no_weights(toy_dir: Path, monkeypatch) -> None:
     from mi_core import loading
 

@@ -72,16 +72,12 @@ def test_equal_jobs_are_one_job_and_progress_shows_done_of_total(toy, tmp_path, 
 
 def test_rerun_skips_finished_jobs_and_extends(toy, tmp_path):
     path, _ = toy
-    calls = []
-
-    def counted(model, job):
-        calls.append(job["ids"])
-        return toy_logits(model, job)
-
-    mi.run_sweep(counted, TOY_JOBS[:10], model=path, store=tmp_path / "s")
-    run = mi.run_sweep(counted, TOY_JOBS, model=path, store=tmp_path / "s")
+    calls = sweep_fns.CALLS
+    calls.clear()
+    mi.run_sweep(sweep_fns.counted_toy, TOY_JOBS[:10], model=path, store=tmp_path / "s")
+    run = mi.run_sweep(sweep_fns.counted_toy, TOY_JOBS, model=path, store=tmp_path / "s")
     assert len(calls) == 24 and len(run.results()) == 24  # 10 + the 14 new ones
-    mi.run_sweep(counted, TOY_JOBS, model=path, store=tmp_path / "s")
+    mi.run_sweep(sweep_fns.counted_toy, TOY_JOBS, model=path, store=tmp_path / "s")
     assert len(calls) == 24
     assert set(_keys_on_disk(tmp_path / "s").values()) == {1}
 
@@ -121,16 +117,11 @@ def test_failing_jobs_are_retried_recorded_and_the_sweep_goes_on(toy, tmp_path):
 
 def test_a_failed_job_is_tried_again_on_resume_and_its_result_supersedes_the_error(toy, tmp_path):
     path, _ = toy
-    state = {"fail": True}
-
-    def sometimes(model, job):
-        if state["fail"] and job["ids"][0] == 1:
-            raise RuntimeError("transient")
-        return toy_logits(model, job)
-
+    sometimes = sweep_fns.sometimes_fails  # its switch is a module global: not its identity
+    sweep_fns.STATE["fail"] = True
     run = mi.run_sweep(sometimes, TOY_JOBS, model=path, store=tmp_path / "s", retries=0)
     assert len(run.failed()) == 3  # ids[0] == 1 for jobs 1, 12, 23
-    state["fail"] = False
+    sweep_fns.STATE["fail"] = False
     run = mi.run_sweep(sometimes, TOY_JOBS, model=path, store=tmp_path / "s", retries=0)
     assert not run.failed() and len(run.results()) == 24
     assert not mi.load_sweep(tmp_path / "s").failed()
@@ -199,7 +190,7 @@ def test_corruption_before_the_last_line_is_refused(toy, tmp_path):
     part = sorted(store.glob("part-*.jsonl"))[0]
     lines = part.read_bytes().splitlines(keepends=True)
     part.write_bytes(lines[0] + b"garbage\n" + b"".join(lines[1:]))
-    with pytest.raises(mi.StoreError, match=r"part-00000.jsonl: line 2 is not a valid record"):
+    with pytest.raises(mi.StoreError, match=r"part-00000.jsonl: line 2: not valid JSON.*corrupt"):
         mi.load_sweep(store)
 
 
@@ -283,9 +274,9 @@ def test_a_second_writer_of_one_store_is_refused(toy, tmp_path):
     path, _ = toy
     store = tmp_path / "s"
     store.mkdir()
-    from mi_core.scale._common import StoreLock
+    from mi_core.scale._fs import StoreDir, StoreLock
 
-    with StoreLock(store):
+    with StoreDir(store) as d, StoreLock(d):
         with pytest.raises(mi.StoreError, match="another process is writing"):
             mi.run_sweep(toy_logits, TOY_JOBS[:2], model=path, store=store)
 

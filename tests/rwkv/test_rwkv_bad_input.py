@@ -268,3 +268,11 @@ def test_generic_transformers_keys_are_harmless_only_at_their_default(v6_dir: Pa
     d = _edit_config(v6_dir, tmp_path / "bad", is_encoder_decoder=True)
     with pytest.raises(mi.ConfigError, match=r"unknown RWKV-6 key\(s\) \['is_encoder_decoder'\]"):
         mi.MIModel.from_pretrained(d)
+
+
+def test_generic_metadata_is_harmless_as_for_every_plugin(v6_dir: Path, tmp_path: Path) -> None:
+    """The same generic policy as mi-transformer's: token ids, export markers and
+    _-prefixed metadata cannot change the numbers (mi_core.configread.is_generic_harmless)."""
+    d = _edit_config(v6_dir, tmp_path / "ok", unk_token_id=0, _model_name_or_path="x",
+                     **{"transformers.js_config": {"kv_cache_dtype": {}}})
+    assert mi.MIModel.from_pretrained(d).num_layers == LAYERS

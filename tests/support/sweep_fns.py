@@ -44,6 +44,31 @@ def toy_logits_batched(model: Any, jobs: list[dict[str, Any]]) -> list[dict[str,
              "resid": cache["blocks.1.hook_resid_post"][b, -1].tolist()} for b in range(len(jobs))]
 
 
+#: jobs seen by `counted_toy`, and the switch of `sometimes_fails` (module-level: a sweep
+#: function's identity covers the values it closes over, not the globals it reads)
+CALLS: list[list[int]] = []
+STATE = {"fail": True}
+
+
+def counted_toy(model: Any, job: dict[str, Any]) -> dict[str, Any]:
+    CALLS.append(job["ids"])
+    return toy_logits(model, job)
+
+
+def sometimes_fails(model: Any, job: dict[str, Any]) -> dict[str, Any]:
+    if STATE["fail"] and job["ids"][0] == 1:
+        raise RuntimeError("transient")
+    return toy_logits(model, job)
+
+
+def tagged_fn() -> Any:
+    """A partial bound to a set of strings and a dict: values whose iteration order depends
+    on the hash seed (the identity test digests it in two processes)."""
+    import functools
+
+    return functools.partial(toy_logits, tags={"a", "b", "c", "d"}, cfg={"z": 1, "y": 2})
+
+
 def fails_on_odd(model: Any, job: dict[str, Any]) -> dict[str, Any]:
     if job["ids"][0] % 2:
         raise ValueError(f"odd first token {job['ids'][0]}")

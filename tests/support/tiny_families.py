@@ -111,3 +111,8 @@ GPT_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
 FAMILIES.update(GPT_FAMILIES)
 FAMILIES["helium"] = ("helium", {"head_dim": 16})
 
+
+# the 2025-26 families (issue 21)
+from tests.support.tiny_families_recent import RECENT_FAMILIES  # noqa: E402
+
+FAMILIES.update(RECENT_FAMILIES)

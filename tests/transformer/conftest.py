@@ -54,6 +54,9 @@ def _randomise(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(noise)
             else:
                 p.copy_(0.1 * noise)
+        for name, buf in model.named_buffers():  # MoE selection biases decide the routing
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(0.5 * torch.randn(buf.shape, generator=g))
 
 
 def make_tiny(root: Path, name: str, model_type: str, overrides: dict[str, Any], seed: int = 0

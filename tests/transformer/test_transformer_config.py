@@ -33,7 +33,9 @@ def _to_hub_format(cfg: dict) -> dict:
     return old
 
 
-_ROTARY = [n for n, (mt, _) in FAMILIES.items() if mt not in ("gpt2", "gptj", "opt")]
+# OLMo-3's tiny config gives its sliding and full layers different bases, which only the
+# nested rope_parameters spell (its hub format is tested in test_transformer_families_recent)
+_ROTARY = [n for n, (mt, _) in FAMILIES.items() if mt not in ("gpt2", "gptj", "opt", "olmo3")]
 
 
 @pytest.mark.parametrize("name", _ROTARY)

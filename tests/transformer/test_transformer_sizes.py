@@ -77,9 +77,9 @@ def test_the_memory_check_can_be_skipped_for_one_load(tiny, tmp_path, monkeypatc
     assert mi.MIModel.from_pretrained(d).num_layers == 3
 
 
-def _tiny_gguf(path: Path, **overrides: int) -> Path:
+def _tiny_gguf(path: Path, arch: str = "llama", **overrides: int) -> Path:
     gguf = pytest.importorskip("gguf")
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     sizes = {**dict(block_count=2, embedding_length=64, feed_forward_length=128, head_count=4,
                     head_count_kv=2, vocab_size=256, context_length=2048), **overrides}
     for key, value in sizes.items():
@@ -96,6 +96,21 @@ def _tiny_gguf(path: Path, **overrides: int) -> Path:
 def test_gguf_metadata_that_cannot_fit_is_refused_naming_the_gguf_key(tmp_path, key) -> None:
     path = _tiny_gguf(tmp_path / "big.gguf", **{key: BILLION})
     with pytest.raises(ConfigTooLarge, match=rf"GGUF metadata: .*llama\.{key} = 1000000000"):
+        mi.MIModel.from_pretrained(path)
+
+
+def test_gguf_block_count_is_refused_before_an_architectures_per_layer_tables(tmp_path,
+                                                                            monkeypatch) -> None:
+    """EXAONE-4's configure builds one layer type per block (a list of 10**9 entries would
+    exhaust memory): the size check comes first."""
+    from mi_transformer.gguf import arches_recent
+
+    def per_layer_table(*a: object) -> None:
+        raise AssertionError("a per-layer table was built before the size check")
+
+    monkeypatch.setattr(arches_recent, "sliding_layer_types", per_layer_table)
+    path = _tiny_gguf(tmp_path / "big.gguf", "exaone4", block_count=BILLION, sliding_window=8)
+    with pytest.raises(ConfigTooLarge, match=r"exaone4\.block_count = 1000000000"):
         mi.MIModel.from_pretrained(path)
 
 

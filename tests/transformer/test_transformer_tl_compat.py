@@ -369,7 +369,7 @@ def test_layernorm_processing_equals_transformerlens_on_gpt2(tiny, ids):
     _close(a, b)
 
 
-_MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"}
+_MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "glm4_moe", "ernie4_5_moe"}
 
 
 @pytest.mark.parametrize("name", [n for n in FAMILIES if n not in _MOE])

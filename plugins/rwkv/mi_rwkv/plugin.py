@@ -42,17 +42,20 @@ def mi_detect_backend(source: ModelSource) -> list[Detection]:
     names = set(source.tensor_names)
     missing = [m for m in _MARKERS[version] if m not in names]
     if not names:
-        return [Detection(name, 0.0, f"model_type {name!r} but no safetensors tensors found")]
+        return [Detection(name, 0.0, f"model_type {name!r} but no safetensors tensors found",
+                          implements=True)]
     if missing:
         return [Detection(name, 0.0, f"RWKV-{version} config but the tensor names do not match "
-                                     "the expected format", missing=missing)]
+                                     "the expected format", missing=missing, implements=True)]
     try:
         (parse_v6 if version == 6 else parse_v7)(source.config or {}, source.tensor_shapes)
     except ConfigError as exc:
         # Recognised as RWKV (model_type and tensor names), so loading it raises this
         # ConfigError (naming key, value and file) rather than "no plugin can load".
-        return [Detection(name, 0.1, f"RWKV-{version} checkpoint with an invalid config: {exc}")]
-    return [Detection(name, 1.0, f"RWKV-{version} checkpoint (model_type and tensor names)")]
+        return [Detection(name, 0.1, f"RWKV-{version} checkpoint with an invalid config: {exc}",
+                          implements=True)]
+    return [Detection(name, 1.0, f"RWKV-{version} checkpoint (model_type and tensor names)",
+                      implements=True)]
 
 
 @plugin_impl

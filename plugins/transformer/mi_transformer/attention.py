@@ -132,6 +132,7 @@ class LayerSettings:
     window: int | None = None  # sliding window (None = full causal)
     rope: int | None = 0  # index of the layer's (cos, sin) table; None = no rotary
     interleaved: bool = False  # GPT-J rotary layout (pairs of adjacent dims)
+    qk_norm_after_rope: bool = False  # q/k norms on the rotated q/k (Hunyuan)
 
     @classmethod
     def of(cls, c: TransformerConfig, i: int) -> "LayerSettings":
@@ -140,7 +141,8 @@ class LayerSettings:
                    scale=scale, softcap=c.attn_softcap, window=c.layer_windows[i],
                    rope=c.layer_rope[i] if c.positions is Positions.ROPE and (
                        not c.layer_use_rope or c.layer_use_rope[i]) else None,  # NoPE layers
-                   interleaved=c.rope_layout is RopeLayout.INTERLEAVED)
+                   interleaved=c.rope_layout is RopeLayout.INTERLEAVED,
+                   qk_norm_after_rope=c.qk_norm_after_rope)
 
 
 def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
@@ -160,14 +162,24 @@ def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 
 
 def _rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
-            interleaved: bool, run: HookRun, name: str) -> torch.Tensor:
+            interleaved: bool, run: HookRun, name: str, norm: Norm | None = None,
+            scale_name: str = "") -> torch.Tensor:
     """x [b, s, n, d_head] -> rotated [b, n, s, d_head], computed in that (contiguous) layout
     so SDPA reads contiguous inputs; the hook sees the documented [b, s, n, d_head] view.
-    Without rotary (learned positions) ``hook_rot_*`` equals ``hook_q`` / ``hook_k``."""
+    Without rotary (learned positions) ``hook_rot_*`` equals ``hook_q`` / ``hook_k``.
+    `norm`: a q/k norm applied after the rotation (Hunyuan), before ``hook_rot_*``."""
     xt = x.transpose(1, 2)
     if rope is not None:
-        xt = (apply_rope_interleaved if interleaved else apply_rope)(xt, *rope)
-    return run.apply(name, xt.transpose(1, 2)).transpose(1, 2)
+        rotate = apply_rope_interleaved if interleaved else apply_rope
+        # float32 tables (rope_float32) rotate a half-precision q / k in float32
+        xt = rotate(xt, *rope) if rope[0].dtype == xt.dtype else \
+            rotate(xt.float(), *rope).to(xt.dtype)
+    if norm is not None and not run.wants(scale_name):
+        xt = norm(xt)  # over d_head: the contiguous [b, n, s, d] layout gives the same numbers
+    y = xt.transpose(1, 2)
+    if norm is not None and run.wants(scale_name):
+        y = norm(y, run, scale_name)  # its scale hook sees the documented [b, s, n, 1]
+    return run.apply(name, y).transpose(1, 2)
 
 
 def _per_head(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n: int,
@@ -195,12 +207,16 @@ def attention(w: AttnWeights, x: torch.Tensor,
     heads or kv_heads, d_model], from ``hook_q_input`` / ``hook_k_input`` /
     ``hook_v_input``) used instead of x.
     """
-    q, k, v, num_kv_heads = _qkv(w, x, ls, run, n, head_inputs)
+    q, k, v, num_kv_heads = _qkv(w, x, ls, run, n, head_inputs, not ls.qk_norm_after_rope)
     q = run.apply(n.q, q)  # [b, s, heads, d_head], before RoPE
     k = run.apply(n.k, k)
     v = run.apply(n.v, v)
-    q = _rotate(q, rope, ls.interleaved, run, n.rot_q)
-    k = _rotate(k, rope, ls.interleaved, run, n.rot_k)
+    if ls.qk_norm_after_rope:  # Hunyuan: the norms read the rotated q / k
+        q = _rotate(q, rope, ls.interleaved, run, n.rot_q, w.q_norm, n.q_scale)
+        k = _rotate(k, rope, ls.interleaved, run, n.rot_k, w.k_norm, n.k_scale)
+    else:
+        q = _rotate(q, rope, ls.interleaved, run, n.rot_q)
+        k = _rotate(k, rope, ls.interleaved, run, n.rot_k)
     v = v.transpose(1, 2)  # [b, g, s, d_head]
     if cache_update is not None:
         k, v = cache_update(k, v)
@@ -217,8 +233,8 @@ def attention(w: AttnWeights, x: torch.Tensor,
 
 
 def _qkv(w: AttnWeights, x: torch.Tensor, ls: LayerSettings, run: HookRun, n: AttnNames,
-         head_inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
-         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+         head_inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+         qk_norms: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Projections of x [b, s, d_model] (or of per-head inputs), q/k norms and clipping ->
     q [b, s, heads, d_head], k, v [b, s, kv, d_head] and kv, the number of key/value heads
     (all heads when per-query-head inputs of k and v are given)."""
@@ -244,7 +260,7 @@ def _qkv(w: AttnWeights, x: torch.Tensor, ls: LayerSettings, run: HookRun, n: At
         q, k, v = (_per_head(xi, wi, bi, n_i, head_dim) for xi, wi, bi, n_i in zip(
             head_inputs, (w.w_q, w.w_k, w.w_v), (w.b_q, w.b_k, w.b_v),
             (num_heads, num_kv_heads, num_kv_heads)))
-    if w.q_norm is not None and w.k_norm is not None:
+    if qk_norms and w.q_norm is not None and w.k_norm is not None:
         if w.qk_norm_full:  # one norm over [heads * d_head]; hook_scale [b, s, 1]
             q = w.q_norm(q.flatten(2), run, n.q_scale).view(q.shape)
             k = w.k_norm(k.flatten(2), run, n.k_scale).view(k.shape)

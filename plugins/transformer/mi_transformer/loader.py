@@ -1,4 +1,5 @@
-"""Loading a TransformerBackend from a safetensors directory, a tensor dict, or a GGUF file."""
+"""Loading a TransformerBackend from a safetensors directory, a tensor dict, or a GGUF file;
+quantized checkpoints (FP8, MXFP4) are dequantized as they load (:mod:`mi_transformer.quant`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from mi_core.plugin import (
 from mi_transformer.config import parse_config
 from mi_transformer.config.size import check_loaded
 from mi_transformer.model import TransformerBackend
+from mi_transformer.quant import dequantizing
 from mi_transformer.weights import DictSource, TensorSource, check_tensors, load_weights
 
 
@@ -23,8 +25,10 @@ def from_tensors(config: Mapping[str, Any], tensors: TensorSource | Mapping[str,
                  tokenizer: MITokenizer | None = None, origin: str = "<memory>"
                  ) -> TransformerBackend:
     """A backend from an HF-style config dict and either a SafetensorsCheckpoint (or any
-    TensorSource) or an in-memory ``{hf_name: tensor}`` dict."""
+    TensorSource) or an in-memory ``{hf_name: tensor}`` dict. With a ``quantization_config``
+    of FP8 or MXFP4 the tensors are dequantized to `dtype` as they load."""
     src: TensorSource = DictSource(tensors, origin) if isinstance(tensors, Mapping) else tensors
+    src = dequantizing(src, config, origin)
     cfg = parse_config(config, f"{origin}/config.json", src.names())
     if cfg.model_type not in _known():
         chk = check_tensors(cfg, src.shapes)

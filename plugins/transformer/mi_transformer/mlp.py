@@ -8,7 +8,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from mi_core.plugin import HookRun
+from mi_core.plugin import HookRun, MIError
 
 from mi_transformer.config import Activation, MlpLayout
 
@@ -17,7 +17,30 @@ ACTIVATIONS: dict[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
     Activation.GELU_TANH: lambda x: F.gelu(x, approximate="tanh"),
     Activation.GELU: F.gelu,
     Activation.RELU: F.relu,
+    Activation.XIELU: lambda x: _no_shared_xielu(),  # each layer has its own (MlpWeights.act)
 }
+
+
+def _no_shared_xielu() -> torch.Tensor:
+    raise MIError("xIELU has learned parameters per layer: the MLP needs MlpWeights.act")
+
+
+@attrs.define(eq=False)
+class XIeLU:
+    """Apertus' xIELU with one layer's learned parameters, as transformers'
+    ``XIELUActivation._xielu_python``: alpha_p = softplus(a_p), alpha_n = beta + softplus(a_n);
+    x > 0: alpha_p x^2 + beta x, else (expm1(min(x, eps)) - x) alpha_n + beta x."""
+
+    alpha_p: torch.Tensor  # [1], before softplus
+    alpha_n: torch.Tensor  # [1], before softplus
+    beta: torch.Tensor  # []
+    eps: torch.Tensor  # [] (negative)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        alpha_p = F.softplus(self.alpha_p)
+        alpha_n = self.beta + F.softplus(self.alpha_n)
+        return torch.where(x > 0, alpha_p * x * x + self.beta * x,
+                           (torch.expm1(torch.min(x, self.eps)) - x) * alpha_n + self.beta * x)
 
 
 @attrs.define(eq=False)
@@ -35,6 +58,7 @@ class MlpWeights:
     b_in: torch.Tensor | None = None
     b_up: torch.Tensor | None = None
     b_out: torch.Tensor | None = None
+    act: Callable[[torch.Tensor], torch.Tensor] | None = None  # a learned activation (xIELU)
 
 
 def mlp(w: MlpWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor],
@@ -46,7 +70,7 @@ def mlp(w: MlpWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tens
     ``mlp.hook_pre_linear`` (gated only, TransformerLens' name) the up projection's output.
     """
     pre = run.apply(pre_name, F.linear(x, w.w_in, w.b_in))
-    post = act(pre)
+    post = (w.act or act)(pre)
     if w.w_up is not None:
         up = F.linear(x, w.w_up, w.b_up)
         post = post * (run.apply(pre_linear_name, up) if pre_linear_name else up)

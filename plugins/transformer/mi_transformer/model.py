@@ -184,8 +184,9 @@ class TransformerBackend:
         if c.positions is not Positions.ROPE:
             return []
         out = []
+        dtype = torch.float32 if c.rope_float32 else self.dtype  # then q/k rotate in float32
         for r, inv in zip(c.ropes, self.inv_freqs):
-            cos, sin = cos_sin(self._inv_freq(r, inv, positions), positions, self.dtype,
+            cos, sin = cos_sin(self._inv_freq(r, inv, positions), positions, dtype,
                                attention_scaling(r))
             if c.rope_layout is RopeLayout.INTERLEAVED:
                 half = cos.shape[-1] // 2
@@ -469,9 +470,12 @@ class LayerNames:
         out = [self.resid_pre, self.tl_attn_in, self.q_input, self.k_input, self.v_input]
         out += [self.ln1_scale, self.ln1_normalized] if c.pre_norms else []
         out += [self.attn_in]
-        out += [a.q_scale, a.k_scale] if c.qk_norm else []
-        out += [a.q, a.k, a.v]
-        out += [a.rot_q, a.rot_k] if self.rotary else []
+        if c.qk_norm_after_rope:  # the q/k norms read the rotated q / k (Hunyuan)
+            out += [a.q, a.k, a.v, a.q_scale, a.rot_q, a.k_scale, a.rot_k]
+        else:
+            out += [a.q_scale, a.k_scale] if c.qk_norm else []
+            out += [a.q, a.k, a.v]
+            out += [a.rot_q, a.rot_k] if self.rotary else []
         out += [a.scores, a.pattern, a.z, a.result]
         out += [self.ln1_post_scale, self.ln1_post_normalized] if c.post_norms else []
         out += [self.attn_out]

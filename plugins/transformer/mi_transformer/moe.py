@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from mi_core.plugin import HookRun, InterventionError
 
 from mi_transformer.config import MoeConfig
+from mi_transformer.routing import scores_and_choice
 
 
 @attrs.define(eq=False)
@@ -82,6 +83,7 @@ class MoeWeights:
     experts: list[ExpertWeights]
     shared: ExpertWeights | None = None
     shared_gate: torch.Tensor | None = None  # [1, d_model]
+    selection_bias: torch.Tensor | None = None  # [n_experts] (or [1, n]): choice only
 
 
 def route(w: MoeWeights, x: torch.Tensor, run: HookRun, names: MoeNames
@@ -91,11 +93,15 @@ def route(w: MoeWeights, x: torch.Tensor, run: HookRun, names: MoeNames
     Softmax in float32 over all experts, top-k, optional renormalisation, as transformers.
     """
     c = w.config
-    logits = run.apply(names.router_logits, F.linear(x, w.router))
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-    top_w, top_i = torch.topk(probs, c.top_k, dim=-1)
-    if c.norm_topk_prob:
-        top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+    # float32 routers (the biased / sigmoid ones, loaded so) compute in float32, as transformers
+    logits = run.apply(names.router_logits, F.linear(x.to(w.router.dtype), w.router))
+    if not c.plain_routing:  # sigmoid / biased / grouped / scaled (mi_transformer.routing)
+        top_w, top_i = scores_and_choice(c, logits, w.selection_bias)
+    else:
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        top_w, top_i = torch.topk(probs, c.top_k, dim=-1)
+        if c.norm_topk_prob:
+            top_w = top_w / top_w.sum(dim=-1, keepdim=True)
     top_w = run.apply(names.expert_weights, top_w.to(x.dtype))
     top_i = run.apply(names.expert_indices, top_i)
     if run.spec.has_intervention_at(names.expert_indices):
@@ -158,14 +164,27 @@ def expected_moe_shapes(prefix: str, c: MoeConfig, d_model: int) -> dict[str, tu
         out[ep + g + ".weight"] = (c.expert_size, d_model)
         out[ep + u + ".weight"] = (c.expert_size, d_model)
         out[ep + dn + ".weight"] = (d_model, c.expert_size)
+    if c.selection_bias:
+        out[m + c.selection_bias] = (1, c.num_experts) if c.selection_bias_rows \
+            else (c.num_experts,)
     if c.shared_expert_size:
         for name, shape in (("gate_proj", (c.shared_expert_size, d_model)),
                             ("up_proj", (c.shared_expert_size, d_model)),
                             ("down_proj", (d_model, c.shared_expert_size))):
-            out[f"{m}shared_expert.{name}.weight"] = shape
+            out[f"{m}{c.shared_name}.{name}.weight"] = shape
         if c.shared_expert_gate:
             out[m + "shared_expert_gate.weight"] = (1, d_model)
     return out
+
+
+def float32_names(c: MoeConfig) -> set[str]:
+    """Names inside a layer of the tensors loaded in float32 whatever the model's dtype: the
+    router and selection bias of non-softmax-top-k routers (transformers keeps or computes
+    them in float32, and a rounded bias can change which experts run)."""
+    if c.plain_routing:
+        return set()
+    return {f"{c.block}.gate.weight"} | ({f"{c.block}.{c.selection_bias}"}
+                                         if c.selection_bias else set())
 
 
 def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor]) -> MoeWeights:
@@ -177,8 +196,10 @@ def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor]) -> M
                              get(f"{m}experts.{e}.{dn}.weight")) for e in range(c.num_experts)]
     shared = None
     if c.shared_expert_size:
-        shared = ExpertWeights(*(get(f"{m}shared_expert.{n}.weight")
+        shared = ExpertWeights(*(get(f"{m}{c.shared_name}.{n}.weight")
                                  for n in ("gate_proj", "up_proj", "down_proj")))
     return MoeWeights(config=c, router=get(m + "gate.weight"), experts=experts, shared=shared,
                       shared_gate=get(m + "shared_expert_gate.weight")
-                      if c.shared_expert_gate else None)
+                      if c.shared_expert_gate else None,
+                      selection_bias=get(m + c.selection_bias).reshape(-1)
+                      if c.selection_bias else None)

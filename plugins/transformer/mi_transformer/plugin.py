@@ -9,12 +9,15 @@ from mi_core import plugin_impl
 
 from mi_transformer.config import FAMILIES, UnknownKeysError, parse_config
 from mi_transformer.config.size import ConfigTooLarge
+from mi_transformer.quant import logical_shapes
 from mi_transformer.weights import check_tensors
 
 BACKEND = "transformer"
 #: the llama.cpp architectures mi_transformer.gguf reads (its GGUF_ARCHES; not imported here,
 #: the gguf package is optional)
-_GGUF = "llama, qwen2, qwen3, gemma, gemma2, phi3, starcoder2, olmo2, gpt2, qwen2moe, qwen3moe"
+_GGUF = ("llama, qwen2, qwen3, gemma, gemma2, gemma3, phi2, phi3, starcoder2, olmo2, olmoe, "
+         "gpt2, gptneox, falcon, stablelm, command-r, granite, qwen2moe, qwen3moe, exaone4, "
+         "seed_oss, ernie4_5")
 
 
 @plugin_impl
@@ -35,7 +38,10 @@ def mi_register_backends() -> list[BackendSpec]:
 def mi_detect_backend(source: ModelSource) -> Detection:
     """Known model_type whose config parses strictly: 0.9; unknown type whose keys are all
     LLaMA's (or harmless) and whose tensors all match: 0.5; anything else: 0, naming the
-    config keys that are not understood or the missing / unexpected tensors."""
+    config keys that are not understood or the missing / unexpected tensors. ``implements``
+    says whether the model_type is one of :data:`FAMILIES` (the core's report then says
+    plainly when no plugin implements it). Quantized checkpoints are judged by the tensors
+    they hold once dequantized."""
     path = source.path
     if source.is_file:
         if path.suffix.lower() == ".gguf":
@@ -46,23 +52,32 @@ def mi_detect_backend(source: ModelSource) -> Detection:
         return Detection(BACKEND, 0.0, "no config.json")
     mt = cfg.get("model_type")
     known = isinstance(mt, str) and mt in FAMILIES
+    unknown = "" if known else f"mi-transformer does not implement model_type {mt!r}; "
     try:
-        ac = parse_config(cfg, str(path / "config.json"), source.tensor_names)
+        # auto-config reads layouts off the tensors (as dequantized); a known family's
+        # tensors are checked when it loads
+        shapes = source.tensor_shapes if known else \
+            logical_shapes(cfg, source.tensor_shapes, str(path / "config.json"))
+        ac = parse_config(cfg, str(path / "config.json"), list(shapes))
     except UnknownKeysError as exc:
-        return Detection(BACKEND, 0.0, f"model_type {mt!r}: config keys not understood "
-                                       f"(they may change the numbers): {', '.join(exc.keys)}",
-                         config_keys=list(exc.keys))
+        what = f"{unknown}as LLaMA-like auto-config, its config keys are" if unknown \
+            else f"model_type {mt!r}: config keys"
+        return Detection(BACKEND, 0.0, f"{what} not understood (they may change the numbers): "
+                                       f"{', '.join(exc.keys)}",
+                         config_keys=list(exc.keys), implements=known)
     except ConfigTooLarge as exc:  # recognised, too large for this machine: loading says so
-        return Detection(BACKEND, 0.1, f"model_type {mt!r}: {exc}")
+        return Detection(BACKEND, 0.1, f"model_type {mt!r}: {exc}", implements=known)
     except MIError as exc:
         what = "a supported family but its config is invalid" if known else \
-            "unknown and config not LLaMA-like"
-        return Detection(BACKEND, 0.0, f"model_type {mt!r} {what}: {exc}")
+            "its config is not LLaMA-like"
+        return Detection(BACKEND, 0.0, f"{unknown or f'model_type {mt!r} is '}{what}: {exc}",
+                         implements=known)
     if known:
-        return Detection(BACKEND, 0.9, f"model_type {mt!r} is a supported family")
-    if not source.tensor_shapes:
+        return Detection(BACKEND, 0.9, f"model_type {mt!r} is a supported family",
+                         implements=True)
+    if not shapes:
         return Detection(BACKEND, 0.0, f"model_type {mt!r} unknown and no safetensors to inspect")
-    chk = check_tensors(ac, source.tensor_shapes)
+    chk = check_tensors(ac, shapes)
     if chk.ok:
         return Detection(BACKEND, 0.5, f"model_type {mt!r} unknown; every config key and tensor "
                                        f"is LLaMA's (auto-config: assumes LLaMA arithmetic)")

@@ -22,9 +22,10 @@ import torch
 from mi_core.plugin import WeightLoadError, checked_tensor, progress
 
 from mi_transformer.attention import AttnWeights
-from mi_transformer.config import BlockLayout, MlpLayout, Positions, QkvLayout, TransformerConfig
-from mi_transformer.mlp import MlpWeights
-from mi_transformer.moe import MoeWeights, expected_moe_shapes, load_moe
+from mi_transformer.config import (Activation, BlockLayout, MlpLayout, Positions, QkvLayout,
+                                   TransformerConfig)
+from mi_transformer.mlp import MlpWeights, XIeLU
+from mi_transformer.moe import MoeWeights, expected_moe_shapes, float32_names, load_moe
 from mi_transformer.norm import Norm
 
 
@@ -60,6 +61,7 @@ class NameTable:
     mlp_up: str = "mlp.up_proj"
     mlp_gate_up: str = "mlp.gate_up_proj"
     mlp_out: str = "mlp.down_proj"
+    mlp_act: str = "mlp.act_fn"  # a learned activation's parameters (xIELU)
     conv1d: bool = False
     base_prefix: str = ""
     ignore: tuple[str, ...] = (r"rotary_emb\.inv_freq$",)
@@ -76,6 +78,13 @@ NAME_TABLES: dict[str, NameTable] = {
     "gemma2": NameTable(ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
                         ln2_post="post_feedforward_layernorm"),
     "starcoder2": NameTable(mlp_in="mlp.c_fc", mlp_out="mlp.c_proj"),
+    # the 2025 families (config/families_recent.py)
+    "glm4": NameTable(ln1_post="post_self_attn_layernorm", ln2_post="post_mlp_layernorm"),
+    "hunyuan": NameTable(q_norm="self_attn.query_layernorm", k_norm="self_attn.key_layernorm"),
+    "apertus": NameTable(ln1="attention_layernorm", ln2="feedforward_layernorm",
+                         mlp_in="mlp.up_proj"),
+    # ERNIE-4.5 MoE: the published multi-token-prediction modules (mtp_*) are not run
+    "ernie4_5_moe": NameTable(ignore=(r"(^|\.)mtp_", r"rotary_emb\.inv_freq$")),
     # Gemma 3 multimodal: the language model's tensors under language_model.; the vision
     # tower and projector are ignored (the forward is text-only)
     "gemma3_mm": NameTable(embed="language_model.model.embed_tokens",
@@ -205,7 +214,14 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
             if cfg.mlp_layout is MlpLayout.GATED:
                 add(i, "mlp_up", t.mlp_up, _linear(t, m, d), cfg.mlp_bias)
         add(i, "mlp_out", t.mlp_out, _linear(t, d, m), cfg.mlp_bias)
+        if cfg.activation is Activation.XIELU:  # its learned parameters, per layer
+            for p, shape in _XIELU:
+                out[f"{t.layer.format(i=i)}{t.mlp_act}.{p}"] = Entry("act." + p, i, shape)
     return out
+
+
+_XIELU: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("alpha_p", (1,)), ("alpha_n", (1,)), ("beta", ()), ("eps", ()))
 
 
 def slot_names(cfg: TransformerConfig) -> dict[tuple[int | None, str], str]:
@@ -220,7 +236,11 @@ def expected_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
 
 
 def is_ignorable(cfg: TransformerConfig, name: str) -> bool:
-    return any(re.search(p, name) for p in NAME_TABLES[cfg.weight_names].ignore)
+    t = NAME_TABLES[cfg.weight_names]
+    if cfg.ignored_layers and any(name.startswith(t.layer.format(i=i))
+                                  for i in cfg.ignored_layers):
+        return True  # multi-token-prediction modules stored as extra layers (GLM-4.5)
+    return any(re.search(p, name) for p in t.ignore)
 
 
 @attrs.define
@@ -379,9 +399,11 @@ def load_weights(cfg: TransformerConfig, src: TensorSource, device: torch.device
     table, alias = tensor_table(cfg), resolve_names(cfg, src.names())
     t = NAME_TABLES[cfg.weight_names]
     tensors: dict[tuple[int | None, str], torch.Tensor] = {}
+    fp32 = {"moe:" + n for n in float32_names(cfg.moe)} if cfg.moe is not None else set()
     for name, e in progress(table.items(), "loading weights", unit="tensor",
                             enabled=None if show_progress else False):
-        w = src.get(alias[name], dtype=dtype, device=device)
+        w = src.get(alias[name], dtype=torch.float32 if e.slot in fp32 else dtype,
+                    device=device)
         if t.conv1d and w.dim() == 2 and e.layer is not None:
             w = w.t().contiguous()  # Conv1D [in, out] -> Linear [out, in]
         tensors[(e.layer, e.slot)] = w
@@ -472,6 +494,9 @@ class _Slots:
             bg, bu = bgu.split([m, m]) if bgu is not None else (None, None)
             return MlpWeights(cfg.mlp_layout, gate, tensors[(i, "mlp_out.weight")], up, bg, bu,
                               opt(i, "mlp_out.bias"))
+        act = XIeLU(*(tensors[(i, "act." + p)] for p, _ in _XIELU)) \
+            if cfg.activation is Activation.XIELU else None
         return MlpWeights(cfg.mlp_layout, tensors[(i, "mlp_in.weight")],
                           tensors[(i, "mlp_out.weight")], opt(i, "mlp_up.weight"),
-                          opt(i, "mlp_in.bias"), opt(i, "mlp_up.bias"), opt(i, "mlp_out.bias"))
+                          opt(i, "mlp_in.bias"), opt(i, "mlp_up.bias"), opt(i, "mlp_out.bias"),
+                          act=act)

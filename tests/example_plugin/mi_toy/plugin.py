@@ -23,8 +23,10 @@ def mi_detect_backend(source: ModelSource) -> Detection:
         return Detection("toy", 0.0, f"model_type {model_type!r} is not 'toy-mlp'")
     missing = [n for n in ("embed", "unembed") if n not in source.tensor_names]
     if missing:
-        return Detection("toy", 0.0, "toy-mlp config but tensors are missing", missing=missing)
-    return Detection("toy", 1.0, "model_type 'toy-mlp' with embed/unembed tensors")
+        return Detection("toy", 0.0, "toy-mlp config but tensors are missing", missing=missing,
+                         implements=True)
+    return Detection("toy", 1.0, "model_type 'toy-mlp' with embed/unembed tensors",
+                     implements=True)
 
 
 @plugin_impl

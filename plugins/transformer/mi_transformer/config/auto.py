@@ -1,23 +1,30 @@
 """Parsing a ``config.json``: the family's parser for a known ``model_type``
 (:func:`parse_config`), else a LLaMA-like config read off the tensor names
-(:func:`auto_config`); either way every key must be read or known to be harmless."""
+(:func:`auto_config`); either way every key must be read, known to be harmless, or at its
+neutral value (:mod:`mi_transformer.config.neutral`), and a ``quantization_config`` must be
+one :mod:`mi_transformer.quant` dequantizes."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping
 
-from mi_core.plugin import ConfigError
+from mi_core.plugin import ConfigError, UnsupportedModelError
 
 from mi_transformer.config.axes import MlpLayout, QkvLayout, TransformerConfig
 from mi_transformer.config.common import _all_sliding, _base
 from mi_transformer.config.families_llama import parse_llama
+from mi_transformer.config.families_recent import REFUSED
+from mi_transformer.config.neutral import policy_violations
 from mi_transformer.config.reader import ConfigReader, UnknownKeysError
 from mi_transformer.config.registry import _LLAMA, FAMILIES, Family, _family
+from mi_transformer.quant import read_quant_config
 
 
 def _run(family: Family, cfg: Any, src: str, parse: Callable[[ConfigReader], TransformerConfig]
          | None = None) -> TransformerConfig:
     r = ConfigReader(cfg, src)
+    read_quant_config(cfg, src)  # an unsupported quant_method is refused by name
+    r.read.add("quantization_config")
     try:
         out = (parse or family.parse)(r)
     except ConfigError as exc:
@@ -27,7 +34,13 @@ def _run(family: Family, cfg: Any, src: str, parse: Callable[[ConfigReader], Tra
         raise ConfigError(f"{src}: {exc}") from None
     # auto_map names custom modeling code: for a family implemented here transformers (without
     # trust_remote_code) ignores it as well; an unknown model_type with one is refused
-    unknown = r.unread(family.harmless | ({"auto_map"} if family is not AUTO_FAMILY else set()))
+    harmless = family.harmless | ({"auto_map"} if family is not AUTO_FAMILY else set())
+    unknown = policy_violations(r.cfg, r.read, harmless, family.neutral, out, src)
+    if unknown and family is AUTO_FAMILY:
+        raise UnknownKeysError(
+            f"{src}: mi-transformer does not implement model_type {out.model_type!r}, and its "
+            f"config is not LLaMA-like (auto-config): keys it does not read and does not know "
+            f"to be harmless (they may change the numbers): {', '.join(unknown)}", unknown)
     if unknown:
         raise UnknownKeysError(
             f"{src}: {family.model_type} config has keys this backend does not read and does not "
@@ -43,6 +56,9 @@ def parse_config(cfg: Mapping[str, Any], src: str = "config.json",
     family = FAMILIES.get(mt)
     if family is not None:
         return _run(family, cfg, src)
+    if mt in REFUSED:
+        raise UnsupportedModelError(f"{src}: model_type {mt!r} is not supported by the "
+                                    f"transformer backend: {REFUSED[mt]}")
     return auto_config(cfg, src, list(tensor_names or []))
 
 

@@ -26,6 +26,7 @@ class Activation(enum.Enum):
     GELU_TANH = "gelu_tanh"
     GELU = "gelu"
     RELU = "relu"
+    XIELU = "xielu"  # Apertus: learned alpha_p / alpha_n / beta / eps per layer (mlp.py)
 
 
 class QkvLayout(enum.Enum):
@@ -107,11 +108,32 @@ class MoeConfig:
     # checkpoint names: the block module and each expert's (gate, up, down) projections
     block: str = "mlp"
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    # -- routing beyond softmax-top-k (mi_transformer.routing; GLM-4.5, ERNIE-4.5) --
+    scoring: str = "softmax"  # or "sigmoid": per-expert sigmoid scores (GLM-4.5)
+    selection_bias: str = ""  # name inside the block of a bias added for choosing only
+    selection_bias_rows: bool = False  # the bias stored [1, n_experts] (ERNIE's moe_statics)
+    n_group: int = 1  # group-limited routing: experts in n_group groups, topk_group kept
+    topk_group: int = 1
+    routed_scaling: float = 1.0  # the routing weights multiplied by this after renormalising
+    norm_min: float = 0.0  # renormalisation divides by max(sum, norm_min) (ERNIE-4.5)
+    shared_name: str = "shared_expert"  # the always-on expert's module ("shared_experts")
 
     def __attrs_post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
             raise ConfigError(f"MoE: num_experts_per_tok {self.top_k} must be in "
                               f"1..{self.num_experts} (the number of experts)")
+        if self.num_experts % self.n_group or not 0 < self.topk_group <= self.n_group:
+            raise ConfigError(f"MoE: n_group {self.n_group} must divide the {self.num_experts} "
+                              f"experts and topk_group {self.topk_group} be in 1..n_group")
+        if self.n_group > 1 and self.top_k > self.topk_group * (self.num_experts // self.n_group):
+            raise ConfigError(f"MoE: num_experts_per_tok {self.top_k} exceeds the experts of "
+                              f"the {self.topk_group} groups kept")
+
+    @property
+    def plain_routing(self) -> bool:
+        """Softmax over all experts, top-k, optional renormalisation (mi_transformer.moe)."""
+        return (self.scoring == "softmax" and not self.selection_bias and self.n_group == 1
+                and self.routed_scaling == 1.0 and self.norm_min == 0.0)
 
 
 @attrs.frozen
@@ -167,6 +189,10 @@ class TransformerConfig:
     qk_norm_heads: bool = False  # q/k norm gains per head, [heads, d_head] (Cohere)
     moe: MoeConfig | None = None  # the mixture-of-experts MLP of the layers layer_moe marks
     layer_moe: tuple[bool, ...] = ()  # per layer, True = MoE MLP; () = all dense
+    # -- axes of the 2025 families (config/families_recent.py) --
+    qk_norm_after_rope: bool = False  # q/k norms applied to the rotated q/k (Hunyuan)
+    ignored_layers: tuple[int, ...] = ()  # checkpoint layers outside the forward (MTP modules)
+    rope_float32: bool = False  # cos/sin kept and q/k rotated in float32 (OLMo2/3, ERNIE-4.5)
 
     def __attrs_post_init__(self) -> None:
         """Relations between axes; the parsers check the same on JSON keys first, so this

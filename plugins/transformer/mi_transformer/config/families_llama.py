@@ -15,6 +15,7 @@ from mi_transformer.config.axes import (BlockLayout, MlpLayout, NormType, QkvLay
                                         RopeLayout, TransformerConfig)
 from mi_transformer.config.common import (_activation, _all_sliding, _base, _default_theta,
                                           _finish, _full, _layer_types, _ropes_by_type)
+from mi_transformer.config.neutral import ROTARY, policy_violations
 from mi_transformer.config.reader import ConfigReader, UnknownKeysError
 
 
@@ -152,7 +153,7 @@ def parse_olmo2(r: ConfigReader) -> TransformerConfig:
     base = _base(r, "olmo2", eps_default=1e-5)
     bias = r.bool("attention_bias", False)
     base.update(qkv_bias=bias, o_bias=bias, qk_norm=True, qk_norm_full=True, pre_norms=False,
-                post_norms=True, weight_names="olmo2")
+                post_norms=True, weight_names="olmo2", rope_float32=True)
     return _full(r, base)
 
 
@@ -213,7 +214,7 @@ def parse_gemma3(r: ConfigReader) -> TransformerConfig:
         raise ConfigError(f"{r.src}: gemma3 config lacks 'text_config' (the language model)")
     sub = r.sub("text_config", {**_GEMMA3_TEXT_DEFAULTS, **tc})
     cfg = parse_gemma3_text(sub)
-    unknown = sub.unread(_GEMMA_HARMLESS)
+    unknown = policy_violations(sub.cfg, sub.read, _GEMMA_HARMLESS, ROTARY, cfg, sub.src)
     if unknown:
         raise UnknownKeysError(f"{sub.src}: keys that change the numbers and are not "
                                f"implemented (or are unknown): {', '.join(unknown)}", unknown)

@@ -1,10 +1,11 @@
 """The registry of supported families: ``model_type`` -> :class:`Family` (its parser, the
-config keys it reads and the ones known to be harmless). The key tables of
-docs/BACKENDS.md are generated from it (:mod:`mi_transformer.keytable`)."""
+config keys it reads, the ones known to be harmless and the neutral values of keys it does
+not read). The key tables of docs/BACKENDS.md are generated from it
+(:mod:`mi_transformer.keytable`)."""
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import attrs
 
@@ -20,6 +21,9 @@ from mi_transformer.config.families_llama import (
 from mi_transformer.config.families_moe import (
     parse_mixtral, parse_olmoe, parse_qwen2_moe, parse_qwen3_moe,
 )
+from mi_transformer.config.families_recent import RECENT_FAMILIES
+from mi_transformer.config.neutral import (KV_HEADS, MLP_WIDTH, ROTARY, ROTARY_DIM,
+                                           ROTARY_INTERLEAVED)
 from mi_transformer.config.reader import ConfigReader
 
 
@@ -28,9 +32,12 @@ class Family:
     """One supported ``model_type``.
 
     `reads`: every config key the parser looks at (implemented, or refused for values it
-    cannot honour). `harmless`: family keys known not to change the numbers. Any other
-    non-null key (beyond :data:`mi_core.configread.GENERIC_HARMLESS`) makes the config a
-    ``ConfigError``.
+    cannot honour). `harmless`: family keys known not to change the numbers, whatever their
+    value. `neutral`: keys the parser does not read, each with the one value that leaves the
+    forward unchanged (a constant, or a :class:`~mi_transformer.config.neutral.Derived` of the
+    parsed config); another value is a ``ConfigError`` naming key, value and neutral value.
+    Any other non-null key (beyond :func:`mi_core.configread.is_generic_harmless`) makes the
+    config an ``UnknownKeysError`` (:mod:`mi_transformer.config.neutral` gives the order).
     """
 
     model_type: str
@@ -38,6 +45,7 @@ class Family:
     reads: frozenset[str]
     harmless: frozenset[str] = frozenset()
     note: str = ""
+    neutral: Mapping[str, Any] = attrs.field(factory=dict)
 
 
 _SHAPE_KEYS = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -50,8 +58,12 @@ _LLAMA = _SHAPE_KEYS | _ROPE | {"rms_norm_eps", "attention_bias", "mlp_bias",
 
 
 def _family(model_type: str, parse: Callable[[ConfigReader], TransformerConfig],
-            reads: Iterable[str], harmless: Iterable[str] = (), note: str = "") -> Family:
-    return Family(model_type, parse, frozenset(reads), frozenset(harmless), note)
+            reads: Iterable[str], harmless: Iterable[str] = (), note: str = "", *,
+            neutral: Mapping[str, Any] | None = None) -> Family:
+    """`neutral` None: the rotate-half families' shared table (:data:`ROTARY`); give
+    :data:`ROTARY_INTERLEAVED` for a GPT-J rotary layout, ``{}`` for learned positions."""
+    return Family(model_type, parse, frozenset(reads), frozenset(harmless), note,
+                  dict(ROTARY if neutral is None else neutral))
 
 
 #: Keys known not to change the numbers, shared by several families.
@@ -60,18 +72,24 @@ _GPT2_HARMLESS = {"n_special", "predict_special_tokens",  # GPT-1 leftovers, nev
                   "summary_proj_to_labels", "summary_first_dropout"}
 _MOE_HARMLESS = {"output_router_logits", "router_aux_loss_coef", "router_jitter_noise"}
 _QWEN_WINDOWS = {"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"}
+#: Qwen2.5 configs say use_mrope: false (multimodal rotary sections; text-only Qwen never
+#: reads it)
+_QWEN_NEUTRAL = {**ROTARY, "use_mrope": False}
 
 
 #: model_type -> Family. A new family is one entry here plus a weight-name table
 #: (mi_transformer.weights.NAME_TABLES); see docs/BACKENDS.md.
 FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     _family("llama", parse_llama, _LLAMA),
-    _family("helium", parse_helium, _LLAMA, note="interleaved (GPT-J) rotary layout"),
+    _family("helium", parse_helium, _LLAMA, note="interleaved (GPT-J) rotary layout",
+            neutral=ROTARY_INTERLEAVED),
     _family("mistral", parse_mistral, _LLAMA | {"sliding_window"}),
     _family("qwen2", parse_qwen2, _LLAMA | {"sliding_window", "use_sliding_window",
-                                            "max_window_layers", "layer_types"}),
+                                            "max_window_layers", "layer_types"},
+            neutral=_QWEN_NEUTRAL),
     _family("qwen3", parse_qwen3, _LLAMA | {"sliding_window", "use_sliding_window",
-                                            "max_window_layers", "layer_types"}),
+                                            "max_window_layers", "layer_types"},
+            neutral=_QWEN_NEUTRAL),
     _family("gemma", parse_gemma, _LLAMA | {"hidden_activation"}),
     _family("gemma2", parse_gemma2, _LLAMA | {
         "hidden_activation", "attn_logit_softcapping", "final_logit_softcapping",
@@ -84,7 +102,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
         harmless=_GEMMA_HARMLESS),
     _family("phi3", parse_phi3, _LLAMA | {"sliding_window", "original_max_position_embeddings"}),
     _family("cohere", parse_cohere, _LLAMA | {"layer_norm_eps", "use_qk_norm", "logit_scale"},
-            note="parallel block, one shared LayerNorm, interleaved rotary"),
+            note="parallel block, one shared LayerNorm, interleaved rotary",
+            neutral=ROTARY_INTERLEAVED,
+            harmless={"model_max_length"}),  # Command R's config.json: a tokenizer setting
     _family("gemma3", parse_gemma3, {"text_config", "tie_word_embeddings", *_GEMMA3_MM_KEYS},
             note="multimodal checkpoint: the language model only"),
     _family("olmo", parse_olmo, _LLAMA | {"clip_qkv"},
@@ -95,16 +115,20 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
         "logits_scaling"}),
     _family("smollm3", parse_smollm3, _LLAMA | {
         "no_rope_layers", "no_rope_layer_interval", "use_sliding_window", "sliding_window",
-        "layer_types"}, note="NoPE layers"),
+        "layer_types"}, note="NoPE layers",
+        # transformers 4.54 wrote it; transformers 5's SmolLM3 reads no such key
+        harmless={"max_window_layers"}),
     _family("mixtral", parse_mixtral, _LLAMA | {"sliding_window", "num_local_experts",
                                                 "num_experts_per_tok"}, harmless=_MOE_HARMLESS),
     _family("qwen2_moe", parse_qwen2_moe, _LLAMA | _QWEN_WINDOWS | {
         "qkv_bias", "num_experts", "num_local_experts", "num_experts_per_tok",
         "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob",
-        "decoder_sparse_step", "mlp_only_layers"}, harmless=_MOE_HARMLESS),
+        "decoder_sparse_step", "mlp_only_layers"}, harmless=_MOE_HARMLESS,
+        neutral=_QWEN_NEUTRAL),
     _family("qwen3_moe", parse_qwen3_moe, _LLAMA | _QWEN_WINDOWS | {
         "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
-        "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"}, harmless=_MOE_HARMLESS),
+        "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"}, harmless=_MOE_HARMLESS,
+        neutral=_QWEN_NEUTRAL),
     _family("olmoe", parse_olmoe, _LLAMA | {"num_experts", "num_local_experts",
                                             "num_experts_per_tok", "norm_topk_prob",
                                             "clip_qkv"}, harmless=_MOE_HARMLESS),
@@ -112,16 +136,20 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
         "vocab_size", "n_embd", "n_head", "n_layer", "n_inner", "n_positions", "n_ctx",
         "layer_norm_epsilon", "activation_function", "tie_word_embeddings",
         "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"},
-        harmless=_GPT2_HARMLESS, note="learned positions, Conv1D fused QKV"),
+        harmless=_GPT2_HARMLESS, note="learned positions, Conv1D fused QKV", neutral={}),
     _family("gpt_neox", parse_gpt_neox, _SHAPE_KEYS | _ROPE | {
         "layer_norm_eps", "attention_bias", "use_parallel_residual", "rotary_pct",
         "rotary_emb_base"}, note="per-head fused QKV, partial rotary, parallel or sequential"),
     _family("gptj", parse_gptj, {"rotary", "scale_attn_weights",
         "vocab_size", "n_embd", "n_head", "n_layer", "n_inner", "n_positions", "rotary_dim",
         "layer_norm_epsilon", "activation_function", "tie_word_embeddings"},
-        harmless=_GPT2_HARMLESS, note="parallel, one norm, interleaved partial rotary"),
+        harmless=_GPT2_HARMLESS, note="parallel, one norm, interleaved partial rotary",
+        neutral=ROTARY_INTERLEAVED),
     _family("phi", parse_phi, _SHAPE_KEYS | _ROPE | {"layer_norm_eps", "qk_layernorm"},
-            note="parallel, one norm, partial rotary"),
+            note="parallel, one norm, partial rotary",
+            # phi-1's config.json: its projections always carry biases (transformers' Phi
+            # reads no attention_bias), and rotary_dim repeats partial_rotary_factor
+            neutral={**ROTARY, "attention_bias": False, "rotary_dim": ROTARY_DIM}),
     _family("stablelm", parse_stablelm, _SHAPE_KEYS | _ROPE | {
         "layer_norm_eps", "qk_layernorm", "use_parallel_residual", "use_qkv_bias"},
         note="LayerNorm, partial rotary, sequential or parallel (one norm)"),
@@ -130,16 +158,27 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
         "max_position_embeddings", "activation_function",
         "tie_word_embeddings", "do_layer_norm_before", "_remove_final_layer_norm",
         "layer_norm_elementwise_affine", "word_embed_proj_dim", "enable_bias"},
-        note="learned positions (offset 2), ReLU; LayerNorm eps fixed at 1e-5"),
+        note="learned positions (offset 2), ReLU; LayerNorm eps fixed at 1e-5", neutral={}),
     _family("falcon", parse_falcon, _ROPE | {"apply_residual_connection_post_layernorm",
         "vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "num_kv_heads",
         "ffn_hidden_size", "layer_norm_epsilon", "activation", "tie_word_embeddings", "alibi",
         "new_decoder_architecture", "multi_query", "parallel_attn", "num_ln_in_parallel_attn",
         "bias", "max_position_embeddings"},
-        note="multi-query / grouped (new decoder) / per-head fused QKV"),
+        note="multi-query / grouped (new decoder) / per-head fused QKV",
+        # transformers' GGUF conversion writes LLaMA's names, which its Falcon never reads
+        neutral={**ROTARY, "intermediate_size": MLP_WIDTH, "num_key_value_heads": KV_HEADS}),
     _family("starcoder2", parse_starcoder2, _LLAMA | {"sliding_window", "norm_epsilon",
-                                                      "use_bias"}),
+                                                      "use_bias"},
+            # StarCoder2's config.json names its (only) MLP and norm kinds
+            neutral={**ROTARY, "mlp_type": "default", "norm_type": "layer_norm"}),
 ]}
+
+
+#: The recent families with GPT-J (interleaved) rotary; the rest rotate halves.
+_RECENT_INTERLEAVED = {"glm", "glm4", "ernie4_5", "ernie4_5_moe"}
+FAMILIES.update({mt: _family(mt, parse, _LLAMA | reads, harmless, note,
+                             neutral=ROTARY_INTERLEAVED if mt in _RECENT_INTERLEAVED else None)
+                 for mt, parse, reads, harmless, note in RECENT_FAMILIES})
 
 
 def family_parsers() -> dict[str, Callable[[ConfigReader], TransformerConfig]]:

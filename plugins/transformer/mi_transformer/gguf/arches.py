@@ -1,8 +1,9 @@
 """Architectures: GGUF metadata -> an HF config dict, llama.cpp tensor names -> the slots of
 the family's weight table. One :class:`GgufArch` per llama.cpp architecture
-(:data:`GGUF_ARCHES`), with what llama.cpp's converter changed (LLaMA's q/k row permutation,
-Gemma's norm gains stored as 1 + w, GPT-2's Conv1D weights stored transposed, rope factors
-stored as tensors)."""
+(:data:`GGUF_ARCHES`), with what llama.cpp's converter changed (LLaMA's / Granite's q/k row
+permutation, Gemma's norm gains stored as 1 + w, GPT-2's Conv1D weights stored transposed,
+rope factors stored as tensors, NeoX's and Falcon's fused q/k/v rows regrouped as
+[q | k | v], StableLM's per-head q/k norms stacked)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 
 from mi_core.plugin import ConfigError, UnsupportedModelError
 
+from mi_transformer.config.size import check_size, dense_params
 from mi_transformer.gguf.header import GgufHeader
 
 
@@ -38,6 +40,21 @@ class _Meta:
 
     def __init__(self, header: GgufHeader, arch: str) -> None:
         self.md, self.path, self.arch = header.metadata, header.path, arch
+        self.shapes = {t.name: t.shape for t in header.tensors}
+
+    def rows(self, tensor: str) -> int | None:
+        """The row count (torch dim 0) of a 2-D tensor of the file, None when absent."""
+        shape = self.shapes.get(tensor)
+        return shape[0] if shape is not None and len(shape) == 2 else None
+
+    def bool(self, key: str, default: bool) -> bool:
+        k = f"{self.arch}.{key}"
+        v = self.md.get(k)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise self._bad(k, v, "true or false")
+        return v
 
     def raw(self, key: str) -> Any:
         return self.md.get(key)
@@ -92,7 +109,11 @@ class GgufArch:
     the q/k rows to GPT-J order (LLaMA only; the others use its NeoX rope). `norm_offset`:
     llama.cpp stores Gemma's norm gains as 1 + w; subtracted. `transpose_linear`: GPT-2's
     Conv1D weights are stored as [out, in]. `configure(meta, cfg, names)`: the family's
-    extra config keys.
+    extra config keys. `partial_rotary`: ``rope.dimension_count`` may be less than the head
+    dim (written as ``partial_rotary_factor``). `slots(cfg)`: the layer slots when they depend
+    on the config (Falcon's two norms), else `layer_slots`. A fused ``attn_qkv`` is always
+    [q | k | v] rows (llama.cpp regroups NeoX's and Falcon's); it is laid out as the family
+    stores it when loaded.
     """
 
     model_type: str
@@ -102,6 +123,11 @@ class GgufArch:
     norm_offset: float = 0.0
     configure: Callable[["_Meta", dict[str, Any], set[str]], None] | None = None
     transpose_linear: bool = False
+    partial_rotary: bool = False
+    slots: Callable[[Mapping[str, Any]], Mapping[str, str]] | None = None
+
+    def slots_for(self, cfg: Mapping[str, Any]) -> Mapping[str, str]:
+        return self.slots(cfg) if self.slots is not None else self.layer_slots
 
 
 _LLAMA_LAYER = {
@@ -111,7 +137,7 @@ _LLAMA_LAYER = {
 #: llama.cpp global tensors -> weight-table slots (the same in every architecture).
 _GLOBAL_SLOTS = {"token_embd.weight": "embed", "position_embd.weight": "pos_embed",
                  "output_norm.weight": "final_norm.weight", "output_norm.bias": "final_norm.bias",
-                 "output.weight": "lm_head.weight"}
+                 "output.weight": "lm_head.weight", "output.bias": "lm_head.bias"}
 _ROPE_FREQS = "rope_freqs.weight"  # llama3 rope factors, folded into config.rope_scaling
 _LONGROPE = {"rope_factors_long.weight": "long_factor",  # Phi-3 128k, folded into rope_scaling
              "rope_factors_short.weight": "short_factor"}
@@ -207,8 +233,154 @@ def _starcoder2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
     cfg["use_bias"] = "blk.0.attn_q.bias" in names
 
 
+def sliding_layer_types(m: _Meta, cfg: dict[str, Any]) -> int | None:
+    """``{arch}.attention.sliding_window`` and ``sliding_window_pattern`` (one bool per layer,
+    True = sliding) -> ``cfg["layer_types"]`` and ``cfg["sliding_window"]``; returns the
+    window (None: no sliding metadata, every layer full)."""
+    window = m.int("attention.sliding_window", None)
+    n = cfg["num_hidden_layers"]
+    if window is None:
+        cfg["layer_types"] = ["full_attention"] * n
+        return None
+    key = f"{m.arch}.attention.sliding_window_pattern"
+    pattern = m.raw(key)
+    if not (isinstance(pattern, list) and len(pattern) == n
+            and all(isinstance(p, bool) for p in pattern)):
+        raise ConfigError(f"{m.path}: GGUF metadata {key!r} = {pattern!r}: expected {n} "
+                          f"booleans (one per layer) beside attention.sliding_window")
+    cfg["sliding_window"] = window
+    cfg["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
+    return window
+
+
+
 def _olmo2_extra(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    """OLMo2; with sliding-window metadata, OLMo-3 (llama.cpp writes both as ``olmo2``)."""
     cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+    if m.raw("olmo2.attention.sliding_window") is None:
+        return
+    sliding_layer_types(m, cfg)
+    if "rope_scaling" in cfg:  # HF scales the full layers only; llama.cpp's olmo2 is unmapped
+        raise UnsupportedModelError(f"{m.path}: an OLMo-3 GGUF (olmo2 with sliding layers) "
+                                    f"with RoPE scaling is not supported")
+    cfg.update(model_type="olmo3", architectures=["Olmo3ForCausalLM"])
+
+
+def _drop(cfg: dict[str, Any], *keys: str) -> None:
+    for k in keys:
+        cfg.pop(k, None)
+
+
+def _ffn_rows(m: _Meta, cfg: dict[str, Any]) -> int | None:
+    """The MLP width from ``blk.0.ffn_up``: Falcon's and Phi-2's converters write 4 x d_model
+    as feed_forward_length whatever the model has; the tensor is what the weights are."""
+    return m.rows("blk.0.ffn_up.weight") or cfg.get("intermediate_size")
+
+
+def _layer_norm(m: _Meta, cfg: dict[str, Any], key: str = "layer_norm_eps") -> None:
+    """LayerNorm families: llama.cpp's layer_norm_epsilon instead of the RMS one."""
+    _drop(cfg, "rms_norm_eps")
+    cfg[key] = m.float("attention.layer_norm_epsilon", 1e-5)
+
+
+def _gptneox_config(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    """GPT-NeoX / Pythia: partial rotary, parallel or sequential residual. llama.cpp's
+    converter writes no rope base (its default is 10000, Pythia's) and no activation (HF's
+    "gelu"; llama.cpp itself runs its tanh approximation)."""
+    _layer_norm(m, cfg)
+    _drop(cfg, "num_key_value_heads", "head_dim")
+    cfg.update(hidden_act="gelu", use_parallel_residual=m.bool("use_parallel_residual", True),
+               attention_bias="blk.0.attn_qkv.bias" in names)
+
+
+def _falcon_config(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    """Falcon as llama.cpp runs it: parallel attention and MLP; one shared norm and multi-query
+    (7B), or the new decoder architecture (``attn_norm_2`` = ``ln_attn``: grouped KV heads)."""
+    new = "blk.0.attn_norm_2.weight" in names
+    kv = cfg.pop("num_key_value_heads")
+    if not new and kv != 1:
+        raise UnsupportedModelError(f"{m.path}: falcon with {kv} KV heads and one norm per "
+                                    f"layer is no Falcon layout (7B: 1 KV head; 40B/180B: "
+                                    f"attn_norm_2)")
+    _layer_norm(m, cfg, "layer_norm_epsilon")
+    cfg.update(new_decoder_architecture=new, multi_query=not new, parallel_attn=True,
+               num_kv_heads=kv, alibi=False, bias="blk.0.attn_qkv.bias" in names,
+               ffn_hidden_size=_ffn_rows(m, cfg), activation="gelu")
+    _drop(cfg, "intermediate_size", "hidden_act", "head_dim")
+
+
+def _falcon_slots(cfg: Mapping[str, Any]) -> Mapping[str, str]:
+    norms = {"attn_norm_2": "ln1", "attn_norm": "ln2"} if cfg["new_decoder_architecture"] \
+        else {"attn_norm": "ln1"}
+    return {**norms, "attn_qkv": "qkv", "attn_output": "o", "ffn_up": "mlp_in",
+            "ffn_down": "mlp_out"}
+
+
+def _phi2_config(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    """Phi-1/2: parallel block with one norm, partial rotary, biases everywhere."""
+    _layer_norm(m, cfg)
+    _drop(cfg, "head_dim")  # d_model / heads: Phi has no head_dim key
+    cfg.update(hidden_act="gelu_new", intermediate_size=_ffn_rows(m, cfg))
+
+
+def _stablelm_config(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    """StableLM: partial rotary, q/k/v biases, per-head q/k LayerNorms (stacked by llama.cpp
+    as [heads, head_dim]), sequential or parallel with one shared norm."""
+    _layer_norm(m, cfg)
+    _drop(cfg, "head_dim")  # d_model / heads: StableLM has no head_dim key
+    cfg.update(use_parallel_residual=m.bool("use_parallel_residual", False),
+               use_qkv_bias="blk.0.attn_q.bias" in names,
+               qk_layernorm="blk.0.attn_q_norm.weight" in names)
+
+
+def _command_r_config(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    """Cohere / Command R: LayerNorm without bias, logit scale, optional per-head q/k norms;
+    llama.cpp runs its interleaved rotary on unpermuted weights, as transformers does."""
+    _layer_norm(m, cfg)
+    cfg.update(logit_scale=m.float("logit_scale", 0.0625),
+               use_qk_norm="blk.0.attn_q_norm.weight" in names,
+               attention_bias="blk.0.attn_q.bias" in names)
+
+
+def _granite_config(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    """Granite: LLaMA plus its four multipliers (llama.cpp divides the logits by
+    ``logit_scale``, transformers by ``logits_scaling``: the same number)."""
+    _llama_extra(m, cfg, names)
+    for key, hf in (("attention.scale", "attention_multiplier"),
+                    ("embedding_scale", "embedding_multiplier"),
+                    ("residual_scale", "residual_multiplier"), ("logit_scale", "logits_scaling")):
+        cfg[hf] = m.float(key, None)
+
+
+def _olmoe_config(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    """OLMoE: experts of feed_forward_length, full-width q/k norms, no top-k renormalisation
+    (llama.cpp's olmoe), optional clamp of q, k, v."""
+    cfg.update(num_experts=m.int("expert_count"), num_experts_per_tok=m.int("expert_used_count"),
+               norm_topk_prob=False, clip_qkv=m.float("attention.clamp_kqv", None),
+               attention_bias="blk.0.attn_q.bias" in names)
+
+
+def _gemma3_config(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    """Gemma 3 (text): llama.cpp runs the sliding layers with a rope base of 10000, every
+    sixth layer global unless ``attention.sliding_window_pattern`` lists them, and scales
+    scores by key_length**-0.5 except for the 27B model (62 layers: d_model / heads)."""
+    _gemma_extra(m, cfg, names)
+    layers, pattern = cfg["num_hidden_layers"], m.raw(f"{m.arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        if len(pattern) != layers or not all(isinstance(x, bool) for x in pattern):
+            raise m._bad(f"{m.arch}.attention.sliding_window_pattern", pattern,
+                         f"{layers} booleans (true: sliding)")
+        cfg["layer_types"] = ["sliding_attention" if x else "full_attention" for x in pattern]
+    elif pattern is not None:
+        raise m._bad(f"{m.arch}.attention.sliding_window_pattern", pattern, "a list of booleans")
+    cfg.update(sliding_window=m.int("attention.sliding_window", None),
+               final_logit_softcapping=m.float("final_logit_softcapping", None),
+               rope_local_base_freq=10000.0,
+               query_pre_attn_scalar=(cfg["hidden_size"] // cfg["num_attention_heads"]
+                                      if layers == 62 else cfg["head_dim"]))
+
+
+_NORMS_QK = {"attn_q_norm": "q_norm", "attn_k_norm": "k_norm"}
 
 
 GGUF_ARCHES: dict[str, GgufArch] = {
@@ -241,25 +413,51 @@ GGUF_ARCHES: dict[str, GgufArch] = {
         "attn_norm": "ln1", "attn_qkv": "qkv", "attn_output": "o", "ffn_norm": "ln2",
         "ffn_up": "mlp_in", "ffn_down": "mlp_out"}, configure=_gpt2_config,
         transpose_linear=True),
+    "gptneox": GgufArch("gpt_neox", "GPTNeoXForCausalLM", {
+        "attn_norm": "ln1", "ffn_norm": "ln2", "attn_qkv": "qkv", "attn_output": "o",
+        "ffn_up": "mlp_in", "ffn_down": "mlp_out"}, configure=_gptneox_config,
+        partial_rotary=True),
+    "falcon": GgufArch("falcon", "FalconForCausalLM", {}, configure=_falcon_config,
+                       slots=_falcon_slots),
+    "phi2": GgufArch("phi", "PhiForCausalLM", {
+        "attn_norm": "ln1", "attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_qkv": "qkv",
+        "attn_output": "o", "ffn_up": "mlp_in", "ffn_down": "mlp_out"},
+        configure=_phi2_config, partial_rotary=True),
+    "stablelm": GgufArch("stablelm", "StableLmForCausalLM", {**_LLAMA_LAYER, **_NORMS_QK},
+                         configure=_stablelm_config, partial_rotary=True),
+    "command-r": GgufArch("cohere", "CohereForCausalLM", {
+        **{k: v for k, v in _LLAMA_LAYER.items() if k != "ffn_norm"}, **_NORMS_QK},
+        configure=_command_r_config),
+    "granite": GgufArch("granite", "GraniteForCausalLM", _LLAMA_LAYER, permute_qk=True,
+                        configure=_granite_config),
+    "olmoe": GgufArch("olmoe", "OlmoeForCausalLM", {**_ATTN_SLOTS, **_MOE_SLOTS, **_NORMS_QK},
+                      configure=_olmoe_config),
+    "gemma3": GgufArch("gemma3_text", "Gemma3ForCausalLM", {
+        **_LLAMA_LAYER, **_NORMS_QK, "post_attention_norm": "ln1_post", "ffn_norm": "ln2",
+        "post_ffw_norm": "ln2_post"}, norm_offset=1.0, configure=_gemma3_config),
 }
 
 
 def gguf_arch(header: GgufHeader) -> GgufArch:
     arch = header.metadata.get("general.architecture")
     if arch not in GGUF_ARCHES:
-        raise UnsupportedModelError(f"{header.path}: GGUF architecture {arch!r} is not supported "
-                                    f"(supported: {', '.join(GGUF_ARCHES)})")
+        raise UnsupportedModelError(f"no installed plugin implements GGUF architecture {arch!r} "
+                                    f"({header.path}; mi-transformer reads "
+                                    f"{', '.join(GGUF_ARCHES)})")
     return GGUF_ARCHES[arch]
 
 
-def slot_of(gguf_name: str, arch: GgufArch) -> tuple[int | None, str] | None:
-    """(layer or None, weight-table slot) of a llama.cpp tensor, or None when it has none."""
+def slot_of(gguf_name: str, arch: GgufArch, slots: Mapping[str, str] | None = None
+            ) -> tuple[int | None, str] | None:
+    """(layer or None, weight-table slot) of a llama.cpp tensor, or None when it has none.
+    `slots`: the architecture's layer slots for this config (:meth:`GgufArch.slots_for`)."""
     if gguf_name in _GLOBAL_SLOTS:
         return None, _GLOBAL_SLOTS[gguf_name]
+    layer_slots = arch.layer_slots if slots is None else slots
     parts = gguf_name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and \
-            parts[3] in ("weight", "bias") and parts[2] in arch.layer_slots:
-        return int(parts[1]), f"{arch.layer_slots[parts[2]]}.{parts[3]}"
+            parts[3] in ("weight", "bias") and parts[2] in layer_slots:
+        return int(parts[1]), f"{layer_slots[parts[2]]}.{parts[3]}"
     return None
 
 
@@ -275,10 +473,10 @@ def hf_config(header: GgufHeader) -> dict[str, Any]:
     head_dim = m.int("attention.key_length", hidden // heads)
     rot = m.int("rope.dimension_count", head_dim)
     value_len = m.int("attention.value_length", head_dim)
-    if rot != head_dim or value_len != head_dim:
+    if value_len != head_dim or (rot != head_dim and not arch.partial_rotary) or rot > head_dim:
         raise UnsupportedModelError(f"{path}: {name}.rope.dimension_count {rot} / "
                                     f"value_length {value_len} differ from head dim {head_dim} "
-                                    f"(partial rotary is not supported for GGUF)")
+                                    f"(partial rotary is not supported for GGUF {name})")
     names = {t.name for t in header.tensors}
     tokens = header.metadata.get("tokenizer.ggml.tokens")
     if tokens is not None and not isinstance(tokens, list):
@@ -307,12 +505,15 @@ def hf_config(header: GgufHeader) -> dict[str, Any]:
         "tie_word_embeddings": "output.weight" not in names,
         "torch_dtype": "float32",
     }
+    if rot != head_dim:  # checked against the parsed family by read_gguf
+        cfg["partial_rotary_factor"] = rot / head_dim
     scaling = _rope_scaling(header, m, ctx)
     if scaling is not None:
         cfg["rope_scaling"] = scaling
+    check_gguf_size(header, cfg)  # before configure's per-layer tables (block_count = 10**9)
     if arch.configure is not None:
         arch.configure(m, cfg, names)
-    if cfg.get("intermediate_size", cfg.get("n_inner")) is None:
+    if all(cfg.get(k) is None for k in ("intermediate_size", "n_inner", "ffn_hidden_size")):
         key = f"{name}.feed_forward_length"
         raise ConfigError(f"{path}: GGUF metadata lacks required key {key!r}")
     for key, hf in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
@@ -320,7 +521,32 @@ def hf_config(header: GgufHeader) -> dict[str, Any]:
         v = m.int(f"tokenizer.ggml.{key}", None, arch=False, min=0)
         if v is not None:
             cfg[hf] = v
-    return {k: v for k, v in cfg.items() if v is not None}
+    # a null sliding_window is kept: for EXAONE-4 / OLMo-3 it means "no sliding layers",
+    # while an absent one means the class default window
+    return {k: v for k, v in cfg.items() if v is not None or k == "sliding_window"}
+
+
+def check_gguf_size(header: GgufHeader, cfg: dict[str, Any], dtype: torch.dtype | None = None,
+                    device: torch.device | None = None) -> None:
+    """The parameters the metadata implies (dense and experts), in `dtype` on `device` (None:
+    one byte each on any device here), before a per-layer table is built (an architecture's
+    ``configure``, the config parser) or a tensor dequantised: ConfigTooLarge naming the keys."""
+    def get(*keys: str) -> int:
+        return next((int(cfg[k]) for k in keys if cfg.get(k) is not None), 0)
+
+    hidden, heads = get("hidden_size", "n_embd"), get("num_attention_heads", "n_head")
+    layers, experts = get("num_hidden_layers", "n_layer"), get("num_experts", "num_local_experts")
+    params = dense_params(get("vocab_size"), hidden, layers, heads,
+                          get("num_key_value_heads") or heads,
+                          get("head_dim") or hidden // max(heads, 1),
+                          get("intermediate_size", "n_inner")) + layers * hidden * experts * 3 * (
+        get("moe_intermediate_size", "intermediate_size"))
+    arch = header.metadata["general.architecture"]
+    keys = ("block_count", "embedding_length", "attention.head_count", "feed_forward_length",
+            "expert_count", "expert_feed_forward_length", "vocab_size")
+    sizes = {f"{arch}.{k}": header.metadata[f"{arch}.{k}"] for k in keys
+             if f"{arch}.{k}" in header.metadata}
+    check_size(f"{header.path}: GGUF metadata", sizes, params, dtype, device)
 
 
 def llama_config(header: GgufHeader) -> dict[str, Any]:

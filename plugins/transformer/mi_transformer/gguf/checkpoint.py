@@ -7,20 +7,22 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import attrs
 import numpy as np
 import torch
 
-from mi_core.plugin import HFTokenizer, UnsupportedModelError, WeightLoadError, progress
-
-from mi_transformer.config.size import check_size, dense_params
-
-from mi_transformer.gguf.arches import (
-    _LONGROPE, _ROPE_FREQS, GgufArch, _Meta, gguf_arch, hf_config, llama3_rope_from_factors,
-    slot_of, unpermute_qk,
+from mi_core.plugin import (
+    ConfigError, HFTokenizer, UnsupportedModelError, WeightLoadError, progress,
 )
+
+from mi_transformer.config import QkvLayout
+from mi_transformer.gguf.arches import (
+    _LONGROPE, _ROPE_FREQS, GGUF_ARCHES, GgufArch, _Meta, check_gguf_size, gguf_arch,
+    hf_config, llama3_rope_from_factors, slot_of, unpermute_qk,
+)
+from mi_transformer.gguf.arches_recent import RECENT_GGUF_ARCHES
 from mi_transformer.gguf.header import (
     GgufHeader, GgufTensorInfo, _quant_type, iter_dequantized, read_gguf_header,
 )
@@ -34,6 +36,7 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 #: Tensors that are rope parameters, not weights: folded into the config's rope_scaling.
 _FACTOR_TENSORS = {_ROPE_FREQS, *_LONGROPE}
+GGUF_ARCHES.update(RECENT_GGUF_ARCHES)  # the 2025-26 families (arches_recent.py)
 
 
 @attrs.define
@@ -106,8 +109,9 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32, *,
     arch = gguf_arch(header)
     cfg = hf_config(header)
     for dev in {torch.device("cpu"), torch.device(device or "cpu")}:
-        _check_size(header, cfg, dtype, dev)
-    unknown = [t.name for t in header.tensors if slot_of(t.name, arch) is None
+        check_gguf_size(header, cfg, dtype, dev)
+    slots = arch.slots_for(cfg)
+    unknown = [t.name for t in header.tensors if slot_of(t.name, arch, slots) is None
                and t.name not in _FACTOR_TENSORS]
     if unknown:
         raise UnsupportedModelError(f"{path}: tensors with no {arch.model_type} equivalent: "
@@ -117,33 +121,17 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32, *,
     if factor_tensors:  # rope factors are data, but the config needs them before the shapes
         cfg["rope_scaling"] = _rope_from_factors(header, list(factor_tensors.values()), cfg)
     family = parse_config(cfg, f"{path} (config from GGUF metadata)")
-    tensors, quant = _load_tensors(header, _Target.of(arch, family, cfg, path), dtype)
+    rot = _Meta(header, header.metadata["general.architecture"]).int(
+        "rope.dimension_count", family.head_dim)
+    if family.rot_dim != rot:  # the partial rotary fraction must give back llama.cpp's width
+        raise ConfigError(f"{path}: rope.dimension_count {rot} gives {family.rot_dim} rotary "
+                          f"dims in {family.model_type}")
+    target = _Target.of(arch, family, cfg, path, slots)
+    tensors, quant = _load_tensors(header, target, dtype)
     short_md = {k: v for k, v in header.metadata.items()
                 if not (isinstance(v, list) and len(v) > 64)}
     return GgufCheckpoint(path=path, config=cfg, tensors=tensors,
                           tokenizer=gguf_tokenizer(header), metadata=short_md, quant_types=quant)
-
-
-def _check_size(header: GgufHeader, cfg: dict[str, Any], dtype: torch.dtype,
-                device: torch.device) -> None:
-    """The parameters the metadata implies (dense and experts), in `dtype` on `device`,
-    before the config is parsed (per-layer tables) or a tensor dequantised."""
-    def get(*keys: str) -> int:
-        return next((int(cfg[k]) for k in keys if cfg.get(k) is not None), 0)
-
-    hidden, heads = get("hidden_size", "n_embd"), get("num_attention_heads", "n_head")
-    layers, experts = get("num_hidden_layers", "n_layer"), get("num_experts", "num_local_experts")
-    params = dense_params(get("vocab_size"), hidden, layers, heads,
-                          get("num_key_value_heads") or heads,
-                          get("head_dim") or hidden // max(heads, 1),
-                          get("intermediate_size", "n_inner")) + layers * hidden * experts * 3 * (
-        get("moe_intermediate_size", "intermediate_size"))
-    arch = header.metadata["general.architecture"]
-    keys = ("block_count", "embedding_length", "attention.head_count", "feed_forward_length",
-            "expert_count", "expert_feed_forward_length", "vocab_size")
-    sizes = {f"{arch}.{k}": header.metadata[f"{arch}.{k}"] for k in keys
-             if f"{arch}.{k}" in header.metadata}
-    check_size(f"{header.path}: GGUF metadata", sizes, params, dtype, device)
 
 
 def _rope_from_factors(header: GgufHeader, factor_tensors: list[GgufTensorInfo],
@@ -197,6 +185,7 @@ class _Target:
 
     arch: GgufArch
     family: TransformerConfig
+    slots: Mapping[str, str]  # llama.cpp layer tensor -> slot, for this config
     names: dict[tuple[int | None, str], str]  # (layer or None, slot) -> HF name
     shapes: dict[str, tuple[int, ...]]  # HF name -> the shape the family expects
     heads: int | None  # query heads, for undoing llama.cpp's q row permutation
@@ -204,12 +193,12 @@ class _Target:
     path: Path
 
     @classmethod
-    def of(cls, arch: GgufArch, family: TransformerConfig, cfg: dict[str, Any], path: Path
-           ) -> _Target:
+    def of(cls, arch: GgufArch, family: TransformerConfig, cfg: dict[str, Any], path: Path,
+           slots: Mapping[str, str]) -> _Target:
         from mi_transformer.weights import expected_shapes, slot_names
 
-        return cls(arch, family, slot_names(family), expected_shapes(family),
-                   cfg.get("num_attention_heads"), cfg.get("num_key_value_heads"), path)
+        return cls(arch, family, slots, slot_names(family), expected_shapes(family),
+                   family.num_heads, family.num_kv_heads, path)
 
     def hf_tensors(self, t: GgufTensorInfo, arr: np.ndarray
                    ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -217,15 +206,22 @@ class _Target:
         against the family's shapes: one per expert for a stacked expert tensor, none for a
         tied head stored once more."""
         arch, path = self.arch, self.path
-        slot = slot_of(t.name, arch)
+        slot = slot_of(t.name, arch, self.slots)
         if slot is not None and slot[1].startswith("exps:"):  # experts stacked [E, ...]
             yield from self._experts(t, arr, slot)
+            return
+        if slot is not None and slot[1].split(".")[0] in ("qkv", "q_norm", "k_norm") \
+                and slot not in self.names:  # stored otherwise by the family: rearranged
+            yield from self._regrouped(t, torch.from_numpy(arr), slot)
             return
         if slot is not None and "{block}" in slot[1]:
             moe = self.family.moe
             slot = (slot[0], slot[1].format(block=moe.block if moe else "mlp"))
         if slot is not None and slot[1].endswith("shared_expert_gate.weight") and arr.ndim == 1:
             arr = arr[None]  # llama.cpp stores the shared expert's gate as [d_model]
+        if slot is not None and slot[1].startswith("qkv.") and \
+                self.family.qkv_layout in (QkvLayout.HEAD_INTERLEAVED, QkvLayout.GROUPED):
+            arr = _qkv_as_family(self.family, torch.from_numpy(arr)).numpy()
         name = self.names.get(slot) if slot is not None else None
         if name is None:
             if slot == (None, "lm_head.weight") and self.family.tie_word_embeddings:
@@ -248,6 +244,27 @@ class _Target:
             w = w - arch.norm_offset
         yield name, w
 
+    def _regrouped(self, t: GgufTensorInfo, w: torch.Tensor, slot: tuple[int | None, str]
+                   ) -> Iterator[tuple[str, torch.Tensor]]:
+        """A fused [q | k | v] tensor for a family with separate q, k, v; per-head q/k norms
+        stacked by llama.cpp [heads, head_dim] for a family storing one tensor per head."""
+        layer, (part, kind) = slot[0], slot[1].split(".")
+        if part == "qkv":
+            f = self.family
+            sizes = [f.num_heads * f.head_dim] + [f.num_kv_heads * f.head_dim] * 2
+            if w.shape[0] != sum(sizes):
+                raise WeightLoadError(f"{self.path}: tensor {t.name!r} has {w.shape[0]} rows; "
+                                      f"q, k and v need {sum(sizes)}")
+            pieces = dict(zip("qkv", w.split(sizes)))
+        else:
+            pieces = {f"{part}.{j}": row for j, row in enumerate(w)} if w.dim() == 2 else {}
+        for sub, piece in pieces.items():
+            name = self.names.get((layer, f"{sub}.{kind}"))
+            if name is None or tuple(piece.shape) != tuple(self.shapes[name]):
+                raise WeightLoadError(f"{self.path}: tensor {t.name!r} of shape {list(w.shape)} "
+                                      f"does not fit this {self.family.model_type} layer")
+            yield name, piece.contiguous()
+
     def _experts(self, t: GgufTensorInfo, arr: np.ndarray, slot: tuple[int | None, str]
                  ) -> Iterator[tuple[str, torch.Tensor]]:
         """llama.cpp's stacked expert tensor [E, rows, cols] -> one tensor per expert, named
@@ -267,6 +284,23 @@ class _Target:
                 raise WeightLoadError(f"{path}: tensor {t.name!r} gives {name} of shape "
                                       f"{list(w.shape)}, expected {list(self.shapes[name])}")
             yield name, w
+
+
+def _qkv_as_family(cfg: TransformerConfig, w: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's [q | k | v] rows (weight [rows, d_model] or bias [rows]) in the family's
+    stored layout: NeoX's per head [h, 3, d_head], Falcon's per KV group
+    [kv, h / kv + 2, d_head] (the inverse of what llama.cpp's converters do)."""
+    h, kv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    tail = tuple(w.shape[1:])
+    if w.shape[0] != (h + 2 * kv) * hd:
+        return w  # mis-shaped: the shape check names it
+    q, k, v = w.split([h * hd, kv * hd, kv * hd])
+    if cfg.qkv_layout is QkvLayout.HEAD_INTERLEAVED:
+        parts = [x.reshape(h, 1, hd, *tail) for x in (q, k, v)]
+    else:
+        parts = [q.reshape(kv, h // kv, hd, *tail), k.reshape(kv, 1, hd, *tail),
+                 v.reshape(kv, 1, hd, *tail)]
+    return torch.cat(parts, dim=1).reshape(w.shape).contiguous()
 
 
 def default_model_path() -> Path | None:

