@@ -4,9 +4,13 @@ different layouts, an in-place edit changes only that point and captures are sna
 Families: LLaMA (sequential, grouped-query), GPT-NeoX (parallel block, two norms, partial
 rotary), Falcon 7B-style (parallel block with one shared norm, multi-query), GPT-2 (learned
 positions: ``hook_rot_q`` is a view of ``hook_q``), OLMo2 (no pre-norms: ``attn.hook_in`` is
-the residual stream), Gemma 2 (post-norms, soft-capping) and Qwen2-MoE (experts, a shared
-expert, a dense layer). Before the fix an in-place edit at ``hook_mlp_in`` rewrote the
-residual stream and one at ``hook_resid_pre`` the captured ``hook_embed``.
+the residual stream), Gemma 2 (post-norms, soft-capping), Qwen2-MoE (experts, a shared
+expert, a dense layer), Hunyuan (q/k norms after the rotation), GLM-4.5 (sigmoid group-limited
+routing, shared experts, a dense first layer) and EXAONE-4 (sliding and full layers, no
+pre-norms). All 51 tiny families of tests/support passed the same check once (2026-11-24);
+these ten are the distinct layouts kept in the suite. Before the fix an in-place edit at
+``hook_mlp_in`` rewrote the residual stream and one at ``hook_resid_pre`` the captured
+``hook_embed``.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from tests.support.inplace import (  # noqa: F401  (one_torch_thread is a fixtur
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-FAMILIES = ["llama", "gpt_neox", "falcon_7b", "gpt2", "olmo2", "gemma2", "qwen2_moe"]
+FAMILIES = ["llama", "gpt_neox", "falcon_7b", "gpt2", "olmo2", "gemma2", "qwen2_moe",
+            "hunyuan_v1_dense", "glm4_moe", "exaone4"]
 
 
 def _zero(t: torch.Tensor) -> None:
