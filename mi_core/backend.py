@@ -90,9 +90,8 @@ class MIModel(metaclass=_ModelClass):
                         raise UnsupportedModelError(
                             f"{source}: no backend plugins are installed (install mi-core with "
                             f"the extra of a backend plugin, e.g. pip install 'mi-core[all]')")
-                    raise UnsupportedModelError(rep.summary() if rep.unimplemented else
-                                                "no plugin can load this checkpoint:\n"
-                                                + rep.summary())
+                    raise UnsupportedModelError(("" if rep.unimplemented else "no plugin can load "
+                                                 "this checkpoint:\n") + rep.summary())
                 backend = rep.backend
             if backend not in available:
                 raise UnsupportedModelError(f"backend {backend!r} is not installed; installed: "
@@ -113,8 +112,7 @@ class MIModel(metaclass=_ModelClass):
             processing = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                               center_unembed=center_unembed, fold_value_biases=fold_value_biases)
             if any(processing.values()):
-                caps.require(be, caps.WeightProcessing,
-                             "weight processing at load (fold_ln=...)")
+                caps.require(be, caps.WeightProcessing, "weight processing at load (fold_ln=...)")
                 be.process_weights(**processing)
             return cls(be, source=os.fspath(source))
         finally:
@@ -281,9 +279,8 @@ class MIModel(metaclass=_ModelClass):
         """InputError when `tokens` pass the context declared (ContextLength), unless `allow`."""
         ctx = self.backend.context_length if caps.has(self.backend, caps.ContextLength) else None
         if ctx is not None and tokens > ctx and not allow:
-            raise InputError(f"{what}: {tokens} positions, beyond the model's context of {ctx} "
-                             f"(max_position_embeddings), where results may degrade; pass "
-                             f"allow_beyond_context=True to run anyway")
+            raise InputError(f"{what}: {tokens} positions, beyond the model's context of {ctx}; "
+                             f"allow_beyond_context=True to run anyway (results may degrade)")
 
     def _check_options(self, options: Mapping[str, Any]) -> None:
         """Forward options that need a capability are refused before compute without it."""

@@ -15,6 +15,7 @@ from mi_core.loading import check_memory
 
 #: The model an argument here is a :class:`mi_core.MIModel` (not imported: it imports us).
 Model = Any
+MAX_NEW_TOKENS = 2**20  #: more in one generate call needs allow_beyond_context=True
 
 #: Backend forward options for every call, or a function of the number of tokens the cache
 #: already holds (0 for the prompt) returning them.
@@ -115,6 +116,9 @@ def generate(model: Model, ids: torch.Tensor, max_new_tokens: int, *, temperatur
     (batch, prompt), be = ids.shape, model.backend  # refused before compute: context, memory
     what = f"max_new_tokens = {n_new} after a prompt of {prompt}"
     model.check_context(prompt + n_new, what, allow_beyond_context)
+    if n_new > MAX_NEW_TOKENS and not allow_beyond_context:  # with no context declared too
+        raise InputError(f"{what}: more than {MAX_NEW_TOKENS} new tokens in one call; pass "
+                         f"allow_beyond_context=True to run anyway")
     need = batch * (prompt + n_new) * 16 + batch * n_new * model.vocab_size * 4 * return_logits
     if cached and caps.has(be, caps.ContextLength):
         need += be.cache_bytes(batch, prompt + n_new)

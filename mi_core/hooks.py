@@ -3,8 +3,7 @@
 A backend calls :meth:`HookRun.apply` at every hook point of its forward pass. That one
 function is where intervention semantics live (registration order, dtype/device casting,
 broadcasting, capture-after-intervention, copies for callables that edit in place), so every
-backend behaves identically. A backend reads a tensor it handed ``run.apply`` again only
-through the value returned (or another point), and never edits it in place.
+backend behaves identically (docs/PLUGINS.md says what a backend must not do: edit in place).
 """
 
 from __future__ import annotations
@@ -241,15 +240,16 @@ class EditHookRun(HookRun):
         self._seen: dict[int, list[weakref.ref[torch.Tensor]]] = {}  # storage -> tensors seen
 
     def _edit(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        items, seen = self._ivs.get(name), self._seen
-        if items is not None:  # (a dead tensor's address reused by a fresh one: no copy)
-            shared = any(r() is not None for r in seen.get(x.untyped_storage().data_ptr(), ()))
-            seen.setdefault(x.untyped_storage().data_ptr(), []).append(weakref.ref(x))
-            for hp, _, iv in items:
-                pure = type(iv) in OUT_OF_PLACE
-                x = apply_intervention(hp, iv, x.clone() if shared and not pure else x)
-                shared = not pure  # a callable may keep what it saw or returned
-        seen.setdefault(x.untyped_storage().data_ptr(), []).append(weakref.ref(x))
+        for hp, _, iv in self._ivs.get(name, ()):  # (a freed tensor's address reused: no copy)
+            if type(iv) in OUT_OF_PLACE:
+                x = apply_intervention(hp, iv, x)
+                continue  # a callable may keep what it saw or returned: both are noted
+            live = any(r() is not None for r in self._seen.get(x.untyped_storage().data_ptr(), ()))
+            x = self._note(apply_intervention(hp, iv, self._note(x.clone() if live else x)))
+        return self._note(x)
+
+    def _note(self, x: torch.Tensor) -> torch.Tensor:
+        self._seen.setdefault(x.untyped_storage().data_ptr(), []).append(weakref.ref(x))
         return x
 
     def apply(self, name: str, x: torch.Tensor) -> torch.Tensor:

@@ -57,10 +57,9 @@ def cast(hook: "HookPoint | str", kind: str, t: torch.Tensor, x: torch.Tensor,
             lost = torch.isfinite(t) & ~torch.isfinite(out)
             if bool(lost.any()):
                 raise InterventionError(
-                    f"{kind} at {hook}: the operand reaches {float(t[lost].abs().max()):.4g} "
-                    f"in magnitude, beyond {x.dtype} (largest finite "
-                    f"{torch.finfo(x.dtype).max:.6g}): cast to the activation's dtype it is "
-                    f"inf; scale it down or load the model in a wider dtype")
+                    f"{kind} at {hook}: the operand reaches {float(t[lost].abs().max()):.4g} in "
+                    f"magnitude, beyond {x.dtype} (largest finite {torch.finfo(x.dtype).max:.6g}): "
+                    f"inf once cast; scale it down or load the model in a wider dtype")
             if remember:
                 _FITS.setdefault(t, set()).add(key)
     return out.to(device=x.device)

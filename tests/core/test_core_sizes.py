@@ -126,6 +126,19 @@ def test_generate_that_cannot_fit_in_memory_is_refused(toy_with_context, little_
         toy_with_context.generate(prompt, 10**9, allow_beyond_context=True)
 
 
+def test_generate_of_a_billion_tokens_without_a_context_is_refused_at_once(toy_model) -> None:
+    """No declared context and memory to spare: more than MAX_NEW_TOKENS (2**20) new tokens
+    in one call still needs the explicit opt-in (it would run until killed)."""
+    from mi_core.generation import MAX_NEW_TOKENS
+
+    assert "context length" not in toy_model.capabilities()
+    with pytest.raises(mi.InputError, match=r"max_new_tokens = 1000000000 .*more than 1048576 "
+                                            r"new tokens.*allow_beyond_context=True"):
+        toy_model.generate(torch.tensor([[1, 2, 3]]), 10**9)
+    with pytest.raises(mi.InputError, match="more than"):
+        toy_model.generate(torch.tensor([[1, 2, 3]]), MAX_NEW_TOKENS + 1)
+
+
 def test_backends_without_a_context_are_not_limited(toy_model, ids) -> None:
     assert "context length" not in toy_model.capabilities()
     assert toy_model.forward(ids).output.shape[1] == 5

@@ -42,3 +42,5 @@ def test_rwkv_declares_no_context_limit_and_a_constant_cache(model) -> None:
     assert be.cache_bytes(2, 10) == be.cache_bytes(2, 10**6) > 0
     ids = torch.randint(0, 300, (1, 3))
     assert model.generate(ids, 3, stop_at_eos=False).tokens.shape == (1, 6)
+    with pytest.raises(mi.InputError, match=r"max_new_tokens = 1000000000 .*more than 1048576"):
+        model.generate(ids, 10**9)  # no context, but no silent run-until-killed either
