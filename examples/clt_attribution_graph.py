@@ -30,10 +30,12 @@ def main() -> None:
     ap.add_argument("--max-feature-nodes", type=int, default=300)
     ap.add_argument("--out", default="clt_graph_out")
     args = ap.parse_args()
+    # the CLT built here is ~1 GB: removed when main returns (or at exit)
+    scratch = tempfile.TemporaryDirectory(prefix="mi-clt-example-")
 
     model = mi.MIModel.from_pretrained(args.gguf)
     ids = model.to_tokens(PROMPT, prepend_bos=True)
-    clt_dir = args.clt or build_clt(model, [ids], Path(tempfile.mkdtemp()) / "clt",
+    clt_dir = args.clt or build_clt(model, [ids], Path(scratch.name) / "clt",
                                     d_features=1024, n_active=6)
     clt = mi.load_dictionary(clt_dir)
     g = attribute(model, clt, ids, max_n_logits=5, desired_logit_prob=0.9,

@@ -29,10 +29,12 @@ def main() -> None:
     ap.add_argument("--d-features", type=int, default=1024)
     ap.add_argument("--k", type=int, default=5)
     args = ap.parse_args()
+    # the CLT built here is ~1 GB: removed when main returns (or at exit)
+    scratch = tempfile.TemporaryDirectory(prefix="mi-clt-example-")
 
     model = mi.MIModel.from_pretrained(args.gguf)
     clt_dir = args.clt or build_clt(model, [model.to_tokens(PROMPT, prepend_bos=True)],
-                                    Path(tempfile.mkdtemp()) / "clt", d_features=args.d_features,
+                                    Path(scratch.name) / "clt", d_features=args.d_features,
                                     n_active=8)
     clt = mi.load_dictionary(clt_dir)
     print(clt)

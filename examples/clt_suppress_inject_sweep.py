@@ -33,6 +33,8 @@ def main() -> None:
     ap.add_argument("--strength", type=float, default=8.0)
     ap.add_argument("--out", default=None, help="directory for sweep.png / sweep.json")
     args = ap.parse_args()
+    # the CLT built here is ~1 GB: removed when main returns (or at exit)
+    scratch = tempfile.TemporaryDirectory(prefix="mi-clt-example-")
 
     model = mi.MIModel.from_pretrained(args.gguf)
     tok = model.tokenizer
@@ -41,7 +43,7 @@ def main() -> None:
     centred = lambda t: w_u[:, t] - w_u.mean(-1)  # noqa: E731
     planted = {(args.layer, 0): centred(rabbit), (args.layer, 1): centred(habit)}
     ids = model.to_tokens(PROMPT, prepend_bos=True)
-    clt_dir = build_clt(model, [ids], Path(tempfile.mkdtemp()) / "clt", d_features=512,
+    clt_dir = build_clt(model, [ids], Path(scratch.name) / "clt", d_features=512,
                         n_active=8, planted=planted)
     clt = mi.load_dictionary(clt_dir)
 

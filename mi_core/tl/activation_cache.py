@@ -102,6 +102,10 @@ def _slice(s: SliceInput) -> Slice:
     return s if isinstance(s, Slice) else Slice(s)
 
 
+#: a batch size no point's other axes have: a declared shape starting with it has a batch axis
+_PROBE_BATCH = 100_003
+
+
 class ActivationCache(HookCache):
     """HookCache + TransformerLens' ActivationCache interface (see the module docstring)."""
 
@@ -157,19 +161,35 @@ class ActivationCache(HookCache):
         self._captures = {k: v.to(device) for k, v in self._captures.items()}
         return self
 
+    def _batched(self, name: str, v: torch.Tensor) -> bool:
+        """Whether capture `name` has a batch axis: every point but those the backend
+        declares without one (e.g. gpt-oss's ``attn.hook_sinks`` [heads])."""
+        if not v.ndim:
+            return False
+        shape_of = getattr(getattr(self.model, "backend", None), "hook_shape", None)
+        if shape_of is None:
+            return True
+        try:
+            shape = shape_of(name, _PROBE_BATCH, 1)
+        except MIError:
+            return True
+        return shape is None or (len(shape) > 0 and shape[0] == _PROBE_BATCH)
+
     def remove_batch_dim(self) -> "ActivationCache":
         """Drop the batch axis of a batch-1 cache (TransformerLens semantics)."""
         if self.has_batch_dim:
-            sizes = {v.shape[0] for v in self._captures.values() if v.ndim}
+            batched = {k for k, v in self._captures.items() if self._batched(k, v)}
+            sizes = {self._captures[k].shape[0] for k in batched}
             if sizes - {1}:
                 raise MIError(f"cannot remove the batch dimension of a batch of {sorted(sizes)}")
-            self._captures = {k: (v[0] if v.ndim else v) for k, v in self._captures.items()}
+            self._captures = {k: (v[0] if k in batched else v) for k, v in self._captures.items()}
             self.has_batch_dim = False
         return self
 
     def apply_slice_to_batch_dim(self, batch_slice: SliceInput) -> "ActivationCache":
         s = _slice(batch_slice)
-        caps = {k: s.apply(v, 0) if v.ndim else v for k, v in self._captures.items()}
+        caps = {k: s.apply(v, 0) if self._batched(k, v) else v
+                for k, v in self._captures.items()}
         out = ActivationCache(s.apply(self.output, 0), caps, self.model,
                               self.has_batch_dim and s.mode != "int", **self.extra)
         return out

@@ -112,7 +112,10 @@ def test_every_family_declares_its_neutral_values_and_rotary_ones_the_layout():
         if mt in ("gpt2", "opt"):
             assert "rope_interleaved" not in f.neutral
             continue
-        interleaved = mt in ("gptj", "helium", "cohere")
+        # the GPT-J rotary layout (each parser sets RopeLayout.INTERLEAVED)
+        interleaved = mt in ("gptj", "helium", "cohere", "glm", "glm4", "ernie4_5",
+                             "ernie4_5_moe", "deepseek_v2", "deepseek_v3", "llama4_text",
+                             "llama4")
         assert f.neutral["rope_interleaved"] is interleaved, mt
         assert not set(f.neutral) & f.reads, mt  # a neutral key is one the parser never reads
     assert FAMILIES["phi"].neutral["rotary_dim"] is ROTARY_DIM

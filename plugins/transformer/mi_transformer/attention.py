@@ -1,10 +1,11 @@
-"""Grouped-query self-attention with RoPE (either layout, or none), masks, soft-capping and a
-KV cache.
+"""Grouped-query self-attention with RoPE (either layout, or none), masks (causal, sliding
+window, chunked), soft-capping, attention sinks, latent projections (MLA,
+:mod:`mi_transformer.mla`) and a KV cache.
 
 Two paths, same numbers: the *explicit* path materialises scores and pattern (so they can be
-captured or intervened on, and soft-capping applied); the *fast* path calls
+captured or intervened on, and soft-capping or sinks applied); the *fast* path calls
 ``torch.nn.functional.scaled_dot_product_attention``. A layer takes the explicit path only
-when a hook needs its scores/pattern, when it soft-caps, or when forced.
+when a hook needs its scores/pattern, when it soft-caps or has sinks, or when forced.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from mi_core.plugin import HookRun
 
 from mi_transformer.config import Positions, RopeLayout, TransformerConfig
+from mi_transformer.mla import MlaWeights, mla_qkv
 from mi_transformer.norm import Norm
 from mi_transformer.rope import apply_rope
 
@@ -26,11 +28,12 @@ NEG_INF = float("-inf")
 
 @attrs.define(eq=False)
 class AttnWeights:
-    """Projections in torch.nn.Linear layout; fused checkpoints give row-views (no copy)."""
+    """Projections in torch.nn.Linear layout; fused checkpoints give row-views (no copy).
+    With latent attention (`mla`) q, k and v come from the latent projections instead."""
 
-    w_q: torch.Tensor  # [heads * d_head, d_model]
-    w_k: torch.Tensor  # [kv_heads * d_head, d_model]
-    w_v: torch.Tensor  # [kv_heads * d_head, d_model]
+    w_q: torch.Tensor | None  # [heads * d_head, d_model]; None with MLA
+    w_k: torch.Tensor | None  # [kv_heads * d_head, d_model]
+    w_v: torch.Tensor | None  # [kv_heads * d_head, d_model]
     w_o: torch.Tensor  # [d_model, heads * d_head]
     b_q: torch.Tensor | None = None
     b_k: torch.Tensor | None = None
@@ -40,6 +43,8 @@ class AttnWeights:
     k_norm: Norm | None = None
     qk_norm_full: bool = False  # the q/k norms span all heads' dims at once (OLMo2, OLMoE)
     clip: float | None = None  # clamp q, k, v to [-clip, clip] after projection/norm (OLMo)
+    sinks: torch.Tensor | None = None  # [heads] sink logits (gpt-oss)
+    mla: MlaWeights | None = None  # latent projections (DeepSeek-V2/V3)
 
 
 @attrs.define(eq=False)
@@ -57,15 +62,19 @@ class AttnNames:
     result: str
     q_scale: str
     k_scale: str
+    sinks: str = ""
+    q_latent: str = ""
+    kv_latent: str = ""
 
 
 class Masks:
-    """Attention masks for one forward call, built once per distinct sliding window.
+    """Attention masks for one forward call, built once per distinct window / chunk.
 
     Key slot j is visible from query slot i (absolute cache slots) when j <= i, key j is not
-    padding, and pos(i) - pos(j) < window, with positions counted over real tokens only (so a
-    right-padded row generating after its pads still sees exactly `window` real tokens). The
-    diagonal is always visible, so padded query rows stay finite (never read at real positions).
+    padding, pos(i) - pos(j) < window (sliding window) and pos(i) // chunk == pos(j) // chunk
+    (chunked attention), with positions counted over real tokens only (so a right-padded row
+    generating after its pads still sees exactly `window` real tokens). The diagonal is
+    always visible, so padded query rows stay finite (never read at real positions).
     """
 
     def __init__(self, key_valid: torch.Tensor | None, offset: int, seq: int,
@@ -73,42 +82,65 @@ class Masks:
         self.key_valid = key_valid  # [batch, offset + seq] bool, or None (no padding)
         self.key_positions = key_positions  # [batch, offset + seq]; None: positions == slots
         self.offset, self.seq, self.device = offset, seq, device
-        self._bool: dict[int | None, torch.Tensor | None] = {}
-        self._add: dict[tuple[int | None, torch.dtype], torch.Tensor] = {}
+        self._bool: dict[tuple[int | None, int | None], torch.Tensor | None] = {}
+        self._add: dict[tuple[int | None, int | None, torch.dtype], torch.Tensor] = {}
+        self._temps: dict[tuple[float, float], torch.Tensor] = {}
 
-    def allowed(self, window: int | None) -> torch.Tensor:
+    def allowed(self, window: int | None, chunk: int | None = None) -> torch.Tensor:
         """bool [batch or 1, 1, seq, offset + seq]."""
         q = torch.arange(self.offset, self.offset + self.seq, device=self.device)[:, None]
         k = torch.arange(self.offset + self.seq, device=self.device)[None, :]
         ok = (k <= q)[None, None]
+        kp = self.key_positions
         if window is not None:
-            if self.key_positions is None:
+            if kp is None:
                 ok = ok & (k > q - window)[None, None]
             else:
-                kp = self.key_positions
                 qp = kp[:, self.offset:]
                 ok = ok & ((qp[:, :, None] - kp[:, None, :]) < window)[:, None]
+        if chunk is not None:
+            if kp is None:
+                ok = ok & (k // chunk == q // chunk)[None, None]
+            else:
+                qp = kp[:, self.offset:]
+                ok = ok & (qp[:, :, None] // chunk == kp[:, None, :] // chunk)[:, None]
         if self.key_valid is not None:
             ok = (ok & self.key_valid[:, None, None, :]) | (k == q)[None, None]
         return ok
 
-    def sdpa_mask(self, window: int | None) -> torch.Tensor | None:
+    def sdpa_mask(self, window: int | None, chunk: int | None = None) -> torch.Tensor | None:
         """bool mask for SDPA, or None when `is_causal` (offset 0) / no mask (1 query) suffices."""
-        if window not in self._bool:
-            trivial = self.key_valid is None and (
-                window is None or self.offset + self.seq <= window) and (
-                self.offset == 0 or self.seq == 1)
-            self._bool[window] = None if trivial else self.allowed(window)
-        return self._bool[window]
+        key = (window, chunk)
+        if key not in self._bool:
+            top = self.offset + self.seq
+            trivial = self.key_valid is None and (window is None or top <= window) and (
+                chunk is None or top <= chunk) and (self.offset == 0 or self.seq == 1)
+            self._bool[key] = None if trivial else self.allowed(window, chunk)
+        return self._bool[key]
 
-    def additive(self, window: int | None, dtype: torch.dtype) -> torch.Tensor:
+    def additive(self, window: int | None, dtype: torch.dtype, chunk: int | None = None
+                 ) -> torch.Tensor:
         """0 / -inf float mask [batch or 1, 1, seq, offset + seq] for the explicit path."""
-        key = (window, dtype)
+        key = (window, chunk, dtype)
         if key not in self._add:
             zero = torch.zeros((), dtype=dtype, device=self.device)
-            self._add[key] = torch.where(self.allowed(window), zero,
+            self._add[key] = torch.where(self.allowed(window, chunk), zero,
                                          torch.full((), NEG_INF, dtype=dtype, device=self.device))
         return self._add[key]
+
+    def temperature(self, floor: float, scale: float) -> torch.Tensor:
+        """Llama 4's query scale on layers without RoPE: log1p(floor((pos + 1) / floor)) *
+        scale + 1 per query, [batch or 1, 1, seq, 1] float32, pos each query's position (real
+        tokens counted, as RoPE's)."""
+        key = (floor, scale)
+        if key not in self._temps:
+            if self.key_positions is None:
+                pos = torch.arange(self.offset, self.offset + self.seq, device=self.device)[None]
+            else:
+                pos = self.key_positions[:, self.offset:]
+            t = torch.log1p(torch.floor((pos.float() + 1.0) / floor)) * scale + 1.0
+            self._temps[key] = t[:, None, :, None]
+        return self._temps[key]
 
 
 def safe_softmax(scores: torch.Tensor) -> torch.Tensor:
@@ -132,17 +164,23 @@ class LayerSettings:
     window: int | None = None  # sliding window (None = full causal)
     rope: int | None = 0  # index of the layer's (cos, sin) table; None = no rotary
     interleaved: bool = False  # GPT-J rotary layout (pairs of adjacent dims)
-    qk_norm_after_rope: bool = False  # q/k norms on the rotated q/k (Hunyuan)
+    qk_norm_after_rope: bool = False  # q/k norms on the rotated q/k (Hunyuan, Llama 4)
+    chunk: int | None = None  # chunked local attention (Llama 4)
+    rope_tail: int = 0  # rotate the trailing dims of each head, not the leading ones (MLA)
+    temperature: tuple[float, float] | None = None  # Llama 4's query scale (NoPE layers)
 
     @classmethod
     def of(cls, c: TransformerConfig, i: int) -> "LayerSettings":
         scale = c.attn_scale / (i + 1) if c.attn_scale_by_layer else c.attn_scale
+        rope = c.layer_rope[i] if c.positions is Positions.ROPE and (
+            not c.layer_use_rope or c.layer_use_rope[i]) else None  # NoPE layers
         return cls(num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-                   scale=scale, softcap=c.attn_softcap, window=c.layer_windows[i],
-                   rope=c.layer_rope[i] if c.positions is Positions.ROPE and (
-                       not c.layer_use_rope or c.layer_use_rope[i]) else None,  # NoPE layers
+                   scale=scale, softcap=c.attn_softcap, window=c.layer_windows[i], rope=rope,
                    interleaved=c.rope_layout is RopeLayout.INTERLEAVED,
-                   qk_norm_after_rope=c.qk_norm_after_rope)
+                   qk_norm_after_rope=c.qk_norm_after_rope,
+                   chunk=c.layer_chunks[i] if c.layer_chunks else None,
+                   rope_tail=c.mla.rope_dim if c.mla is not None else 0,
+                   temperature=c.attn_temperature if rope is None else None)
 
 
 def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
@@ -161,19 +199,25 @@ def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     return torch.cat((xr * cos + _rotate_pairs(xr) * sin, xp), dim=-1)
 
 
-def _rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
-            interleaved: bool, run: HookRun, name: str, norm: Norm | None = None,
-            scale_name: str = "") -> torch.Tensor:
+def _rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, ls: LayerSettings,
+            run: HookRun, name: str, norm: Norm | None = None, scale_name: str = ""
+            ) -> torch.Tensor:
     """x [b, s, n, d_head] -> rotated [b, n, s, d_head], computed in that (contiguous) layout
     so SDPA reads contiguous inputs; the hook sees the documented [b, s, n, d_head] view.
     Without rotary (learned positions) ``hook_rot_*`` equals ``hook_q`` / ``hook_k``.
-    `norm`: a q/k norm applied after the rotation (Hunyuan), before ``hook_rot_*``."""
+    `ls.rope_tail`: only the trailing dims rotate (MLA's rope part). `norm`: a q/k norm
+    applied after the rotation (Hunyuan, Llama 4), before ``hook_rot_*``."""
     xt = x.transpose(1, 2)
     if rope is not None:
-        rotate = apply_rope_interleaved if interleaved else apply_rope
+        f = apply_rope_interleaved if ls.interleaved else apply_rope
         # float32 tables (rope_float32) rotate a half-precision q / k in float32
-        xt = rotate(xt, *rope) if rope[0].dtype == xt.dtype else \
-            rotate(xt.float(), *rope).to(xt.dtype)
+        rotate = f if rope[0].dtype == xt.dtype else (
+            lambda t, cos, sin: f(t.float(), cos, sin).to(t.dtype))
+        if ls.rope_tail:
+            xt = torch.cat((xt[..., :-ls.rope_tail], rotate(xt[..., -ls.rope_tail:], *rope)),
+                           dim=-1)
+        else:
+            xt = rotate(xt, *rope)
     if norm is not None and not run.wants(scale_name):
         xt = norm(xt)  # over d_head: the contiguous [b, n, s, d] layout gives the same numbers
     y = xt.transpose(1, 2)
@@ -207,25 +251,32 @@ def attention(w: AttnWeights, x: torch.Tensor,
     heads or kv_heads, d_model], from ``hook_q_input`` / ``hook_k_input`` /
     ``hook_v_input``) used instead of x.
     """
-    q, k, v, num_kv_heads = _qkv(w, x, ls, run, n, head_inputs, not ls.qk_norm_after_rope)
+    if w.mla is not None:  # latent attention: q, k, v per head from the latents
+        q, k, v = mla_qkv(w.mla, x, ls.num_heads, run, n.q_latent, n.kv_latent)
+        num_kv_heads = ls.num_kv_heads
+    else:
+        q, k, v, num_kv_heads = _qkv(w, x, ls, run, n, head_inputs, not ls.qk_norm_after_rope)
     q = run.apply(n.q, q)  # [b, s, heads, d_head], before RoPE
     k = run.apply(n.k, k)
     v = run.apply(n.v, v)
-    if ls.qk_norm_after_rope:  # Hunyuan: the norms read the rotated q / k
-        q = _rotate(q, rope, ls.interleaved, run, n.rot_q, w.q_norm, n.q_scale)
-        k = _rotate(k, rope, ls.interleaved, run, n.rot_k, w.k_norm, n.k_scale)
+    if ls.qk_norm_after_rope:  # Hunyuan, Llama 4: the q/k norms read the rotated q / k
+        q = _rotate(q, rope, ls, run, n.rot_q, w.q_norm, n.q_scale)
+        k = _rotate(k, rope, ls, run, n.rot_k, w.k_norm, n.k_scale)
     else:
-        q = _rotate(q, rope, ls.interleaved, run, n.rot_q)
-        k = _rotate(k, rope, ls.interleaved, run, n.rot_k)
+        q = _rotate(q, rope, ls, run, n.rot_q)
+        k = _rotate(k, rope, ls, run, n.rot_k)
+    if ls.temperature is not None:  # Llama 4's NoPE layers: queries scaled by position
+        q = (q * masks.temperature(*ls.temperature)).to(q.dtype)
     v = v.transpose(1, 2)  # [b, g, s, d_head]
     if cache_update is not None:
         k, v = cache_update(k, v)
-    if ls.softcap is not None:  # SDPA cannot soft-cap: the explicit path even when "sdpa" is forced
-        explicit = True
+    sinks = run.apply(n.sinks, w.sinks) if w.sinks is not None else None
+    if ls.softcap is not None or sinks is not None:
+        explicit = True  # SDPA cannot soft-cap or add sinks: explicit even when "sdpa" is forced
     elif explicit is None:
         explicit = run.wants(n.scores) or run.wants(n.pattern)
     if explicit:
-        z = _explicit(q, k, v, masks, run, n, ls, num_kv_heads)
+        z = _explicit(q, k, v, masks, run, n, ls, num_kv_heads, sinks)
     else:
         z = _sdpa(q, k, v, masks, ls, num_kv_heads)
     z = run.apply(n.z, z.transpose(1, 2))  # [b, s, heads, d_head]
@@ -273,9 +324,12 @@ def _qkv(w: AttnWeights, x: torch.Tensor, ls: LayerSettings, run: HookRun, n: At
 
 
 def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: Masks, run: HookRun,
-              n: AttnNames, ls: LayerSettings, num_kv_heads: int) -> torch.Tensor:
+              n: AttnNames, ls: LayerSettings, num_kv_heads: int,
+              sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [b, heads, s_q, d_head], k / v [b, kv, s_k, d_head] -> z [b, heads, s_q, d_head],
-    with scores and pattern [b, heads, s_q, s_k] materialised (hooked, soft-capped)."""
+    with scores and pattern [b, heads, s_q, s_k] materialised (hooked, soft-capped). `sinks`
+    [heads]: each head's sink logit joins the softmax of every row as one more key that has
+    no value; the pattern holds the real keys only (rows sum to 1 - the sink's share)."""
     num_heads, head_dim, softcap = ls.num_heads, ls.head_dim, ls.softcap
     b, _, s, _ = q.shape
     groups = num_heads // num_kv_heads
@@ -288,10 +342,15 @@ def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: Masks, r
     scores.mul_(ls.scale)  # in place: `scores` is fresh; same ops and order as transformers
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    scores = run.apply(n.scores, scores.add_(masks.additive(ls.window, scores.dtype)))
-    pattern = run.apply(n.pattern, safe_softmax(scores))
+    scores = run.apply(n.scores, scores.add_(masks.additive(ls.window, scores.dtype, ls.chunk)))
+    if sinks is None:
+        pattern = safe_softmax(scores)
+    else:  # as transformers' gpt-oss: softmax over [scores | sink], the sink column dropped
+        col = sinks.to(scores.dtype).view(1, num_heads, 1, 1).expand(b, -1, s, 1)
+        pattern = safe_softmax(torch.cat([scores, col], dim=-1))[..., :-1]
+    pattern = run.apply(n.pattern, pattern)
     return torch.matmul(pattern.reshape(b, num_kv_heads, groups * s, s_k), v
-                        ).view(b, num_heads, s, head_dim)
+                        ).view(b, num_heads, s, v.shape[-1])
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: Masks, ls: LayerSettings,
@@ -299,7 +358,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: Masks, ls: L
     """The same as :func:`_explicit` with the fused kernels of
     ``scaled_dot_product_attention`` (nothing materialised, no soft-capping)."""
     groups = ls.num_heads // num_kv_heads
-    mask = masks.sdpa_mask(ls.window)
+    mask = masks.sdpa_mask(ls.window, ls.chunk)
     if groups > 1 and mask is not None:
         # SDPA's native GQA with a mask falls back to the slow math kernel (as transformers
         # notes); repeating the KV heads keeps the fused kernels.
@@ -313,7 +372,7 @@ def _output(w: AttnWeights, z: torch.Tensor, run: HookRun, n: AttnNames, ls: Lay
             ) -> torch.Tensor:
     """z [b, s, heads, d_head] -> the output projection [b, s, d_model]; through the per-head
     results [b, s, heads, d_model] only when ``hook_result`` is wanted."""
-    num_heads, head_dim = ls.num_heads, ls.head_dim
+    num_heads, head_dim = ls.num_heads, z.shape[-1]  # the values' width (MLA: v_head_dim)
     b, s = z.shape[0], z.shape[1]
     if run.wants(n.result):
         w_o = w.w_o.view(-1, num_heads, head_dim)  # [d_model, heads, d_head]

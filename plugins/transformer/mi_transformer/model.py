@@ -62,9 +62,11 @@ class TransformerBackend:
                 n.moe = MoeNames.of(i, config.moe.num_experts)
             n.rotary = config.positions is Positions.ROPE and (
                 not config.layer_use_rope or config.layer_use_rope[i])
+            n.qk_norm = config.qk_norm and (not config.layer_qk_norm or config.layer_qk_norm[i])
         self.settings = [LayerSettings.of(config, i) for i in range(config.num_layers)]
         #: each layer's mixer (the LayerTypes capability)
-        self.layer_types = ["full_attention" if s.window is None else "sliding_attention"
+        self.layer_types = ["sliding_attention" if s.window is not None else
+                            "chunked_attention" if s.chunk is not None else "full_attention"
                             for s in self.settings]
         self.inv_freqs = [inv_freq(r, config.rot_dim).to(device) for r in config.ropes]
         self._warned_long = False
@@ -216,6 +218,9 @@ class TransformerBackend:
         if c.moe is not None and suffix in ("mlp.hook_router_logits", "mlp.hook_expert_weights",
                                             "mlp.hook_expert_indices"):
             return (batch, seq, c.moe.num_experts if suffix.endswith("logits") else c.moe.top_k)
+        extra = _extra_shape(c, suffix, batch, seq)
+        if extra is not None:
+            return extra
         shape = standard_shape(hp, batch, seq, d_model=c.hidden_size, n_heads=c.num_heads,
                                n_kv_heads=c.num_kv_heads, d_head=c.head_dim,
                                d_mlp=c.intermediate_size)
@@ -247,8 +252,9 @@ class TransformerBackend:
         unchanged. An intervention there makes q/k/v read ln1 of each head's own input.
         """
         n = self.names[i]
-        if not (run.wants(n.tl_attn_in) or run.wants(n.q_input) or run.wants(n.k_input)
-                or run.wants(n.v_input)):
+        if self.config.mla is not None or not (
+                run.wants(n.tl_attn_in) or run.wants(n.q_input) or run.wants(n.k_input)
+                or run.wants(n.v_input)):  # MLA has no per-head inputs (not hook points)
             return None
         c, has = self.config, run.spec.has_intervention_at
         # copies, not expanded views: a hook may write into its tensor in place
@@ -367,11 +373,16 @@ class TransformerBackend:
         lw: LayerWeights = w.layers[layer]
         a, m = lw.attn, lw.mlp
         h, kv, hd, d = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
+        if a.mla is not None and name in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V"):
+            raise WeightLoadError(
+                f"layer {layer} has multi-head latent attention: {name} is not a linear map of "
+                f"the residual stream (q, k and v pass through RMS-normed latents); the "
+                f"projections are backend.w.layers[{layer}].attn.mla (kv_a, kv_b, q / q_a, q_b)")
         heads = lambda t, n: t.view(n, hd, d).transpose(1, 2)  # noqa: E731  [n, d_model, d_head]
         getters: dict[str, Callable[[], torch.Tensor | None]] = {
             "W_Q": lambda: heads(a.w_q, h), "W_K": lambda: heads(a.w_k, kv),
             "W_V": lambda: heads(a.w_v, kv),
-            "W_O": lambda: a.w_o.view(d, h, hd).permute(1, 2, 0),
+            "W_O": lambda: a.w_o.view(d, h, c.v_head_dim).permute(1, 2, 0),
             "b_Q": lambda: None if a.b_q is None else a.b_q.view(h, hd),
             "b_K": lambda: None if a.b_k is None else a.b_k.view(kv, hd),
             "b_V": lambda: None if a.b_v is None else a.b_v.view(kv, hd),
@@ -438,6 +449,7 @@ class LayerNames:
     mlp_pre_linear: str = ""  # mlp.hook_pre_linear (gated MLPs)
     moe: MoeNames | None = None  # router and expert points of a mixture-of-experts layer
     rotary: bool = True  # False: no hook_rot_q / hook_rot_k (no rotary, or a NoPE layer)
+    qk_norm: bool = False  # this layer has q/k norms (q_ln / k_ln points)
 
     @classmethod
     def of(cls, i: int) -> "LayerNames":
@@ -449,7 +461,9 @@ class LayerNames:
             attn=AttnNames(q=a + "hook_q", k=a + "hook_k", v=a + "hook_v", rot_q=a + "hook_rot_q",
                            rot_k=a + "hook_rot_k", scores=a + "hook_attn_scores",
                            pattern=a + "hook_pattern", z=a + "hook_z", result=a + "hook_result",
-                           q_scale=a + "q_ln.hook_scale", k_scale=a + "k_ln.hook_scale"),
+                           q_scale=a + "q_ln.hook_scale", k_scale=a + "k_ln.hook_scale",
+                           sinks=a + "hook_sinks", q_latent=a + "hook_q_latent",
+                           kv_latent=a + "hook_kv_latent"),
             ln1_post_scale=p + "ln1_post.hook_scale",
             ln1_post_normalized=p + "ln1_post.hook_normalized",
             attn_out=p + "hook_attn_out", resid_mid=p + "hook_resid_mid",
@@ -467,15 +481,25 @@ class LayerNames:
         no ``hook_rot_*`` without rotary, no ``hook_resid_mid`` in a parallel block, no
         ``ln2`` points when the block shares one norm."""
         a = self.attn
-        out = [self.resid_pre, self.tl_attn_in, self.q_input, self.k_input, self.v_input]
+        out = [self.resid_pre]
+        if c.mla is None:  # latent attention has no per-head inputs
+            out += [self.tl_attn_in, self.q_input, self.k_input, self.v_input]
         out += [self.ln1_scale, self.ln1_normalized] if c.pre_norms else []
         out += [self.attn_in]
-        if c.qk_norm_after_rope:  # the q/k norms read the rotated q / k (Hunyuan)
-            out += [a.q, a.k, a.v, a.q_scale, a.rot_q, a.k_scale, a.rot_k]
+        if c.mla is not None:
+            out += [a.q_latent] if c.mla.q_lora_rank is not None else []
+            out += [a.kv_latent]
+        if c.qk_norm_after_rope:  # the q/k norms read the rotated q / k (Llama 4)
+            out += [a.q, a.k, a.v]
+            out += [a.q_scale] if self.qk_norm else []
+            out += [a.rot_q] if self.rotary else []
+            out += [a.k_scale] if self.qk_norm else []
+            out += [a.rot_k] if self.rotary else []
         else:
-            out += [a.q_scale, a.k_scale] if c.qk_norm else []
+            out += [a.q_scale, a.k_scale] if self.qk_norm else []
             out += [a.q, a.k, a.v]
             out += [a.rot_q, a.rot_k] if self.rotary else []
+        out += [a.sinks] if c.attn_sinks else []
         out += [a.scores, a.pattern, a.z, a.result]
         out += [self.ln1_post_scale, self.ln1_post_normalized] if c.post_norms else []
         out += [self.attn_out]
@@ -519,3 +543,20 @@ class KVCache:
             self.keys[step], self.values[step] = k, v
             return k, v
         return update
+
+
+def _extra_shape(c: TransformerConfig, suffix: str, batch: int, seq: int
+                 ) -> tuple[int, ...] | None:
+    """Shapes of the points only some families have: attention sinks [heads], MLA's latents
+    and its per-head widths (q/k: nope + rope dims, v / z: v_head_dim)."""
+    if suffix == "attn.hook_sinks":
+        return (c.num_heads,)
+    if c.mla is None:
+        return None
+    if suffix == "attn.hook_q_latent":
+        return (batch, seq, c.mla.q_lora_rank or 0)
+    if suffix == "attn.hook_kv_latent":
+        return (batch, seq, c.mla.kv_lora_rank)
+    if suffix in ("attn.hook_v", "attn.hook_z"):
+        return (batch, seq, c.num_heads, c.mla.v_head_dim)
+    return None

@@ -1,9 +1,13 @@
-"""Mixture-of-experts MLPs: a softmax router picks the top-k experts per token.
+"""Mixture-of-experts MLPs: a router picks the top-k experts per token.
 
-One code path serves Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE; they differ only in the axes of
-:class:`MoeConfig` (whether the top-k weights are renormalised, whether a shared expert with a
-sigmoid gate runs beside the routed ones). Every expert is a gated MLP
-``down(act(gate(x)) * up(x))``.
+One code path serves Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, gpt-oss, DeepSeek-V2/V3 and
+Llama 4; they differ only in the axes of :class:`MoeConfig` (whether the top-k weights are
+renormalised, whether a shared expert with or without a sigmoid gate runs beside the routed
+ones, softmax or sigmoid scores, group-limited choice with a selection bias and routed scaling
+(:mod:`mi_transformer.routing`), a router bias, whether the routing weight scales the expert's
+output or, as in Llama 4, its input). Every expert is a gated MLP ``down(act(gate(x)) *
+up(x))``, or a stacked checkpoint's slice with gpt-oss's clamped SwiGLU
+(:mod:`mi_transformer.experts`).
 
 The fast path never computes an expert on tokens not routed to it: tokens are sorted by the
 expert they go to, each expert runs once on its slice, and the weighted results are added back
@@ -16,9 +20,10 @@ Hook points of an MoE layer ``i`` (``p = blocks.{i}.mlp.``):
 * ``p + hook_expert_weights`` [batch, seq, top_k] (after the optional renormalisation) and
   ``p + hook_expert_indices`` [batch, seq, top_k] (int64), the routing actually used.
 * ``p + experts.{e}.hook_out`` [batch, seq, d_model]: expert e's weighted contribution
-  (routing weight times its output), zero at tokens not routed to it.
+  (routing weight times its output; Llama 4: its output on the weighted input), zero at
+  tokens not routed to it.
 * ``p + shared_expert.hook_out`` [batch, seq, d_model]: the shared expert's contribution,
-  its sigmoid gate applied (Qwen2-MoE).
+  its sigmoid gate applied (Qwen2-MoE), or DeepSeek's shared experts / Llama 4's.
 
 The layer's output (``hook_mlp_out``) is the sum of the expert contributions and the shared one.
 """
@@ -34,6 +39,7 @@ import torch.nn.functional as F
 from mi_core.plugin import HookRun, InterventionError
 
 from mi_transformer.config import MoeConfig
+from mi_transformer.experts import FusedExpert, fused_shapes, load_fused
 from mi_transformer.routing import scores_and_choice
 
 
@@ -80,21 +86,24 @@ class MoeWeights:
 
     config: MoeConfig
     router: torch.Tensor  # [n_experts, d_model]
-    experts: list[ExpertWeights]
+    experts: list[ExpertWeights] | list[FusedExpert]
     shared: ExpertWeights | None = None
     shared_gate: torch.Tensor | None = None  # [1, d_model]
-    selection_bias: torch.Tensor | None = None  # [n_experts] (or [1, n]): choice only
+    selection_bias: torch.Tensor | None = None  # [n_experts]: choice only (GLM-4.5, V3)
+    router_bias: torch.Tensor | None = None  # [n_experts] (gpt-oss)
 
 
 def route(w: MoeWeights, x: torch.Tensor, run: HookRun, names: MoeNames
           ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [batch, seq, d_model] -> (weights, indices) [batch, seq, top_k], through the hooks.
 
-    Softmax in float32 over all experts, top-k, optional renormalisation, as transformers.
+    Softmax in float32 over all experts, top-k, optional renormalisation, as transformers;
+    the other routers in :func:`mi_transformer.routing.scores_and_choice`.
     """
     c = w.config
     # float32 routers (the biased / sigmoid ones, loaded so) compute in float32, as transformers
-    logits = run.apply(names.router_logits, F.linear(x.to(w.router.dtype), w.router))
+    logits = run.apply(names.router_logits,
+                       F.linear(x.to(w.router.dtype), w.router, w.router_bias))
     if not c.plain_routing:  # sigmoid / biased / grouped / scaled (mi_transformer.routing)
         top_w, top_i = scores_and_choice(c, logits, w.selection_bias)
     else:
@@ -139,7 +148,10 @@ def moe(w: MoeWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tens
         sel = order[start:start + n]
         start += n
         tok = sel // c.top_k
-        y = w.experts[e](flat[tok], act) * flat_w[sel, None]
+        if c.weights_scale_input:  # Llama 4: the expert reads its weighted input
+            y = w.experts[e](flat[tok] * flat_w[sel, None], act)
+        else:
+            y = w.experts[e](flat[tok], act) * flat_w[sel, None]
         if hooked:  # the dense [batch, seq, d_model] view, zero where not routed
             dense = torch.zeros_like(flat).index_copy_(0, tok, y)
             out = out + run.apply(names.expert_out[e], dense.view(b, s, d)).reshape(-1, d)
@@ -157,9 +169,16 @@ def moe(w: MoeWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tens
 def expected_moe_shapes(prefix: str, c: MoeConfig, d_model: int) -> dict[str, tuple[int, ...]]:
     """Checkpoint tensor name -> shape for one MoE layer under `prefix` (``model.layers.{i}.``)."""
     m = prefix + c.block + "."
-    out: dict[str, tuple[int, ...]] = {m + "gate.weight": (c.num_experts, d_model)}
+    r = f"{m}{c.router_name}."
+    out: dict[str, tuple[int, ...]] = {r + "weight": (c.num_experts, d_model)}
+    if c.router_bias:
+        out[r + "bias"] = (c.num_experts,)
+    if c.selection_bias:
+        out[m + c.selection_bias] = (c.num_experts,)
+    if c.fused:
+        out.update(fused_shapes(m, c, d_model))
     g, u, dn = c.expert_names
-    for e in range(c.num_experts):
+    for e in range(c.num_experts if not c.fused else 0):
         ep = f"{m}experts.{e}."
         out[ep + g + ".weight"] = (c.expert_size, d_model)
         out[ep + u + ".weight"] = (c.expert_size, d_model)
@@ -181,25 +200,28 @@ def float32_names(c: MoeConfig) -> set[str]:
     """Names inside a layer of the tensors loaded in float32 whatever the model's dtype: the
     router and selection bias of non-softmax-top-k routers (transformers keeps or computes
     them in float32, and a rounded bias can change which experts run)."""
-    if c.plain_routing:
+    if c.plain_routing and not c.router_float32:
         return set()
-    return {f"{c.block}.gate.weight"} | ({f"{c.block}.{c.selection_bias}"}
-                                         if c.selection_bias else set())
+    r = f"{c.block}.{c.router_name}."
+    return {r + "weight"} | ({f"{c.block}.{c.selection_bias}"} if c.selection_bias else set())
 
 
 def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor]) -> MoeWeights:
     """One layer's MoeWeights; `get(name)` returns a loaded tensor (shapes already checked
     against :func:`expected_moe_shapes`)."""
     m = prefix + c.block + "."
+    r = f"{m}{c.router_name}."
     g, u, dn = c.expert_names
-    experts = [ExpertWeights(get(f"{m}experts.{e}.{g}.weight"), get(f"{m}experts.{e}.{u}.weight"),
-                             get(f"{m}experts.{e}.{dn}.weight")) for e in range(c.num_experts)]
+    experts: list[ExpertWeights] | list[FusedExpert] = load_fused(m, c, get) if c.fused else [
+        ExpertWeights(get(f"{m}experts.{e}.{g}.weight"), get(f"{m}experts.{e}.{u}.weight"),
+                      get(f"{m}experts.{e}.{dn}.weight")) for e in range(c.num_experts)]
     shared = None
     if c.shared_expert_size:
         shared = ExpertWeights(*(get(f"{m}{c.shared_name}.{n}.weight")
                                  for n in ("gate_proj", "up_proj", "down_proj")))
-    return MoeWeights(config=c, router=get(m + "gate.weight"), experts=experts, shared=shared,
+    return MoeWeights(config=c, router=get(r + "weight"), experts=experts, shared=shared,
                       shared_gate=get(m + "shared_expert_gate.weight")
                       if c.shared_expert_gate else None,
                       selection_bias=get(m + c.selection_bias).reshape(-1)
-                      if c.selection_bias else None)
+                      if c.selection_bias else None,
+                      router_bias=get(r + "bias") if c.router_bias else None)

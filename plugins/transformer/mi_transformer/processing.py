@@ -13,6 +13,11 @@
   soft-cap, where TransformerLens does the same).
 - ``fold_value_biases``: b_O += sum_h b_V[h] @ W_O[h] and b_V = 0 (attention rows sum to 1).
 
+Refused with an ``MIError`` where the numbers would change: ``fold_ln`` /
+``center_writing_weights`` on mixture-of-experts models and on latent attention (MLA: the
+folded gain would have to go through the latent norms), ``fold_value_biases`` with attention
+sinks (gpt-oss: a row's pattern sums to less than 1, so b_V does not move into b_O).
+
 Every step builds new tensors (never writes into a loaded one), so a tied embedding /
 unembedding or a fused checkpoint's row views stay consistent.
 """
@@ -51,6 +56,14 @@ def process_weights(be: HasWeights, fold_ln: bool = True,
         raise MIError(f"process_weights: fold_ln / center_writing_weights are not implemented "
                       f"for mixture-of-experts models ({c.model_type}); use fold_ln=False, "
                       f"center_writing_weights=False")
+    if (fold_ln or center_writing_weights) and c.mla is not None:
+        raise MIError(f"process_weights: fold_ln / center_writing_weights are not implemented "
+                      f"for multi-head latent attention ({c.model_type}); use fold_ln=False, "
+                      f"center_writing_weights=False")
+    if fold_value_biases and c.attn_sinks and any(lw.attn.b_v is not None for lw in w.layers):
+        raise MIError(f"process_weights: fold_value_biases would change the numbers of "
+                      f"{c.model_type}: with attention sinks a pattern row sums to less than 1, "
+                      f"so b_V cannot move into b_O; use fold_value_biases=False")
     if fold_ln:
         for lw in w.layers:
             if lw.ln1 is not None:

@@ -39,6 +39,8 @@ def inv_freq(rope: RopeConfig, dim: int, seq_len: int | None = None) -> torch.Te
         high_wavelen = rope.original_max_positions / rope.high_freq_factor
         wavelen = 2 * math.pi / inv
         scaled = torch.where(wavelen > low_wavelen, inv / rope.factor, inv)
+        if rope.high_freq_factor == rope.low_freq_factor:
+            return scaled  # no medium band (Llama 4's published 1.0 / 1.0), a step
         smooth = (rope.original_max_positions / wavelen - rope.low_freq_factor) / (
             rope.high_freq_factor - rope.low_freq_factor)
         smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled

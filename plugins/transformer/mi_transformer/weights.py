@@ -22,8 +22,9 @@ import torch
 from mi_core.plugin import WeightLoadError, checked_tensor, progress
 
 from mi_transformer.attention import AttnWeights
-from mi_transformer.config import (Activation, BlockLayout, MlpLayout, Positions, QkvLayout,
-                                   TransformerConfig)
+from mi_transformer.config import (Activation, BlockLayout, MlpLayout, NormType, Positions,
+                                   QkvLayout, TransformerConfig)
+from mi_transformer.mla import load_mla, mla_shapes
 from mi_transformer.mlp import MlpWeights, XIeLU
 from mi_transformer.moe import MoeWeights, expected_moe_shapes, float32_names, load_moe
 from mi_transformer.norm import Norm
@@ -62,6 +63,7 @@ class NameTable:
     mlp_gate_up: str = "mlp.gate_up_proj"
     mlp_out: str = "mlp.down_proj"
     mlp_act: str = "mlp.act_fn"  # a learned activation's parameters (xIELU)
+    attn: str = "self_attn"  # the attention module (MLA's projections and gpt-oss's sinks)
     conv1d: bool = False
     base_prefix: str = ""
     ignore: tuple[str, ...] = (r"rotary_emb\.inv_freq$",)
@@ -78,6 +80,18 @@ NAME_TABLES: dict[str, NameTable] = {
     "gemma2": NameTable(ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
                         ln2_post="post_feedforward_layernorm"),
     "starcoder2": NameTable(mlp_in="mlp.c_fc", mlp_out="mlp.c_proj"),
+    # Llama 4: the MLP (dense or MoE) is feed_forward; the multimodal checkpoint's language
+    # model under language_model. (vision tower and projector ignored, text-only forward)
+    "llama4": NameTable(mlp_in="feed_forward.gate_proj", mlp_up="feed_forward.up_proj",
+                        mlp_out="feed_forward.down_proj"),
+    "llama4_mm": NameTable(embed="language_model.model.embed_tokens",
+                           final_norm="language_model.model.norm",
+                           lm_head="language_model.lm_head",
+                           layer="language_model.model.layers.{i}.",
+                           mlp_in="feed_forward.gate_proj", mlp_up="feed_forward.up_proj",
+                           mlp_out="feed_forward.down_proj",
+                           ignore=(r"^vision_model\.", r"^multi_modal_projector\.",
+                                   r"rotary_emb\.inv_freq$")),
     # the 2025 families (config/families_recent.py)
     "glm4": NameTable(ln1_post="post_self_attn_layernorm", ln2_post="post_mlp_layernorm"),
     "hunyuan": NameTable(q_norm="self_attn.query_layernorm", k_norm="self_attn.key_layernorm"),
@@ -187,17 +201,20 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
     if cfg.qk_norm_heads:  # a gain per head (Cohere)
         qn, kn = (h, hd), (kv, hd)
     for i in range(cfg.num_layers):
-        if cfg.qkv_layout is QkvLayout.SEPARATE:
+        out.update(_attn_extras(cfg, t, i))  # latent projections (MLA), sinks
+        if cfg.mla is None and cfg.qkv_layout is QkvLayout.SEPARATE:
             for slot, rows in (("q", h * hd), ("k", kv * hd), ("v", kv * hd)):
                 add(i, slot, getattr(t, slot), _linear(t, rows, d), cfg.qkv_bias)
-        else:
+        elif cfg.mla is None:
             add(i, "qkv", t.qkv, _linear(t, (h + 2 * kv) * hd, d), cfg.qkv_bias)
-        add(i, "o", t.o, _linear(t, d, h * hd), cfg.o_bias)
-        if cfg.qk_norm and "{h}" in t.q_norm:  # one tensor per head (StableLM), stacked on load
+        add(i, "o", t.o, _linear(t, d, h * cfg.v_head_dim), cfg.o_bias)
+        qk_norm = cfg.qk_norm and cfg.qk_norm_affine and (
+            not cfg.layer_qk_norm or cfg.layer_qk_norm[i])  # weightless norms: no tensors
+        if qk_norm and "{h}" in t.q_norm:  # one tensor per head (StableLM), stacked on load
             for which, n, name in (("q_norm", h, t.q_norm), ("k_norm", kv, t.k_norm)):
                 for j in range(n):
                     add(i, f"{which}.{j}", name.format(h=j), (hd,), False)
-        elif cfg.qk_norm:
+        elif qk_norm:
             add(i, "q_norm", t.q_norm, qn, False)
             add(i, "k_norm", t.k_norm, kn, False)
         for slot, name in norms.items():
@@ -224,6 +241,20 @@ _XIELU: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("alpha_p", (1,)), ("alpha_n", (1,)), ("beta", ()), ("eps", ()))
 
 
+def _attn_extras(cfg: TransformerConfig, t: NameTable, i: int) -> dict[str, Entry]:
+    """Layer i's attention tensors of the newer axes: MLA's latent projections (slots
+    ``mla:<name inside the attention module>``) and gpt-oss's sinks [heads]."""
+    prefix = f"{t.layer.format(i=i)}{t.attn}."
+    out = {}
+    if cfg.mla is not None:
+        for name, shape in mla_shapes(cfg.mla, cfg.num_heads, cfg.hidden_size,
+                                      cfg.qkv_bias).items():
+            out[prefix + name] = Entry("mla:" + name, i, shape)
+    if cfg.attn_sinks:
+        out[prefix + "sinks"] = Entry("sinks", i, (cfg.num_heads,))
+    return out
+
+
 def slot_names(cfg: TransformerConfig) -> dict[tuple[int | None, str], str]:
     """(layer or None, slot) -> checkpoint name, for formats that name tensors their own way
     (GGUF maps ``blk.{i}.attn_q.weight`` to (i, "q.weight") and looks the name up here)."""
@@ -239,7 +270,7 @@ def is_ignorable(cfg: TransformerConfig, name: str) -> bool:
     t = NAME_TABLES[cfg.weight_names]
     if cfg.ignored_layers and any(name.startswith(t.layer.format(i=i))
                                   for i in cfg.ignored_layers):
-        return True  # multi-token-prediction modules stored as extra layers (GLM-4.5)
+        return True  # multi-token-prediction modules stored as extra layers (GLM-4.5, V3)
     return any(re.search(p, name) for p in t.ignore)
 
 
@@ -463,23 +494,33 @@ class _Slots:
         """q/k/v [rows, d_model] as stored or as row views of the fused tensor; per-head q/k
         norm tensors stacked into one [n, d_head]."""
         cfg, tensors, opt = self.cfg, self.tensors, self.opt
-        if cfg.qkv_layout is QkvLayout.SEPARATE:
+        mla = None
+        if cfg.mla is not None:  # latent attention: no q/k/v weights of the usual kind
+            mla = load_mla(cfg.mla, lambda n: tensors[(i, "mla:" + n)],
+                           lambda n: opt(i, "mla:" + n))
+            wq = wk = wv = bq = bk = bv = None
+        elif cfg.qkv_layout is QkvLayout.SEPARATE:
             wq, wk, wv = (tensors[(i, f"{x}.weight")] for x in "qkv")
             bq, bk, bv = (opt(i, f"{x}.bias") for x in "qkv")
         else:
             wq, wk, wv = _unpack_qkv(cfg, tensors[(i, "qkv.weight")])
             b = opt(i, "qkv.bias")
             bq, bk, bv = _unpack_qkv(cfg, b) if b is not None else (None,) * 3
-        if cfg.qk_norm and (i, "q_norm.weight") not in tensors:  # per-head tensors -> [n, d_head]
+        if cfg.qk_norm and (i, "q_norm.0.weight") in tensors:  # per-head tensors -> [n, d_head]
             for which, n in (("q_norm", cfg.num_heads), ("k_norm", cfg.num_kv_heads)):
                 tensors[(i, which + ".weight")] = torch.stack(
                     [tensors.pop((i, f"{which}.{j}.weight")) for j in range(n)])
         qn = kn = None
-        if cfg.qk_norm:
+        if cfg.qk_norm and not cfg.qk_norm_affine and (
+                not cfg.layer_qk_norm or cfg.layer_qk_norm[i]):  # no weights (Llama 4): gain 1
+            one = torch.ones(cfg.head_dim, dtype=self.dtype, device=self.device)
+            qn = kn = Norm(NormType.RMS, cfg.norm_eps, one)
+        elif cfg.qk_norm and (i, "q_norm.weight") in tensors:
             qn = Norm(cfg.norm_type, cfg.norm_eps, tensors[(i, "q_norm.weight")])
             kn = Norm(cfg.norm_type, cfg.norm_eps, tensors[(i, "k_norm.weight")])
         return AttnWeights(wq, wk, wv, tensors[(i, "o.weight")], bq, bk, bv, opt(i, "o.bias"),
-                           qn, kn, qk_norm_full=cfg.qk_norm_full, clip=cfg.clip_qkv)
+                           qn, kn, qk_norm_full=cfg.qk_norm_full, clip=cfg.clip_qkv,
+                           sinks=opt(i, "sinks"), mla=mla)
 
     def mlp(self, i: int) -> MlpWeights | MoeWeights:
         """The layer's MLP: mixture of experts, gated with gate/up fused ([gate | up] rows,

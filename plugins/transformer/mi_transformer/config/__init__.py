@@ -23,8 +23,9 @@ Every name is importable from here; the modules, in import order (none imports a
 - :mod:`~mi_transformer.config.common`: helpers shared by the parsers (RoPE, heads,
   ``_base``, ``_finish``);
 - :mod:`~mi_transformer.config.families_llama`, :mod:`~mi_transformer.config.families_gpt`,
-  :mod:`~mi_transformer.config.families_moe`, :mod:`~mi_transformer.config.families_recent`:
-  one ``parse_<family>`` per family (the last also ``REFUSED``: families refused by name);
+  :mod:`~mi_transformer.config.families_moe`, :mod:`~mi_transformer.config.families_recent`,
+  :mod:`~mi_transformer.config.families_moe2` (gpt-oss, DeepSeek-V2/V3, Llama 4): one
+  ``parse_<family>`` per family (families_recent also ``REFUSED``: families refused by name);
 - :mod:`~mi_transformer.config.registry`: ``Family`` and ``FAMILIES`` (parser + keys read +
   keys known to be harmless + neutral values of keys not read);
 - :mod:`~mi_transformer.config.auto`: ``parse_config`` and ``auto_config``.
@@ -32,8 +33,8 @@ Every name is importable from here; the modules, in import order (none imports a
 
 from mi_transformer.config.auto import AUTO_FAMILY, auto_config, parse_config
 from mi_transformer.config.axes import (
-    Activation, BlockLayout, MlpLayout, MoeConfig, NormType, Positions, QkvLayout, RopeConfig,
-    RopeLayout, RopeScaling, TransformerConfig,
+    Activation, BlockLayout, MlaConfig, MlpLayout, MoeConfig, NormType, Positions, QkvLayout,
+    RopeConfig, RopeLayout, RopeScaling, TransformerConfig,
 )
 from mi_transformer.config.families_gpt import (
     parse_falcon, parse_gpt2, parse_gpt_neox, parse_gptj, parse_opt, parse_phi, parse_stablelm,
@@ -46,6 +47,9 @@ from mi_transformer.config.families_llama import (
 from mi_transformer.config.families_moe import (
     parse_mixtral, parse_olmoe, parse_qwen2_moe, parse_qwen3_moe,
 )
+from mi_transformer.config.families_moe2 import (
+    parse_deepseek_v2, parse_deepseek_v3, parse_gpt_oss, parse_llama4, parse_llama4_text,
+)
 from mi_transformer.config.families_recent import (
     REFUSED, parse_apertus, parse_ernie4_5, parse_ernie4_5_moe, parse_exaone4, parse_glm,
     parse_glm4, parse_glm4_moe, parse_hunyuan_v1_dense, parse_olmo3, parse_seed_oss,
@@ -56,15 +60,16 @@ from mi_transformer.config.registry import FAMILIES, FAMILY_PARSERS, Family, fam
 
 __all__ = [
     "AUTO_FAMILY", "Activation", "BlockLayout", "ConfigReader", "Derived", "FAMILIES",
-    "FAMILY_PARSERS", "Family", "MlpLayout", "MoeConfig", "NormType", "Positions", "QkvLayout",
-    "REFUSED", "ROTARY", "ROTARY_DIM", "ROTARY_INTERLEAVED", "RopeConfig", "RopeLayout",
-    "RopeScaling", "TransformerConfig", "UnknownKeysError", "auto_config", "family_parsers",
-    "parse_apertus", "parse_cohere", "parse_config", "parse_ernie4_5", "parse_ernie4_5_moe",
-    "parse_exaone4", "parse_falcon", "parse_gemma", "parse_gemma2", "parse_gemma3",
-    "parse_gemma3_text", "parse_glm", "parse_glm4", "parse_glm4_moe", "parse_gpt2",
-    "parse_gpt_neox", "parse_gptj", "parse_granite", "parse_helium", "parse_hunyuan_v1_dense",
-    "parse_llama", "parse_mistral", "parse_mixtral", "parse_olmo", "parse_olmo2", "parse_olmo3",
-    "parse_olmoe", "parse_opt", "parse_phi",
+    "FAMILY_PARSERS", "Family", "MlaConfig", "MlpLayout", "MoeConfig", "NormType", "Positions",
+    "QkvLayout", "REFUSED", "ROTARY", "ROTARY_DIM", "ROTARY_INTERLEAVED", "RopeConfig",
+    "RopeLayout", "RopeScaling", "TransformerConfig", "UnknownKeysError", "auto_config",
+    "family_parsers", "parse_apertus", "parse_cohere", "parse_config", "parse_deepseek_v2",
+    "parse_deepseek_v3", "parse_ernie4_5", "parse_ernie4_5_moe", "parse_exaone4",
+    "parse_falcon", "parse_gemma", "parse_gemma2", "parse_gemma3", "parse_gemma3_text",
+    "parse_glm", "parse_glm4", "parse_glm4_moe", "parse_gpt2", "parse_gpt_neox", "parse_gpt_oss",
+    "parse_gptj", "parse_granite", "parse_helium", "parse_hunyuan_v1_dense", "parse_llama",
+    "parse_llama4", "parse_llama4_text", "parse_mistral", "parse_mixtral", "parse_olmo",
+    "parse_olmo2", "parse_olmo3", "parse_olmoe", "parse_opt", "parse_phi",
     "parse_phi3", "parse_qwen2", "parse_qwen2_moe", "parse_qwen3", "parse_qwen3_moe",
     "parse_seed_oss", "parse_smollm3", "parse_stablelm", "parse_starcoder2",
 ]

@@ -108,15 +108,26 @@ class MoeConfig:
     # checkpoint names: the block module and each expert's (gate, up, down) projections
     block: str = "mlp"
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
-    # -- routing beyond softmax-top-k (mi_transformer.routing; GLM-4.5, ERNIE-4.5) --
-    scoring: str = "softmax"  # or "sigmoid": per-expert sigmoid scores (GLM-4.5)
+    # -- routing beyond softmax-top-k (mi_transformer.routing: GLM-4.5, ERNIE-4.5,
+    # DeepSeek-V2/V3, Llama 4) --
+    scoring: str = "softmax"  # or "sigmoid": per-expert sigmoid scores (GLM-4.5, V3, Llama 4)
     selection_bias: str = ""  # name inside the block of a bias added for choosing only
     selection_bias_rows: bool = False  # the bias stored [1, n_experts] (ERNIE's moe_statics)
     n_group: int = 1  # group-limited routing: experts in n_group groups, topk_group kept
     topk_group: int = 1
+    group_by_max: bool = False  # a group scores its best expert (V2), else its best two (V3)
     routed_scaling: float = 1.0  # the routing weights multiplied by this after renormalising
     norm_min: float = 0.0  # renormalisation divides by max(sum, norm_min) (ERNIE-4.5)
     shared_name: str = "shared_expert"  # the always-on expert's module ("shared_experts")
+    # -- experts and routers stored or computed differently (mi_transformer.experts) --
+    router_name: str = "gate"  # the router's module inside the block ("router": gpt-oss)
+    router_bias: bool = False  # the router linear has a bias (gpt-oss)
+    weights_scale_input: bool = False  # the routing weight scales the expert's input (Llama 4)
+    fused: str = ""  # experts stored stacked [E, in, out]: "concat" (gate | up), "interleaved"
+    expert_bias: bool = False  # expert projections with biases (gpt-oss)
+    swiglu_limit: float | None = None  # gpt-oss clamped SwiGLU: (clamp(up) + 1) * glu(gate)
+    swiglu_alpha: float = 1.702
+    router_float32: bool = False  # the router computes in float32 (DeepSeek-V2, as transformers)
 
     def __attrs_post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
@@ -134,6 +145,21 @@ class MoeConfig:
         """Softmax over all experts, top-k, optional renormalisation (mi_transformer.moe)."""
         return (self.scoring == "softmax" and not self.selection_bias and self.n_group == 1
                 and self.routed_scaling == 1.0 and self.norm_min == 0.0)
+
+
+@attrs.frozen
+class MlaConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3; mi_transformer.mla): q from a low-rank
+    latent (or one projection), keys and values from a shared latent, each head's q/k split
+    into a part without positions and a rotary part (the trailing `rope_dim` dims, the rotary
+    key shared by every head), values of their own width."""
+
+    kv_lora_rank: int
+    nope_dim: int  # q/k dims without positions, per head
+    rope_dim: int  # rotary q/k dims, per head (the key's are shared by the heads)
+    v_head_dim: int
+    q_lora_rank: int | None = None  # None: q from one projection (DeepSeek-V2-Lite)
+    latent_eps: float = 1e-6  # the latent RMS norms' epsilon (transformers' default)
 
 
 @attrs.frozen
@@ -189,10 +215,17 @@ class TransformerConfig:
     qk_norm_heads: bool = False  # q/k norm gains per head, [heads, d_head] (Cohere)
     moe: MoeConfig | None = None  # the mixture-of-experts MLP of the layers layer_moe marks
     layer_moe: tuple[bool, ...] = ()  # per layer, True = MoE MLP; () = all dense
-    # -- axes of the 2025 families (config/families_recent.py) --
-    qk_norm_after_rope: bool = False  # q/k norms applied to the rotated q/k (Hunyuan)
+    # -- axes of the 2025-26 families (config/families_recent.py, config/families_moe2.py) --
+    qk_norm_after_rope: bool = False  # q/k norms applied to the rotated q/k (Hunyuan, Llama 4)
+    qk_norm_affine: bool = True  # False: q/k norms without weights (Llama 4's L2 norm)
+    layer_qk_norm: tuple[bool, ...] = ()  # per layer, False = no q/k norm there; () = all
     ignored_layers: tuple[int, ...] = ()  # checkpoint layers outside the forward (MTP modules)
     rope_float32: bool = False  # cos/sin kept and q/k rotated in float32 (OLMo2/3, ERNIE-4.5)
+    attn_sinks: bool = False  # a learned sink logit per head joins each softmax (gpt-oss)
+    layer_chunks: tuple[int | None, ...] = ()  # chunked local attention per layer (Llama 4)
+    # Llama 4 on its layers without RoPE: q *= log1p(floor((pos + 1) / floor)) * scale + 1
+    attn_temperature: tuple[float, float] | None = None  # (floor_scale, attn_scale)
+    mla: MlaConfig | None = None  # multi-head latent attention (DeepSeek-V2/V3)
 
     def __attrs_post_init__(self) -> None:
         """Relations between axes; the parsers check the same on JSON keys first, so this
@@ -226,10 +259,18 @@ class TransformerConfig:
                 if rope.scaling is RopeScaling.LONGROPE and n != self.rot_dim // 2:
                     raise ConfigError(f"{where}: longrope {key} has {n} entries; the rotary "
                                       f"dimension {self.rot_dim} needs {self.rot_dim // 2}")
-        for name, flags in (("layer_use_rope", self.layer_use_rope), ("layer_moe", self.layer_moe)):
+        for name, flags in (("layer_use_rope", self.layer_use_rope), ("layer_moe", self.layer_moe),
+                            ("layer_qk_norm", self.layer_qk_norm),
+                            ("layer_chunks", self.layer_chunks)):
             if flags and len(flags) != self.num_layers:
                 raise ConfigError(f"{where}: {name} has {len(flags)} entries for "
                                   f"{self.num_layers} layers")
+        if any(c is not None and c < 1 for c in self.layer_chunks):
+            raise ConfigError(f"{where}: attention chunks {self.layer_chunks} must be >= 1")
+        if self.mla is not None and (self.num_kv_heads != self.num_heads or self.head_dim != (
+                self.mla.nope_dim + self.mla.rope_dim) or self.rot_dim != self.mla.rope_dim):
+            raise ConfigError(f"{where}: latent attention needs num_kv_heads == num_heads and "
+                              f"head_dim == nope + rope dims (rotary dims == rope dims)")
         if any(self.layer_moe) and self.moe is None:
             raise ConfigError(f"{where}: layer_moe marks MoE layers but no MoE config is given")
         if not self.pre_norms and not self.post_norms:
@@ -252,3 +293,8 @@ class TransformerConfig:
     @property
     def rot_dim(self) -> int:
         return self.rotary_dim or self.head_dim
+
+    @property
+    def v_head_dim(self) -> int:
+        """Width of each head's values (and of ``hook_z``): head_dim except with MLA."""
+        return self.mla.v_head_dim if self.mla is not None else self.head_dim

@@ -71,8 +71,9 @@ def _rope(r: ConfigReader, key: str, theta: float | None, max_pos: int | None,
         return RopeConfig(theta=theta, scaling=RopeScaling.LINEAR, factor=factor)
     if kind == "llama3":
         low, high = p.float("low_freq_factor", gt=0), p.float("high_freq_factor", gt=0)
-        if not high > low:
-            raise ConfigError(f"{p.src}: high_freq_factor {high} must exceed low_freq_factor {low}")
+        if high < low:  # equal: no medium band, a step (Llama 4; transformers only warns)
+            raise ConfigError(f"{p.src}: high_freq_factor {high} must be at least "
+                              f"low_freq_factor {low}")
         return RopeConfig(theta=theta, scaling=RopeScaling.LLAMA3, factor=factor,
                           low_freq_factor=low, high_freq_factor=high,
                           original_max_positions=top_original or p.int(

@@ -21,6 +21,7 @@ from mi_transformer.config.families_llama import (
 from mi_transformer.config.families_moe import (
     parse_mixtral, parse_olmoe, parse_qwen2_moe, parse_qwen3_moe,
 )
+from mi_transformer.config.families_moe2 import MOE2_FAMILIES, NEUTRAL as _MOE2_NEUTRAL
 from mi_transformer.config.families_recent import RECENT_FAMILIES
 from mi_transformer.config.neutral import (KV_HEADS, MLP_WIDTH, ROTARY, ROTARY_DIM,
                                            ROTARY_INTERLEAVED)
@@ -179,6 +180,12 @@ _RECENT_INTERLEAVED = {"glm", "glm4", "ernie4_5", "ernie4_5_moe"}
 FAMILIES.update({mt: _family(mt, parse, _LLAMA | reads, harmless, note,
                              neutral=ROTARY_INTERLEAVED if mt in _RECENT_INTERLEAVED else None)
                  for mt, parse, reads, harmless, note in RECENT_FAMILIES})
+# gpt-oss, DeepSeek-V2/V3, Llama 4 (config/families_moe2.py): their key sets are whole;
+# DeepSeek and Llama 4 rotate interleaved pairs, gpt-oss halves
+_MOE2_INTERLEAVED = {"deepseek_v2", "deepseek_v3", "llama4_text", "llama4"}
+FAMILIES.update({mt: _family(mt, parse, reads, harmless, note, neutral={
+    **(ROTARY_INTERLEAVED if mt in _MOE2_INTERLEAVED else ROTARY), **_MOE2_NEUTRAL.get(mt, {})})
+    for mt, parse, reads, harmless, note in MOE2_FAMILIES})
 
 
 def family_parsers() -> dict[str, Callable[[ConfigReader], TransformerConfig]]:

@@ -438,12 +438,20 @@ GGUF_ARCHES: dict[str, GgufArch] = {
 }
 
 
+#: llama.cpp architectures whose transformers families load from safetensors but whose GGUF
+#: tensors (llama.cpp's own splits of MLA's kv_b, MXFP4 blocks, fused experts) are not mapped
+SAFETENSORS_ONLY = {"gpt-oss": "gpt_oss", "deepseek2": "deepseek_v2 / deepseek_v3",
+                    "llama4": "llama4 / llama4_text"}
+
+
 def gguf_arch(header: GgufHeader) -> GgufArch:
     arch = header.metadata.get("general.architecture")
     if arch not in GGUF_ARCHES:
+        hint = (f"; model_type {SAFETENSORS_ONLY[arch]} loads from its safetensors checkpoint"
+                if arch in SAFETENSORS_ONLY else "")
         raise UnsupportedModelError(f"no installed plugin implements GGUF architecture {arch!r} "
                                     f"({header.path}; mi-transformer reads "
-                                    f"{', '.join(GGUF_ARCHES)})")
+                                    f"{', '.join(GGUF_ARCHES)}{hint})")
     return GGUF_ARCHES[arch]
 
 
