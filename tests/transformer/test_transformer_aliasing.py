@@ -131,3 +131,17 @@ def test_gradient_runs_copy_for_inplace_callables_too(loaded, make_ids) -> None:
     clean = model.forward(ids, mi.HookSpec().capture("hook_embed"))["hook_embed"]
     assert torch.equal(cache["hook_embed"].detach(), clean)
     assert cache.grad("blocks.0.hook_resid_pre").abs().sum() > 0
+
+
+def test_an_inplace_edit_at_the_sinks_leaves_the_weights(tmp_path_factory, make_ids) -> None:
+    """gpt-oss hands its sink logits (a weight) to ``attn.hook_sinks``: an in-place edit there
+    changes that forward only, never the model (found by the every-point check; DeepSeek's
+    MLA and Llama 4 passed it too)."""
+    from tests.support.tiny_families_moe2 import cached_moe2
+
+    model = cached_moe2(tmp_path_factory)("gpt_oss").load()
+    ids = make_ids(2, 6, seed=1)
+    sinks = [p for p in model.hook_points() if p.suffix == "attn.hook_sinks"]
+    before = model.forward(ids).output
+    assert not inplace_mismatches(model, ids, sinks)
+    assert torch.equal(model.forward(ids).output, before)

@@ -270,7 +270,9 @@ def attention(w: AttnWeights, x: torch.Tensor,
     v = v.transpose(1, 2)  # [b, g, s, d_head]
     if cache_update is not None:
         k, v = cache_update(k, v)
-    sinks = run.apply(n.sinks, w.sinks) if w.sinks is not None else None
+    # a copy where a hook sees them: an in-place edit must not rewrite the weights
+    sinks = None if w.sinks is None else run.apply(
+        n.sinks, w.sinks.clone() if run.wants(n.sinks) else w.sinks)
     if ls.softcap is not None or sinks is not None:
         explicit = True  # SDPA cannot soft-cap or add sinks: explicit even when "sdpa" is forced
     elif explicit is None:
