@@ -131,17 +131,29 @@ class _Keys(ConfigFields):
                               "the keys it reads and those known to be harmless)")
 
 
+#: Bounds no real checkpoint comes near: past them a config is refused while parsing,
+#: whatever the memory here (which says nothing about a checkpoint detection must claim).
+MAX_PARAMS, MAX_LAYERS, MAX_SIZE = 10 * 10**12, 100_000, 2**26
+
+
 def check_size(cfg: RwkvConfig, where: str, dtype: Any = None, device: Any = None) -> None:
-    """ConfigError naming the size keys unless the parameters `cfg` implies fit: in `dtype` on
-    `device`, or (None, while parsing) at one byte each on any device here. Before any
-    per-layer table is built or a tensor read (MI_SKIP_MEMORY_CHECK=1 skips it)."""
+    """ConfigError naming the size keys when they are past the fixed bounds above (always,
+    before any per-layer table is built) or, given `dtype` (load time, before a tensor is
+    read), unless the parameters `cfg` implies fit in `dtype` on `device`
+    (MI_SKIP_MEMORY_CHECK=1 skips that memory check)."""
     c, inter = cfg.hidden_size, cfg.intermediate_size
     params = cfg.vocab_size * c * (1 if cfg.tie_word_embeddings else 2) + cfg.num_layers * (
         5 * c * c + 2 * c * inter)  # r, k, v, (g,) o and the channel mix; LoRAs left out
-    check_memory(f"{where}: num_hidden_layers = {cfg.num_layers}, hidden_size = {c}, "
-                 f"intermediate_size = {inter}, vocab_size = {cfg.vocab_size} imply about "
-                 f"{params:.3g} parameters", params * (1 if dtype is None else dtype.itemsize),
-                 device)
+    what = (f"{where}: num_hidden_layers = {cfg.num_layers}, hidden_size = {c}, "
+            f"intermediate_size = {inter}, vocab_size = {cfg.vocab_size} imply about "
+            f"{params:.3g} parameters")
+    if (cfg.num_layers > MAX_LAYERS or max(c, inter, cfg.vocab_size) > MAX_SIZE
+            or params > MAX_PARAMS):
+        raise ConfigError(f"{what} ({params / 2**30:,.3g} GiB at one byte each): past what any "
+                          f"real checkpoint comes near ({MAX_LAYERS:,} layers, sizes of "
+                          f"{MAX_SIZE:,}, {MAX_PARAMS:.3g} parameters); refused before allocating")
+    if dtype is not None:
+        check_memory(what, params * dtype.itemsize, device)
 
 
 def _shape_rank(shapes: Mapping[str, tuple[int, ...]], name: str, axis: int) -> int | None:

@@ -2,11 +2,15 @@
 available (:func:`mi_core.plugin.check_memory`).
 
 Two checks. While parsing, right after the size keys are read and before any per-layer table
-is built (:func:`check_parsed`): the dense parameters at one byte each must fit on some device
-of this machine, so ``num_hidden_layers = 10**9`` is a :class:`ConfigTooLarge` naming the key,
-not a MemoryError. When loading (:func:`check_loaded`), with the dtype and the device known:
-every parameter (mixture-of-experts and learned positions included) in that dtype on that
-device. ``MI_SKIP_MEMORY_CHECK=1`` or ``from_pretrained(..., check_memory=False)`` skip both.
+is built (:func:`check_parsed`): only sizes no real checkpoint has are refused, whatever this
+machine's memory (detection must still claim a good checkpoint too large for it): more than
+:data:`MAX_LAYERS` layers (the per-layer tables the parse builds), any other size key past
+:data:`MAX_SIZE`, or more than :data:`MAX_PARAMS` parameters. So ``num_hidden_layers = 10**9`` is
+a :class:`ConfigTooLarge` naming the key, not a MemoryError. When loading (:func:`check_loaded`),
+with the dtype and the device known, before any tensor is read: every parameter
+(mixture-of-experts and learned positions included) in that dtype must fit in the memory
+available on that device. ``MI_SKIP_MEMORY_CHECK=1`` or ``from_pretrained(...,
+check_memory=False)`` skip that memory check, not the fixed bounds.
 """
 
 from __future__ import annotations
@@ -35,14 +39,45 @@ def dense_params(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int
         attn + mlp + 4 * hidden)
 
 
+#: Bounds no real checkpoint comes near (the largest published have ~2 trillion parameters,
+#: a few hundred layers, vocabularies of ~10**6, widths of ~10**5): past them a config is refused
+#: while parsing, whatever the memory here.
+MAX_PARAMS = 10 * 10**12
+MAX_LAYERS = 100_000
+MAX_SIZE = 2**26
+#: Keys (any family's spelling, GGUF's ``<arch>.block_count`` included) that count layers.
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "block_count")
+
+
+def check_bounds(where: str, sizes: Mapping[str, Any], params: int) -> None:
+    """ConfigTooLarge naming `where` and the offending key of `sizes` (key -> value) when a
+    value or `params` is past what any real checkpoint has (the bounds above)."""
+    for key, value in sizes.items():
+        bound = MAX_LAYERS if key.rsplit(".", 1)[-1] in LAYER_KEYS else MAX_SIZE
+        if isinstance(value, int) and value > bound:
+            raise ConfigTooLarge(
+                f"{where}: {key} = {value} is more than {bound:,} (no real checkpoint comes "
+                f"near; refused before allocating, about {params:.3g} parameters, "
+                f"{params / 2**30:,.3g} GiB at one byte each)")
+    if params > MAX_PARAMS:
+        keys = ", ".join(f"{k} = {v}" for k, v in sizes.items())
+        raise ConfigTooLarge(f"{where}: {keys} imply about {params:.3g} parameters "
+                             f"({params / 2**30:,.3g} GiB at one byte each), more than the "
+                             f"{MAX_PARAMS:.3g} any real checkpoint comes near")
+
+
 def check_size(where: str, sizes: Mapping[str, Any], params: int,
                dtype: torch.dtype | None = None, device: torch.device | str | None = None
                ) -> None:
-    """ConfigTooLarge naming `where` and `sizes` (key -> value) unless `params` parameters
-    fit: in `dtype` on `device`, or (None) at one byte each on any device here."""
+    """ConfigTooLarge naming `where` and `sizes` (key -> value) when they are past the fixed
+    bounds (:func:`check_bounds`, always) or, given `dtype` (load time), unless `params`
+    parameters in `dtype` fit on `device`."""
+    check_bounds(where, sizes, params)
+    if dtype is None:  # parse time: the memory here says nothing about the checkpoint
+        return
     keys = ", ".join(f"{k} = {v}" for k, v in sizes.items())
     check_memory(f"{where}: {keys} imply about {params:.3g} parameters",
-                 params * (1 if dtype is None else dtype.itemsize), device, error=ConfigTooLarge)
+                 params * dtype.itemsize, device, error=ConfigTooLarge)
 
 
 #: TransformerConfig size fields in the order of :func:`dense_params`.
