@@ -17,9 +17,15 @@ from typing import Any, Callable
 
 from mi_cli import args as A
 from mi_cli.hookspecs import command_impl
-from mi_cli.models import load as _load
 from mi_cli.models import model_name, model_options
 from mi_cli.output import console, html_of, num, write_json, write_plot
+
+
+def _load(args: argparse.Namespace) -> Any:
+    """The model, with the arguments checked against it before its weights load."""
+    from mi_cli.preflight import load_checked
+
+    return load_checked(args)
 
 
 def print_demo(r: Any) -> None:
@@ -41,13 +47,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
         lens = LogitLensAnalysis(k=min(5, model.vocab_size)).run(model, args.prompt)
         write_plot(args.plot_out, lambda p: plot_logit_lens(
-            lens, p, title=f"logit lens, {model_name(model)}\nprompt {args.prompt!r}, "
-                           "next-token prediction after its last token"),
-            html=_lens_html(model, args, 5))
+            lens, p, title=_lens_title(model, args, lens)), html=_lens_html(model, args, 5))
     return 0
 
 
 # -- single analyses -------------------------------------------------------------------
+
+def _lens_title(model: Any, args: argparse.Namespace, r: Any) -> str:
+    tok = r.prompt_tokens[r.position] if r.prompt_tokens else str(r.position)
+    targets = ", ".join(repr(t) for t in getattr(args, "target", None) or [])
+    return (f"logit lens, {model_name(model)}\nprompt {args.prompt!r}: next-token prediction "
+            f"after token {r.position} {tok!r}, read after every layer"
+            + (f"\ntracking {targets}: probability and rank (1 = top)" if targets else ""))
+
 
 def _lens_html(model: Any, args: argparse.Namespace, k: int) -> Callable[[Path], Any]:
     from mi_core.interp.lens_grid import logit_lens_grid
@@ -70,33 +82,25 @@ def _cmd_logit_lens(args: argparse.Namespace) -> int:
     text = r.format_table()
     console.say(text)
     write_json(args.json_out, r, args.raw)
-    tok = r.prompt_tokens[r.position] if r.prompt_tokens else str(r.position)
-    write_plot(args.plot_out, lambda p: plot_logit_lens(
-        r, p, title=f"logit lens, {model_name(model)}\nprompt {args.prompt!r}, next-token "
-                    f"prediction after token {r.position} {tok!r}"),
-        html=_lens_html(model, args, args.k))
+    write_plot(args.plot_out, lambda p: plot_logit_lens(r, p, title=_lens_title(model, args, r)),
+               html=_lens_html(model, args, args.k))
     return 0
 
 
-def describe_knockout(spec: Any) -> str:
-    """"layers 0-2, all heads, edges -1->0, -1->1" for a KnockoutSpec."""
-    if spec is None:
-        return "(unknown spec)"
-    parts = [f"layers {_span(list(spec.layers))}" if spec.layers else "all layers",
-             f"heads {_span(list(spec.heads))}" if spec.heads else "all heads"]
-    edges = [f"{q}->{k}" for q, k in spec.edges]
-    if spec.from_positions is not None or spec.to_positions is not None:
-        f = "all" if spec.from_positions is None else ",".join(map(str, spec.from_positions))
-        t = "all" if spec.to_positions is None else ",".join(map(str, spec.to_positions))
-        edges.append(f"queries {f} -> keys {t}")
-    return ", ".join(parts) + ", edges " + "; ".join(edges)
+def describe_knockout(spec: Any, tokens: Any = None) -> str:
+    """"layers 0-2, all heads; removed edges query → key: 4 ' is' → 0 'The'" for a
+    KnockoutSpec (token names when the prompt's `tokens` are given)."""
+    from mi_core.interp.describe import describe_knockout as describe
+
+    return describe(spec, tokens)
 
 
 def format_knockout(r: Any, k: int) -> str:
     s = r.summary
     b = s.baseline_top
-    lines = [f"knockout of {describe_knockout(r.spec)}", "effects are knocked out - baseline "
-             "(log p and p are shift-invariant; logit is the raw difference)",
+    lines = [f"attention knockout, {r.model or 'model'}: {r.describe()}",
+             "effects are knocked out - baseline (log p and p are shift-invariant; logit is "
+             "the raw difference)",
              f"  KL(baseline || knocked out) = {num(s.kl_divergence, '.5f')} nats",
              f"  baseline top-1 {b.token!r}: p {b.baseline_prob:.4f} -> {b.intervened_prob:.4f}, "
              f"log p {num(b.logprob_diff, '+.4f')}, logit {num(b.logit_diff, '+.4f')}",
@@ -110,22 +114,15 @@ def format_knockout(r: Any, k: int) -> str:
 
 
 def _cmd_knockout(args: argparse.Namespace) -> int:
-    import attrs
-
-    from mi_core.interp.knockout import KnockoutSpec, run_knockout
+    from mi_cli.preflight import knockout_spec
+    from mi_core.interp.knockout import run_knockout
     from mi_core.util.plot import plot_knockout
 
     model = _load(args)
-    spec = KnockoutSpec(layers=args.layers, heads=args.heads, edges=args.edge or [],
-                        from_positions=args.from_pos, to_positions=args.to_pos)
-    if spec.is_empty():
-        spec = attrs.evolve(spec, from_positions=[-1], to_positions=[0])
-    r = run_knockout(model, args.prompt, spec, args.position)
+    r = run_knockout(model, args.prompt, knockout_spec(args), args.position)
     console.say(format_knockout(r, args.k))
     write_json(args.json_out, r, args.raw)
-    write_plot(args.plot_out, lambda p: plot_knockout(
-        r, p, k=args.k, title=f"attention knockout, {model_name(model)}, prompt {args.prompt!r}"),
-        html=html_of(r))
+    write_plot(args.plot_out, lambda p: plot_knockout(r, p, k=args.k), html=html_of(r))
     return 0
 
 
@@ -138,34 +135,38 @@ def _cmd_patch(args: argparse.Namespace) -> int:
     metric = logit_diff_metric(resolve_token(model, args.correct),
                                resolve_token(model, args.incorrect))
     fn = attribution_patching if args.method == "attribution" else patching_grid
-    kw = {} if args.method == "attribution" else {"show_progress": console.verbose or None}
-    r = fn(model, args.prompt, args.corrupt, metric, kind=args.kind, **kw)
-    lines = [f"{r.method} patching of {r.kind}, metric logit({args.correct!r}) - "
-             f"logit({args.incorrect!r}): clean {num(r.clean_metric)}, corrupted "
-             f"{num(r.corrupted_metric)}",
+    kw = {} if args.method == "attribution" else {"show_progress": None if console.quiet else True}
+    r = fn(model, args.prompt, args.corrupt, metric, kind=args.kind, layers=args.layers,
+           positions=args.positions, **kw)
+    units = f" {r.metric_units}" if r.metric_units else ""
+    lines = [f"{r.method} patching of {r.kind}, {r.model or 'model'}: metric {r.metric_name}"
+             f"{f' ({r.metric_units})' if r.metric_units else ''}: clean prompt "
+             f"{num(r.clean_metric)}{units}, corrupted {args.corrupt!r} "
+             f"{num(r.corrupted_metric)}{units}",
              "normalised (patched - corrupted) / (clean - corrupted): 1 = clean, 0 = corrupted",
-             "largest cells (layer, column, value):"]
+             "largest cells (layer, column, normalised value):"]
     lines += [f"  L{layer:<3} {col:<24} {num(v, '+.3f')}" for layer, col, v in r.top(args.k)]
     console.say("\n".join(lines))
     write_json(args.json_out, r, args.raw)
-    write_plot(args.plot_out, lambda p: plot_patching(
-        r, p, title=f"{r.method} patching of {r.kind}, {model_name(model)}\nclean "
-                    f"{args.prompt!r} vs corrupted {args.corrupt!r}"), html=html_of(r))
+    write_plot(args.plot_out, lambda p: plot_patching(r, p), html=html_of(r))
     return 0
 
 
 def _cmd_attention(args: argparse.Namespace) -> int:
     from mi_cli.demo import AttentionResult
-    from mi_core import HookPoint, HookSpec
+    from mi_core import HookPoint
+    from mi_core.interp import display_weights, layer_attention
     from mi_core.interp._common import check_heads, check_layers
     from mi_core.util.plot import plot_attention
 
     model = _load(args)
     (layer,) = check_layers([args.layer], model.num_layers)
-    hp = HookPoint.attn_pattern(layer)
-    model.require_points([hp])
+    name = model_name(model)
     ids = model.to_tokens(args.prompt)
-    full = model.forward(ids, HookSpec().capture(hp)).require(hp)[0].float().cpu()
+    # an attention layer's pattern, or a recurrent layer's effective attention
+    full, hp = layer_attention(model, ids, layer)
+    effective = hp != HookPoint.attn_pattern(layer)
+    full = display_weights(full[0].float().cpu())
     if args.head is not None:
         (h,) = check_heads([args.head], model.num_heads)
         pat = full[h]
@@ -175,19 +176,25 @@ def _cmd_attention(args: argparse.Namespace) -> int:
     r = AttentionResult(layer, args.head, toks, pat, args.prompt, model.source)
     last = pat[-1]
     order = last.argsort(descending=True)[: args.k].tolist()
-    which = f"head {args.head}" if args.head is not None else "mean of heads"
-    console.say(f"layer {layer} {which}: last token {toks[-1]!r} attends to " +
+    which = (f"head {args.head}" if args.head is not None else "mean of heads") + (
+        " (effective attention, |A| row-normalised)" if effective else "")
+    console.say(f"{name}, layer {layer} {which}: last token {toks[-1]!r} attends to " +
                 ", ".join(f"{i}:{toks[i]!r} {float(last[i]):.3f}" for i in order))
     write_json(args.json_out, r, args.raw)
 
     def html(path: Path) -> Any:
         from mi_core.plugin import view
 
-        return view("attention")(toks, full, path, layer=layer, head=args.head,
-                              model_name=model_name(model), prompt=args.prompt)
+        title = f"effective attention (|A| row-normalised), layer {layer}" if effective else None
+        sub = (f"effective attention of layer {layer} ({hp}; |A| normalised per query row), "
+               f"{len(toks)} tokens, rows: query, columns: source token") if effective else ""
+        return view("attention")(toks, full, path, layer=layer, head=args.head, title=title,
+                                 subtitle=sub, model_name=name, prompt=args.prompt)
+    hook = f"{hp}" + (f"[{args.head}]" if args.head is not None else ", mean over heads")
     write_plot(args.plot_out, lambda p: plot_attention(
-        pat, toks, p, title=f"attention, {model_name(model)}, layer {layer} {which}\n"
-                            f"prompt {args.prompt!r}"), html=html)
+        pat, toks, p, title=f"{'effective attention' if effective else 'attention pattern'}, "
+                            f"{name}: {hook}\nprompt {args.prompt!r}"),
+        html=html)
     return 0
 
 
@@ -213,42 +220,31 @@ def _cmd_steer(args: argparse.Namespace) -> int:
     layers = args.layers or list(range(model.num_layers))
     spec = SteeringSpec.attention(layers, args.to_pos or [0], args.from_pos or [-1], args.heads)
     curve = dose_response(model, args.prompt, spec, args.strengths, target=args.target,
-                          show_progress=console.verbose or None)
-    console.say(f"attention steering of layers {_span(layers)}, scale sweep:\n" +
-                format_dose(curve, model))
+                          show_progress=None if console.quiet else True)
+    console.say(f"attention steering, {curve.model or 'model'}: {curve.describe()}; "
+                "sweep of s:\n" + format_dose(curve, model))
     write_json(args.json_out, curve, args.raw)
-    write_plot(args.plot_out, lambda p: plot_dose_response(
-        curve, p, title=f"attention steering, {model_name(model)}, layers {_span(layers)}\n"
-                        f"prompt {args.prompt!r}"), html=html_of(curve))
+    write_plot(args.plot_out, lambda p: plot_dose_response(curve, p), html=html_of(curve))
     return 0
-
-
-def _span(layers: list[int]) -> str:
-    return (f"{layers[0]}-{layers[-1]}" if layers == list(range(layers[0], layers[-1] + 1))
-            and len(layers) > 1 else ",".join(map(str, layers)))
 
 
 def _cmd_heads(args: argparse.Namespace) -> int:
     from mi_core.interp.circuits import detect_heads, repeated_random_tokens
-    from mi_core.util.plot import plot_grid
+    from mi_core.util.plot import plot_head_scores
 
     model = _load(args)
     ids = repeated_random_tokens(model, args.length, args.batch, args.seed)
-    r = detect_heads(model, ids)
-    lines = []
+    r = detect_heads(model, ids, show_progress=None if console.quiet else True)
+    r.description = (f"{args.batch} x {args.length} random tokens repeated once (seed "
+                     f"{args.seed})")
+    lines = [f"attention head scores, {r.model or 'model'}, on {r.description} "
+             "(score: attention on the ideal edges, 0..1):"]
     for kind in r.scores:
         lines.append(f"{kind}: " + ", ".join(f"L{a}H{b} {s:.3f}"
                                              for a, b, s in r.top(kind, args.k)))
     console.say("\n".join(lines))
     write_json(args.json_out, r, args.raw)
-    kind = "induction" if "induction" in r.scores else next(iter(r.scores))
-    write_plot(args.plot_out, lambda p: plot_grid(
-        r.scores[kind], [str(i) for i in range(model.num_layers)],
-        [str(h) for h in range(model.num_heads)], p,
-        title=f"{kind} head scores, {model_name(model)}\n{args.batch} x repeated random "
-              f"tokens of length {args.length}",
-        xlabel="head", ylabel="layer", signed=False, vmin=0.0, vmax=1.0,
-        colorbar_label="attention on the ideal edges"), html=html_of(r))
+    write_plot(args.plot_out, lambda p: plot_head_scores(r, p), html=html_of(r))
     return 0
 
 
@@ -333,6 +329,12 @@ def _add_patch(sub: "argparse._SubParsersAction[Any]") -> None:
                    "(default: %(default)s)")
     p.add_argument("--method", default="exact", choices=["exact", "attribution"],
                    help="exact patching, or its gradient approximation (default: %(default)s)")
+    p.add_argument("--layers", type=A.int_list, metavar="LIST",
+                   help="layers to patch, e.g. 0-29 or 0,6,12 (default: all; each layer is "
+                   "one batch of forwards)")
+    p.add_argument("--positions", type=A.int_list, metavar="LIST",
+                   help="positions to patch, e.g. 3 or -2,-1 (default: all; per-position "
+                   "kinds only)")
     p.add_argument("--k", type=A.positive_int, default=10, help=K)
     p.set_defaults(func=_cmd_patch)
 
@@ -374,7 +376,7 @@ def _add_heads(sub: "argparse._SubParsersAction[Any]") -> None:
                        "on repeated random tokens", description="Score every head as a "
                        "previous-token, duplicate-token and induction head on repeated random "
                        "tokens.")
-    model_options(p, prompt=False, html=False)
+    model_options(p, prompt=False)
     p.add_argument("--length", type=A.positive_int, default=20,
                    help="length of the random sequence that is repeated (default: %(default)s)")
     p.add_argument("--batch", type=A.positive_int, default=4,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 #: ``--plot`` extensions: static pictures (matplotlib) and the interactive HTML page.
 PICTURE_SUFFIXES = (".png", ".svg", ".pdf")
@@ -173,7 +173,63 @@ class Parser(argparse.ArgumentParser):
         import sys
 
         self.print_usage(sys.stderr)
-        self.exit(2, f"mi: error: {message} (see {self.prog} --help)\n")
+        argv = getattr(self, "mi_argv", None)
+        found = _command_parser(self, argv)
+        prog = found[1].prog if found else self.prog
+        self.exit(2, f"mi: error: {message}{suggestion(self, message, argv)} (see {prog} "
+                     "--help)\n")
+
+
+_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of `parser` and of its subcommands' parsers."""
+    out: set[str] = set()
+    for action in parser._actions:
+        out.update(action.option_strings)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out |= _options(sub)
+    return out
+
+
+def _command_parser(parser: argparse.ArgumentParser,
+                    argv: Sequence[str] | None) -> tuple[str, argparse.ArgumentParser] | None:
+    """The subcommand named in `argv` and its parser (None when there is none)."""
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    word = next((a for a in argv or () if not a.startswith("-")), None)
+    if sub is None or word not in sub.choices:
+        return None
+    return word, sub.choices[word]
+
+
+def suggestion(parser: argparse.ArgumentParser, message: str,
+               argv: Sequence[str] | None = None) -> str:
+    """"; did you mean 'knockout'?" for a mistyped command, choice or option (difflib). An
+    unknown option is matched against the options of the command named in `argv` only, so
+    an option of another command is said to be one (``--layer`` is not an option of
+    ``mi logit-lens``)."""
+    import difflib
+
+    if m := _CHOICE.search(message):
+        choices = re.findall(r"'([^']*)'", m.group(2))
+        close = difflib.get_close_matches(m.group(1), choices, n=2, cutoff=0.6)
+        return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    if message.startswith("unrecognized arguments:"):
+        found = _command_parser(parser, argv)
+        known = sorted(_options(found[1] if found else parser))
+        hints = []
+        for word in message.split(":", 1)[1].split():
+            if not word.startswith("-"):
+                continue
+            close = difflib.get_close_matches(word.split("=")[0], known, n=1, cutoff=0.6)
+            if close and close[0] != word.split("=")[0]:
+                hints.append(f"did you mean {close[0]} for {word}?")
+            elif found:
+                hints.append(f"mi {found[0]} has no option {word.split('=')[0]}")
+        return "; " + "; ".join(hints) if hints else ""
+    return ""
 
 
 def output_options(p: argparse.ArgumentParser, top_level: bool = False) -> None:

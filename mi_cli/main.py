@@ -72,11 +72,18 @@ def _command(argv: Sequence[str]) -> str | None:
 
 
 def _parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
-    """The fast parser, or the legacy one when `argv` names a command the fast one lacks."""
+    """The fast parser, or the legacy one when `argv` names a command the fast one lacks.
+
+    A word close to a known command is a typo, answered at once with the suggestion
+    (without loading the kernel to look for a deprecated command of that name)."""
+    import difflib
+
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     command = _command(argv)
     if command is not None and command not in sub.choices:
+        if difflib.get_close_matches(command, list(sub.choices), n=1, cutoff=0.6):
+            return parser
         return build_parser(legacy=True)
     return parser
 
@@ -99,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         parser = _parser_for(argv)
+        parser.mi_argv = argv  # type: ignore[attr-defined]  # for the option hint of error()
         args = parser.parse_args(argv)
         if getattr(args, "func", None) is None:
             parser.print_help()
@@ -112,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         if _is_user_error(exc):
             print(f"mi: error: {exc}", file=sys.stderr)
+            return int(getattr(exc, "exit_code", 1))
         else:
             print(f"mi: error: {type(exc).__name__}: {exc} (MI_CORE_DEBUG=1 shows the "
                   f"traceback)", file=sys.stderr)

@@ -41,9 +41,11 @@ def load_model(model: str | None, device: str = "cpu", dtype: Any = None) -> Any
                 "no default model is available: install a plugin that embeds one (see "
                 "`mi plugins` and docs/PLUGINS.md, mi_default_model), or pass --model PATH")
     t0 = time.perf_counter()
+    name = Path(str(model)).name or str(model)
+    console.step(f"loading {name} on {device} ({str(dtype).removeprefix('torch.')}) ...")
     m = MIModel.from_pretrained(model, device=device, dtype=dtype)
-    console.detail(f"loaded {model} on {device} ({str(dtype).removeprefix('torch.')}) in "
-                   f"{time.perf_counter() - t0:.1f} s")
+    console.step(f"loaded {name} in {time.perf_counter() - t0:.1f} s")
+    console.detail(f"loaded {model}")
     return m
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,6 +26,12 @@ class Console:
     def detail(self, text: str) -> None:
         if self.verbose:
             print(text)
+
+    def step(self, text: str) -> None:
+        """One line of progress on stderr ("mi: loading ..."), also when piped (a line per
+        step, never a redrawn bar); silenced by ``-q``."""
+        if not self.quiet:
+            print(f"mi: {text}", file=sys.stderr, flush=True)
 
 
 console = Console()

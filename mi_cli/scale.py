@@ -98,34 +98,43 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         odir.write_atomic("results.json", (json.dumps(per_prompt, indent=1) + "\n").encode())
         print(f"{args.analysis}: {len(done)}/{len(jobs)} prompts done, {len(failed)} failed "
               f"(store {out / 'store'})")
-        _write_aggregate(args, odir, [r for _, r in done])
+        _write_aggregate(args, odir, [r for _, r in done], model)
     for j, e in failed[:5]:
         print(f"mi: warning: prompt {j['index']} failed: {e.splitlines()[0]}", file=sys.stderr)
     return 0 if not failed else 1
 
 
-def _write_aggregate(args: argparse.Namespace, odir: Any, results: list[Any]) -> None:
+def _write_aggregate(args: argparse.Namespace, odir: Any, results: list[Any],
+                     model: Any) -> None:
     """OUT/aggregate.json and the picture (OUT/aggregate.png unless --plot), with the
-    largest means on stdout."""
-    from mi_core.scale.analyses import aggregate, plot_aggregate
+    largest means on stdout. A knockout's effect is reported in log-probability first
+    (shift-invariant), with the raw logit change beside it in the picture."""
+    from mi_core.scale.analyses import aggregate
+    from mi_core.util.plot import plot_sweep_aggregate
 
     agg = aggregate(args.analysis, results)
+    if agg.get("n"):
+        from mi_core.interp.describe import model_label
+
+        agg["model"] = model_label(model)
     odir.write_atomic("aggregate.json", (json.dumps(agg, indent=1) + "\n").encode())
     if not agg.get("n"):
         return
-    rows, mean = agg["rows"], agg["mean"]
-    flat = [(rows[i], m if not isinstance(m, list) else max(m, key=abs))
+    lp = args.analysis == "knockout" and "logprob_mean" in agg
+    mean = agg["logprob_mean"] if lp else agg["mean"]
+    metric = "answer log-prob change in nats (knocked out - baseline)" if lp else agg["metric"]
+    flat = [(agg["rows"][i], m if not isinstance(m, list) else max(m, key=abs))
             for i, m in enumerate(mean)]
     top = sorted(flat, key=lambda t: -abs(t[1]))[:5]
-    print(f"largest mean {agg['metric']} by {agg['row_label']}: " +
+    print(f"largest mean {metric} by {agg['row_label']}: " +
           ", ".join(f"{r}: {v:+.4g}" for r, v in top))
     if args.plot:
-        plot = plot_aggregate(agg, Path(args.plot))
+        plot = plot_sweep_aggregate(agg, Path(args.plot))
     else:  # drawn aside, then written into OUT like the other files
         plot = odir.file("aggregate.png")
         with tempfile.TemporaryDirectory(prefix="mi-sweep-") as tmp:
             odir.write_atomic("aggregate.png",
-                              plot_aggregate(agg, Path(tmp) / "aggregate.png").read_bytes())
+                              plot_sweep_aggregate(agg, Path(tmp) / "aggregate.png").read_bytes())
     print(f"wrote {odir.file('results.json')}, {odir.file('aggregate.json')}, {plot}")
 
 
@@ -164,6 +173,10 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     if model is None:
         raise ConfigError("no --model given and no embedded default model is installed")
     hooks = [h.strip() for h in args.hooks.split(",") if h.strip()]
+    from mi_cli.preflight import check_hook_names, checkpoint_info
+
+    dims = checkpoint_info(args.model)
+    check_hook_names(hooks, "--hooks", dims.num_layers if dims is not None else None)
     dtype = getattr(torch, args.dtype) if args.dtype else None
     store = cache_activations(model, texts, hooks, args.out, context_len=args.context_len,
                               batch_size=args.batch_size, tokens_per_shard=args.tokens_per_shard,
@@ -195,7 +208,9 @@ def _executor_args(p: argparse.ArgumentParser) -> None:
                    "a local Ray)")
     p.add_argument("--overwrite", action="store_true",
                    help="discard an existing store written with another model / settings")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress (it is on stderr: a redrawn line on a terminal, a line "
+                   "per step when piped; -q also silences it)")
     A.output_options(p)
 
 

@@ -9,6 +9,7 @@ forward pass and calls ``run.apply(name, x)`` at each point. Conveniences beyond
 
 from __future__ import annotations
 
+import inspect
 import os
 import types
 from typing import Any, Iterable, Mapping, Sequence
@@ -18,13 +19,15 @@ import torch
 from mi_core import capabilities as caps
 from mi_core import plugins
 from mi_core.detection import check_compatibility, detections, load_tokenizer, report, source_of
-from mi_core.errors import HookError, InputError, MIError, PluginError, TokenizerError
+from mi_core.errors import CapabilityError, HookError, InputError, MIError, PluginError
+from mi_core.errors import TokenizerError
 from mi_core.errors import UnsupportedModelError
 from mi_core.generation import ForwardOptions, GenerationResult, generate, sample_token
 from mi_core.hooks import HookCache, HookSpec
 from mi_core.inputs import check_dtype, check_ids, check_mask, resolve_device
 from mi_core.interventions import Intervention, check_broadcast
 from mi_core.loading import SKIP_MEMORY_CHECK
+from mi_core.placement import check_placement
 from mi_core.points import HookLike, HookPoint
 from mi_core.protocol import MEMBERS, MIBackend
 from mi_core.tokenizer import MITokenizer
@@ -69,18 +72,27 @@ class MIModel(metaclass=_ModelClass):
                         dtype: torch.dtype = torch.float32, backend: str | None = None,
                         revision: str | None = None, *, fold_ln: bool = False,
                         center_writing_weights: bool = False, center_unembed: bool = False,
-                        fold_value_biases: bool = False, check_memory: bool = True) -> "MIModel":
+                        fold_value_biases: bool = False, device_map: Any = None,
+                        max_memory: Mapping[Any, int | str] | None = None,
+                        offload: str | None = None, check_memory: bool = True) -> "MIModel":
         """Load a hub id, a local directory or a single file a plugin claims (e.g. ``.gguf``).
 
         `revision`: a hub branch, tag or commit (e.g. a training checkpoint's ``"step1000"``); hub ids only.
         `fold_ln`, `center_writing_weights`, `center_unembed`, `fold_value_biases`: weight
         processing as TransformerLens' (``model.process_weights``); all False by default (the
         checkpoint's own weights), where TransformerLens' ``from_pretrained`` defaults them
-        to True. `check_memory=False`: load a config whose parameters seem not to fit in memory.
+        to True.
+        `device_map` ("auto", "sequential" or ``{"embed": "cuda:0", "blocks.0-15": "cuda:0",
+        "blocks.16-31": "cuda:1", "unembed": "cuda:1"}``), `max_memory` (``{device: bytes or
+        "8GiB"}``) and `offload` (None, "cpu": weights in CPU memory, "disk": memory-mapped
+        from the safetensors files; each block moved to its device when it runs) place the
+        model across devices (docs/BACKENDS.md, "Placement"); checked before anything is read.
+        `check_memory=False`: load a config whose parameters seem not to fit in memory.
         """
         token = SKIP_MEMORY_CHECK.set(not check_memory)
         try:
             dev, dtype = resolve_device(device), check_dtype(dtype)
+            placement = check_placement(device_map, max_memory, offload, dev)
             src = source_of(source, revision)
             available = plugins.backends()
             if backend is None:
@@ -90,14 +102,20 @@ class MIModel(metaclass=_ModelClass):
                         raise UnsupportedModelError(
                             f"{source}: no backend plugins are installed (install mi-core with "
                             f"the extra of a backend plugin, e.g. pip install 'mi-core[all]')")
-                    raise UnsupportedModelError(("" if rep.unimplemented else "no plugin can load "
-                                                 "this checkpoint:\n") + rep.summary())
+                    raise UnsupportedModelError(
+                        rep.summary() if rep.unimplemented
+                        else "no plugin can load this checkpoint:\n" + rep.summary())
                 backend = rep.backend
             if backend not in available:
                 raise UnsupportedModelError(f"backend {backend!r} is not installed; installed: "
                                             f"{', '.join(sorted(available)) or 'none'}")
+            extra = {} if placement is None else {"placement": placement}
+            if extra and "placement" not in inspect.signature(available[backend].load).parameters:
+                # the backend's loader predates placement: refuse rather than load unplaced
+                raise CapabilityError(f"backend {backend!r} cannot place a model across devices "
+                                      f"(device_map / offload); load it on one device")
             try:
-                be = available[backend].load(src, dev, dtype)
+                be = available[backend].load(src, dev, dtype, **extra)
             except MIError:
                 raise
             except Exception as exc:  # never a raw ValueError / KeyError / TypeError from a load
@@ -240,7 +258,12 @@ class MIModel(metaclass=_ModelClass):
         capability). `stateful`: the call carries a state (positions are absolute)."""
         if hooks.is_empty():
             return
-        hooks.validate(self._hook_names(), num_layers=self.num_layers)
+        names = self._hook_names()
+        try:
+            hooks.validate(names, num_layers=self.num_layers)
+        except HookError as e:  # say what the layer is (a recurrent layer has no attention)
+            hp = next(p for p in hooks.points() if p.name not in names)
+            raise HookError(f"{e}{self._layer_kind(hp)}") from None
         be = self.backend
         for spec in (hooks.state_knockout, hooks.state_steering):
             if spec is not None:
@@ -263,8 +286,16 @@ class MIModel(metaclass=_ModelClass):
         """HookError naming the first point this model lacks (for analyses that need them)."""
         for p in points:
             if not self.has_hook_point(p):
-                raise HookError(f"{needed_for} needs hook point {HookPoint.parse(p).name!r}, "
-                                f"which the {self.backend_name} backend does not provide")
+                hp = HookPoint.parse(p)
+                raise HookError(f"{needed_for} needs hook point {hp.name!r}, which the "
+                                f"{self.backend_name} backend does not provide"
+                                f"{self._layer_kind(hp)}")
+
+    def _layer_kind(self, hp: HookPoint) -> str:
+        if hp.layer is None or hp.layer >= self.num_layers or not caps.has(self.backend,
+                                                                           caps.LayerTypes):
+            return ""
+        return f" (layer {hp.layer} is a {self.backend.layer_types[hp.layer]!r} layer)"
 
     def check_ids(self, ids: Any, what: str = "ids") -> torch.Tensor:
         """Token ids as LongTensor [batch, seq] on the model's device; InputError (shape,

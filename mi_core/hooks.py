@@ -367,5 +367,13 @@ class HookCache:
                             f"metric of it first (only points passed to capture_grad are kept)")
         return self._grads[name]
 
+    def to(self, device: str | torch.device) -> "HookCache":
+        """A cache with the output, captures and gradients on `device` (on a placed model each
+        capture is on its own point's device); `extra` is kept as is."""
+        move = lambda d: {k: v.to(device) for k, v in d.items()}  # noqa: E731
+        out = HookCache(self.output.to(device), move(self._captures), **self.extra)
+        out._grads = None if self._grads is None else move(self._grads)
+        return out
+
     def __repr__(self) -> str:
         return f"HookCache(output={tuple(self.output.shape)}, captures={self.keys()})"

@@ -13,7 +13,7 @@ from typing import Any
 import pluggy
 
 from mi_core.registry import (
-    BackendSpec, Detection, DictionaryFormat, ModelSource, TokenizerSpec, ViewSpec,
+    BackendSpec, Detection, DictionaryFormat, MixerSpec, ModelSource, TokenizerSpec, ViewSpec,
 )
 
 #: Marks a specification of the plugin surface (used in this module only).
@@ -42,6 +42,12 @@ def mi_register_dictionary_formats() -> list[DictionaryFormat]:
 
 
 @plugin_spec
+def mi_register_mixers() -> list[MixerSpec]:
+    """Return the sequence mixers this plugin provides to generic blocks, by layer type name
+    (a backend finds them through ``mi_core.plugin.mixer(name)``, never by importing you)."""
+
+
+@plugin_spec
 def mi_register_tokenizers() -> list[TokenizerSpec]:
     """Return tokenizer loaders for model directories (e.g. a model-specific vocabulary file)."""
 
@@ -52,6 +58,12 @@ def mi_declare_hook_points() -> dict[str, str]:
     {factory name: suffix}, e.g. ``{"mixer_state": "mixer.hook_state"}``: the suffix becomes a
     known point (``blocks.{i}.mixer.hook_state``) and ``HookPoint.mixer_state(i)`` a factory.
     Shapes come from the backend's ``hook_shape`` (the HookShapes capability)."""
+
+
+@plugin_spec
+def mi_opt_in_hook_points() -> list[str]:
+    """Suffixes of your per-layer points that are large or costly (per-step states, seq x seq
+    matrices): computed only when hooked, and left out of a default ``run_with_cache``."""
 
 
 @plugin_spec

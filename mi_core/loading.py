@@ -10,9 +10,12 @@ naming it, never a raw ValueError / KeyError / TypeError.
 from __future__ import annotations
 
 import contextvars
+import ctypes
 import json
+import mmap
 import os
 import struct
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -287,6 +290,20 @@ def checked_tensor(t: torch.Tensor, name: str, origin: str, dtype: torch.dtype |
     return t
 
 
+def _drop_pages(t: torch.Tensor) -> None:
+    """Drop the resident pages wholly inside memory-mapped `t` (madvise MADV_DONTNEED), so a
+    load that casts holds one copy of the weights, not the cast one plus the file's pages.
+    The pages are clean and file-backed: a later read faults them in again."""
+    page = mmap.PAGESIZE
+    start = -(-t.data_ptr() // page) * page
+    end = (t.data_ptr() + t.numel() * t.element_size()) // page * page
+    if end > start and _LIBC is not None:
+        _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), 4)  # DONTNEED
+
+
+_LIBC = ctypes.CDLL(None) if sys.platform.startswith("linux") else None
+
+
 class SafetensorsCheckpoint:
     """One or more safetensors files (single or sharded via ``*.index.json``), read lazily.
 
@@ -365,8 +382,11 @@ class SafetensorsCheckpoint:
             t = self._handle(f).get_tensor(name)
         except Exception as exc:
             raise WeightLoadError(f"{f}: cannot read tensor {name!r}: {exc}") from exc
-        return checked_tensor(t, name, str(f), dtype, device) if check else \
+        out = checked_tensor(t, name, str(f), dtype, device) if check else \
             t.to(dtype=dtype or t.dtype, device=device or t.device)
+        if out.data_ptr() != t.data_ptr() and t.device.type == "cpu":
+            _drop_pages(t)  # a cast copy: the mapped pages are not needed again
+        return out
 
     def check(self, expected: Mapping[str, tuple[int, ...]], optional: Iterable[str] = ()) -> None:
         """Raise one WeightLoadError listing every missing and every mis-shaped tensor."""

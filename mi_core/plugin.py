@@ -5,7 +5,8 @@ kernel, in one module. Plugins (the built-in ones included) import from here or 
 A backend implements :class:`MIBackend` (plus the capabilities it declares), calls
 ``run.apply(name, x)`` at each hook point of its forward (``run = hooks.start()``), and
 registers through ``@plugin_impl def mi_register_backends()`` and ``mi_detect_backend``.
-A dictionary format registers a :class:`DictionaryFormat`; a view a :class:`ViewSpec`; a model
+A dictionary format registers a :class:`DictionaryFormat`; a sequence mixer a :class:`MixerSpec`
+(found by a backend's generic block through :func:`mixer`); a view a :class:`ViewSpec`; a model
 convenience a function or property through ``mi_model_attributes``. Commands for the ``mi``
 CLI register with :mod:`mi_cli.plugin` (torch-free, so ``mi --help`` answers at once).
 See docs/PLUGINS.md.
@@ -40,9 +41,10 @@ from mi_core.loading import (
     looks_like_hub_id, read_config, read_json, refuse_pickle, require_field, resolve_source,
     safetensors_header,
 )
+from mi_core.placement import Placement, check_placement
 from mi_core.plugins import (
-    dictionary_formats, get_plugin_manager, plugin_infos, register_plugin, unregister_plugin,
-    view,
+    dictionary_formats, get_plugin_manager, mixer, mixers, plugin_infos, register_plugin,
+    unregister_plugin, view,
 )
 from mi_core.points import (
     GLOBAL_NAMES, LAYER_SUFFIXES, OPT_IN_SUFFIXES, PRE_SOFTMAX_SCORES, HookLike, HookPoint,
@@ -51,8 +53,8 @@ from mi_core.points import (
 from mi_core.progress import Progress, progress, set_progress
 from mi_core.protocol import MIBackend
 from mi_core.registry import (
-    BackendSpec, CompatibilityReport, Detection, DictionaryFormat, ModelSource, TokenizerSpec,
-    ViewSpec,
+    BackendSpec, CompatibilityReport, Detection, DictionaryFormat, MixerSpec, ModelSource,
+    TokenizerSpec, ViewSpec,
 )
 from mi_core.serialize import converter, from_json, to_json
 from mi_core.shapes import standard_shape
@@ -67,17 +69,19 @@ __all__ = [
     "HookLike", "HookPoint", "HookRun", "HookShapes", "HookSpec", "InputError", "Intervention",
     "InterventionError", "KVCachedGeneration", "Knockout", "LAYER_SUFFIXES", "LayerSchedule",
     "LayerTypes", "MEMORY_CHECK_ENV", "available_memory", "check_memory",
-    "MIBackend", "MIError", "MIModel", "MITokenizer", "MetricError", "ModelSource",
-    "OPT_IN_SUFFIXES", "PICKLE_SUFFIXES", "PRE_SOFTMAX_SCORES", "PluginError", "Progress",
+    "MIBackend", "MIError", "MIModel", "MITokenizer", "MetricError", "MixerSpec", "ModelSource",
+    "OPT_IN_SUFFIXES", "PICKLE_SUFFIXES", "PRE_SOFTMAX_SCORES", "Placement", "PluginError",
+    "Progress",
     "REQUIRED", "Readout", "Replace", "SafetensorsCheckpoint", "Scale", "SparseActivations",
     "SparseDictionary", "StateInterventions", "StateKnockoutSpec", "StateSteeringSpec", "Steer",
     "TokenizerError", "TokenizerSpec", "UnsupportedModelError", "ViewSpec", "WeightAccess",
     "WeightLoadError", "WeightProcessing", "Zero", "capabilities_of", "check_broadcast",
+    "check_placement",
     "check_dtype", "checked_tensor", "converter", "dictionary_formats", "from_json",
     "get_plugin_manager",
     "has_capability", "hook_name", "hookimpl", "is_generic_harmless", "load_dictionary",
-    "looks_like_hub_id", "plugin_impl", "plugin_infos", "progress", "read_config", "read_json",
-    "refuse_pickle", "register_plugin", "require_capability", "require_field",
-    "require_points", "resolve_device", "resolve_source", "safetensors_header", "sample_token",
+    "looks_like_hub_id", "mixer", "mixers", "plugin_impl", "plugin_infos", "progress",
+    "read_config", "read_json", "refuse_pickle", "register_plugin", "require_capability",
+    "require_field", "require_points", "resolve_device", "resolve_source", "safetensors_header", "sample_token",
     "set_progress", "standard_shape", "to_json", "unregister_plugin", "view",
 ]

@@ -15,9 +15,9 @@ import attrs
 import pluggy
 
 from mi_core import hookspecs
-from mi_core.errors import MIError, PluginError
-from mi_core.points import declare_layer_points
-from mi_core.registry import BackendSpec, DictionaryFormat, TokenizerSpec, ViewSpec
+from mi_core.errors import MIError, PluginError, UnsupportedModelError
+from mi_core.points import OPT_IN_SUFFIXES, declare_layer_points
+from mi_core.registry import BackendSpec, DictionaryFormat, MixerSpec, TokenizerSpec, ViewSpec
 
 ENTRY_POINT_GROUP = "mi_core"
 ENV_VAR = "MI_CORE_PLUGINS"
@@ -83,6 +83,8 @@ def get_plugin_manager() -> pluggy.PluginManager:
                 raise PluginError(f"plugin {plugin_name!r}: mi_declare_hook_points failed: "
                                   f"{type(result).__name__}: {result}") from result
             _declare(plugin_name, result)
+        for suffixes in pm.hook.mi_opt_in_hook_points():
+            OPT_IN_SUFFIXES.update(suffixes or [])
     return _pm
 
 
@@ -102,6 +104,7 @@ def register_plugin(plugin: Any, name: str) -> None:
     declare = getattr(plugin, "mi_declare_hook_points", None)
     if declare is not None:
         _declare(name, declare())
+    OPT_IN_SUFFIXES.update(getattr(plugin, "mi_opt_in_hook_points", list)() or [])
     _infos.append(PluginInfo(name=name, distribution="(in-process)", version="-",
                              module=getattr(plugin, "__name__", repr(plugin))))
     _forget_gathered()
@@ -150,6 +153,21 @@ def backends() -> dict[str, BackendSpec]:
     pm = get_plugin_manager()
     specs = _collect(pm.hook.mi_register_backends())
     return {s.name: s for s in specs}
+
+
+def mixers() -> dict[str, MixerSpec]:
+    """Every sequence mixer the plugins register (``mi_register_mixers``), by name."""
+    return {s.name: s for s in _collect(get_plugin_manager().hook.mi_register_mixers())}
+
+
+def mixer(name: str, needed_for: str = "this model") -> MixerSpec:
+    """The mixer `name`; UnsupportedModelError naming it when no installed plugin has it."""
+    found = mixers()
+    if name not in found:
+        raise UnsupportedModelError(f"{needed_for} needs the sequence mixer {name!r}, which no "
+                                    f"installed plugin provides (mixers: "
+                                    f"{', '.join(sorted(found)) or 'none'})")
+    return found[name]
 
 
 def dictionary_formats() -> list[DictionaryFormat]:

@@ -21,7 +21,7 @@ GLOBAL_NAMES = ("hook_embed", "hook_pos_embed", "ln_final.hook_scale",
 #: Per-layer suffixes (``blocks.{i}.<suffix>``), grouped by shape.
 _RESID = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out",
           "hook_mlp_out", "ln1.hook_normalized", "ln2.hook_normalized", "attn.hook_in",
-          "mlp.hook_in", "hook_mlp_in")
+          "mlp.hook_in", "hook_mlp_in", "hook_mixer_out")  # mixer_out: a non-attention mixer's
 _SCALE = ("ln1.hook_scale", "ln2.hook_scale")
 _Q_HEADS = ("attn.hook_q", "attn.hook_rot_q", "attn.hook_z")
 _KV_HEADS = ("attn.hook_k", "attn.hook_v", "attn.hook_rot_k")
@@ -51,9 +51,10 @@ _ALIASES_LAYER = {"attn.hook_scores": "attn.hook_attn_scores",
 #: (:func:`declare_layer_points`). Any other name is a custom point, kept verbatim.
 KNOWN_LAYER_SUFFIXES: set[str] = set(LAYER_SUFFIXES)
 KNOWN_GLOBAL_NAMES = GLOBAL_NAMES
-#: Points computed only when hooked (extra work or memory): a default run_with_cache skips them.
-OPT_IN_SUFFIXES = ("attn.hook_result", "hook_attn_in", "hook_q_input", "hook_k_input",
-                   "hook_v_input")
+#: Points computed only when hooked (extra work or memory): a default run_with_cache skips them
+#: (plugins add theirs through ``mi_opt_in_hook_points``).
+OPT_IN_SUFFIXES: set[str] = {"attn.hook_result", "hook_attn_in", "hook_q_input",
+                             "hook_k_input", "hook_v_input"}
 
 
 class LayerIndex(int):
@@ -131,6 +132,7 @@ _STANDARD_FACTORIES = {
     "attn_rot_q": "attn.hook_rot_q", "attn_rot_k": "attn.hook_rot_k",
     "attn_scores": "attn.hook_attn_scores", "attn_pattern": "attn.hook_pattern",
     "attn_z": "attn.hook_z", "attn_result": "attn.hook_result", "attn_out": "hook_attn_out",
+    "mixer_out": "hook_mixer_out",
     "attn_in": "attn.hook_in", "mlp_in": "mlp.hook_in",
     "mlp_pre": "mlp.hook_pre", "mlp_post": "mlp.hook_post", "mlp_out": "hook_mlp_out",
     "mlp_pre_linear": "mlp.hook_pre_linear",

@@ -1,4 +1,5 @@
-"""The records plugins register: backends, detections, dictionary formats, tokenizers, views."""
+"""The records plugins register: backends, detections, dictionary formats, tokenizers, views,
+sequence mixers."""
 
 from __future__ import annotations
 
@@ -51,7 +52,9 @@ class Detection:
 
 @attrs.define
 class BackendSpec:
-    """A backend a plugin provides. `load(source, device, dtype) -> MIBackend`."""
+    """A backend a plugin provides. `load(source, device, dtype) -> MIBackend`; a backend
+    that can place a model across devices takes ``placement=`` (a checked
+    :class:`~mi_core.placement.Placement`) too."""
 
     name: str
     load: "Callable[[ModelSource, torch.device, torch.dtype], MIBackend]"
@@ -89,6 +92,24 @@ class ViewSpec:
 
     name: str
     render: Callable[..., Any]
+    description: str = ""
+
+
+@attrs.define
+class MixerSpec:
+    """A sequence mixer (state space, linear attention, ...) that a backend's generic block can
+    run in place of attention; its `name` is the layer type (``model.layer_types``).
+
+    `settings(fields, keys, hidden_size)` reads the mixer's config values through a
+    :class:`~mi_core.configread.ConfigFields`, `keys` naming the family's key for each
+    setting; `tensors(settings)` gives its weights ({name inside the mixer's module: shape});
+    `build(settings, weights, layer)` the runnable mixer (the protocol ``mi_core.recurrence.
+    Mixer``, docs/PLUGINS.md). The backend owning the block never imports the plugin."""
+
+    name: str
+    settings: Callable[..., Any]
+    tensors: Callable[[Any], dict[str, tuple[int, ...]]]
+    build: Callable[..., Any]
     description: str = ""
 
 

@@ -2,7 +2,7 @@
 
 A recurrent backend (one that carries a state from token to token instead of attending to
 a KV cache) writes a key-value outer product into its state at each position. These specs
-skip (knockout) or scale (steering) that write at chosen positions and layers. Backends
+skip (knockout) or scale (steering) that write at chosen positions, layers and heads. Backends
 with the state-interventions capability (:class:`mi_core.capabilities.StateInterventions`)
 apply them; on any other backend a spec is a CapabilityError before compute.
 """
@@ -22,6 +22,8 @@ class _StateSpecBase:
     positions: list[int] = attrs.field(factory=list)
     #: None means every layer.
     target_layers: list[int] | None = None
+    #: None means every head of each targeted layer's recurrent mixer.
+    target_heads: list[int] | None = None
 
     def position(self, pos: int) -> "_StateSpecBase":
         self.positions.append(_index(pos, "position"))
@@ -33,6 +35,11 @@ class _StateSpecBase:
 
     def layers(self, layers: list[int]) -> "_StateSpecBase":
         self.target_layers = [_index(x, "layer") for x in layers]
+        return self
+
+    def heads(self, heads: list[int]) -> "_StateSpecBase":
+        """Only these heads of each targeted layer (their range is the backend's to check)."""
+        self.target_heads = [_index(h, "head") for h in heads]
         return self
 
     def layer_range(self, start: int, end: int) -> "_StateSpecBase":
@@ -55,6 +62,9 @@ class _StateSpecBase:
                 raise InterventionError(
                     f"{type(self).__name__}: layer {lay} out of range [0, {num_layers - 1}]"
                 )
+        if any(h < 0 for h in self.target_heads or []):
+            raise InterventionError(f"{type(self).__name__}: heads {self.target_heads} must be "
+                                    f">= 0")
         if seq_len is not None:
             for p in self.positions:
                 if not -seq_len <= p < seq_len:
@@ -75,7 +85,8 @@ class StateSteeringSpec(_StateSpecBase):
     scale: float = 1.0
 
     def __init__(self, scale: float = 1.0, positions: list[int] | None = None,
-                 target_layers: list[int] | None = None) -> None:
+                 target_layers: list[int] | None = None,
+                 target_heads: list[int] | None = None) -> None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
                 or not math.isfinite(scale):
             raise InterventionError(f"StateSteeringSpec scale must be a finite number, got "
@@ -83,7 +94,8 @@ class StateSteeringSpec(_StateSpecBase):
         self.__attrs_init__(positions=[_index(p, "position") for p in positions or []],
                             target_layers=None if target_layers is None else
                             [_index(x, "layer") for x in target_layers],
-                            scale=float(scale))
+                            target_heads=None if target_heads is None else
+                            [_index(x, "head") for x in target_heads], scale=float(scale))
 
 
 def _index(value: object, what: str) -> int:

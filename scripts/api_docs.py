@@ -18,7 +18,8 @@ from pathlib import Path
 
 #: The packages documented: the core and its rings, the command line and the built-in plugins
 #: (those that are installed).
-PACKAGES = ("mi_core", "mi_cli", "mi_transformer", "mi_rwkv", "mi_sae", "mi_clt", "mi_probing")
+PACKAGES = ("mi_core", "mi_cli", "mi_transformer", "mi_rwkv", "mi_ssm", "mi_sae", "mi_clt",
+            "mi_probing")
 
 
 def modules() -> list[str]:

@@ -1,12 +1,14 @@
 """The analysis layer: knockout and ablation, steering, logit lens, activation patching,
 residual decomposition / direct logit attribution, static circuits and head detection,
-recurrent feedback. Everything speaks only to MIModel, HookSpec and HookCache, so it works
+recurrent feedback, what a layer attends with (softmax or effective attention). Everything
+speaks only to MIModel, HookSpec and HookCache, so it works
 for any backend that provides the hook points an analysis needs (a HookError names the
 first missing one)."""
 
 from mi_core.interp._common import MetricError
 from mi_core.interp import act_patching  # TransformerLens' patching functions (mi_core.tl.patching)
 from mi_core.tl.factored_matrix import FactoredMatrix
+from mi_core.interp.attention import display_weights, effective_attention_point, layer_attention
 from mi_core.interp.circuits import (
     CompositionScores, HeadDetectionResult, composition_scores, detect_heads,
     detection_pattern, head_scores, ov_circuit, qk_circuit, repeated_random_tokens,
@@ -51,8 +53,10 @@ __all__ = [
     "ablation_result", "accumulated_resid", "apply_ln_to_stack", "apply_steering",
     "attribution_patching", "composition_scores", "contrastive_steering_vector",
     "create_knockout_mask", "decompose_resid", "decomposition_points", "detect_heads",
-    "detection_pattern", "direct_logit_attribution", "dose_response", "effect_summary",
+    "detection_pattern", "direct_logit_attribution", "display_weights", "dose_response",
+    "effect_summary", "effective_attention_point",
     "forward_recurrent", "generate_recurrent", "head_scores", "kl_divergence", "knockout_hooks",
+    "layer_attention",
     "logit_attrs",
     "logit_diff_metric", "mean_ablation_hooks", "normalize_metric", "ov_circuit",
     "patching_grid", "qk_circuit", "repeated_random_tokens", "resample_ablation_hooks",

@@ -10,15 +10,17 @@ norms whose gain is ``1 + w`` this fold is not the true gain).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
 import attrs
 import torch
 
 from mi_core.plugin import (
-    HookPoint, HookSpec, MIError, MIModel, WeightAccess, require_points,
+    HookPoint, HookSpec, MIError, MIModel, WeightAccess, require_points, view,
 )
 from mi_core.interp._common import as_ids, check_heads, check_layers, progress
+from mi_core.interp.describe import model_label
 from mi_core.tl.factored_matrix import FactoredMatrix
 
 
@@ -151,10 +153,17 @@ def head_scores(pattern: torch.Tensor, ideal: torch.Tensor) -> torch.Tensor:
 
 @attrs.define
 class HeadDetectionResult:
-    """scores[kind] = [layers, heads] tensor; ``top(kind)`` lists the best heads."""
+    """scores[kind] = [layers, heads] tensor; ``top(kind)`` lists the best heads.
+    ``model`` names the model and ``description`` the input the scores were measured on."""
 
     scores: dict[str, torch.Tensor]
     num_tokens: int
+    model: str | None = None
+    description: str | None = None
+
+    def to_html(self, path: str | Path, title: str | None = None) -> Path:
+        """An interactive page: one layers x heads grid per kind, hover for every score."""
+        return view("head_scores")(self, path, title=title)
 
     def top(self, kind: str, k: int = 5) -> list[tuple[int, int, float]]:
         s = self.scores[kind]
@@ -188,7 +197,11 @@ def detect_heads(model: MIModel, ids: Any | None = None, kinds: Sequence[str] = 
                  ) -> HeadDetectionResult:
     """Score every head for each kind on `ids` (default: repeated random tokens, where
     induction and duplicate heads are visible). BOS is never counted as an ideal target."""
-    ids = repeated_random_tokens(model) if ids is None else as_ids(model, ids)
+    what = None
+    if ids is None:
+        ids = repeated_random_tokens(model)
+        what = f"{ids.shape[0]} x random tokens repeated once ({ids.shape[1]} tokens)"
+    ids = as_ids(model, ids)
     layers = check_layers(layers, model.num_layers)
     points = [HookPoint.attn_pattern(i) for i in layers]
     require_points(model, points)
@@ -199,4 +212,5 @@ def detect_heads(model: MIModel, ids: Any | None = None, kinds: Sequence[str] = 
         pat = cache.require(hp).float().cpu()
         for k in kinds:
             scores[k][i] = head_scores(pat, ideals[k])
-    return HeadDetectionResult(scores, int(ids.shape[1]))
+    return HeadDetectionResult(scores, int(ids.shape[1]), model_label(model),
+                               what or f"{ids.shape[0]} x {ids.shape[1]} tokens")

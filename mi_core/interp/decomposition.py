@@ -26,13 +26,28 @@ from mi_core.interp._common import as_ids, norm_position, resolve_token, token_s
 
 
 def decomposition_points(model: MIModel, heads: bool = False) -> list[HookPoint]:
-    """The points a decomposition needs (capture them, then call the functions below)."""
+    """The points a decomposition needs (capture them, then call the functions below).
+
+    A layer whose mixer is not attention (``hook_mixer_out`` instead of ``hook_attn_out``)
+    contributes its mixer output, and its resid_mid / MLP output only where it has an MLP;
+    a layer with an MLP alone (no mixer) its MLP output, an attention layer without an MLP its
+    attention output."""
     pts = [HookPoint.resid_pre(0)]
     if model.has_hook_point(HookPoint.ln_final_scale()):  # needed by apply_ln_to_stack only
         pts.append(HookPoint.ln_final_scale())
     for i in range(model.num_layers):
-        pts += [HookPoint.resid_mid(i), HookPoint.attn_out(i), HookPoint.mlp_out(i),
-                HookPoint.resid_post(i)]
+        if not model.has_hook_point(HookPoint.attn_out(i)) and (
+                model.has_hook_point(HookPoint.mixer_out(i))
+                or model.has_hook_point(HookPoint.mlp_out(i))):
+            pts += [p for p in (HookPoint.mixer_out(i), HookPoint.resid_mid(i),
+                                HookPoint.mlp_out(i)) if model.has_hook_point(p)]
+            pts.append(HookPoint.resid_post(i))
+            continue
+        if model.has_hook_point(HookPoint.mlp_out(i)):
+            pts += [HookPoint.resid_mid(i), HookPoint.attn_out(i), HookPoint.mlp_out(i),
+                    HookPoint.resid_post(i)]
+        else:  # an attention layer without an MLP
+            pts += [HookPoint.attn_out(i), HookPoint.resid_post(i)]
         if heads:
             pts.append(HookPoint.attn_z(i))
     return pts
@@ -61,8 +76,13 @@ def accumulated_resid(cache: HookCache, num_layers: int, incl_mid: bool = False
 
 def decompose_resid(cache: HookCache, num_layers: int) -> tuple[torch.Tensor, list[str]]:
     """The final residual split into "embed" (resid_pre 0), "{i}_attn" and "{i}_mlp":
-    [2 * num_layers + 1, batch, seq, d_model]; the components sum to ``resid_post[L-1]``."""
-    return stack_points(cache, [(HookPoint.resid_pre(0), "embed")] + layer_outputs(num_layers))
+    [2 * num_layers + 1, batch, seq, d_model]; the components sum to ``resid_post[L-1]``.
+    A recurrent layer's term is "{i}_mixer" (``hook_mixer_out``), where it was captured
+    instead of ``hook_attn_out``; a layer without an MLP has no "{i}_mlp"."""
+    captured = (lambda p: p in cache) if any(
+        HookPoint.mixer_out(i) in cache for i in range(num_layers)) else None
+    return stack_points(cache, [(HookPoint.resid_pre(0), "embed")]
+                        + layer_outputs(num_layers, has=captured))
 
 
 def stack_head_results(model: MIModel, cache: HookCache, layers: Sequence[int] | None = None,

@@ -10,6 +10,7 @@ attention output is the bias only) and the result is never NaN.
 from __future__ import annotations
 
 import functools
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
@@ -22,6 +23,7 @@ from mi_core.plugin import (
 from mi_core.interp._common import (
     as_ids, check_heads, check_layers, norm_position, norm_positions, token_str,
 )
+from mi_core.interp.describe import describe_knockout, model_label, position, str_tokens
 from mi_core.interp.effects import (  # noqa: F401  (kl_rows re-exported for mi_core.interp.state)
     EffectSummary, TokenEffect, effect_summary, kl_divergence, kl_rows, token_effects, top_changed,
 )
@@ -70,22 +72,29 @@ class KnockoutSpec:
     def is_empty(self) -> bool:
         return not self.edges and self.from_positions is None and self.to_positions is None
 
+    def describe(self, tokens: Sequence[str] | None = None) -> str:
+        """One line: "layers 8-15, all heads; removed edges query → key: 4 ' is' → 3
+        ' France'" (token names when `tokens`, the prompt's tokens, are given)."""
+        return describe_knockout(self, tokens)
+
 
 @functools.lru_cache(maxsize=64)
 def _mask_cached(spec: KnockoutSpec, n_heads: int, seq: int, device: str,
                  dtype: torch.dtype) -> torch.Tensor:
     heads = check_heads(spec.heads, n_heads)
-    keep = torch.ones(n_heads, seq, seq, dtype=torch.bool)
+    # built on the CPU (a few small index writes) and moved once; the result is cached
+    cpu = torch.device("cpu")
+    keep = torch.ones(n_heads, seq, seq, dtype=torch.bool, device=cpu)
     for q, k in spec.edges:
         qq, kk = norm_position(q, seq, "query position"), norm_position(k, seq, "key position")
         keep[heads, qq, kk] = False
     if spec.from_positions is not None or spec.to_positions is not None:
         qs = norm_positions(spec.from_positions, seq, "query position")
         ks = norm_positions(spec.to_positions, seq, "key position")
-        sel = torch.zeros(seq, seq, dtype=torch.bool)
-        sel[torch.tensor(qs)[:, None], torch.tensor(ks)[None, :]] = True
+        sel = torch.zeros(seq, seq, dtype=torch.bool, device=cpu)
+        sel[torch.tensor(qs, device=cpu)[:, None], torch.tensor(ks, device=cpu)[None, :]] = True
         keep[heads] &= ~sel
-    mask = torch.zeros(1, n_heads, seq, seq, dtype=dtype)
+    mask = torch.zeros(1, n_heads, seq, seq, dtype=dtype, device=cpu)
     mask[0][~keep] = float("-inf")
     return mask.to(device)
 
@@ -103,6 +112,16 @@ def create_knockout_mask(spec: KnockoutSpec, n_heads: int, seq_len: int,
     return _mask_cached(spec, int(n_heads), int(seq_len), str(torch.device(device)), dtype)
 
 
+def emptied_queries(spec: KnockoutSpec, n_heads: int, seq_len: int) -> list[int]:
+    """Query positions that lose EVERY key they may attend to (keys <= query) in some head:
+    softmax over nothing is undefined, so such a query attends to nothing at all (its
+    attention output is the bias only) — rarely what a knockout means to test."""
+    mask = create_knockout_mask(spec, n_heads, seq_len)[0]  # [heads, q, k], -inf = removed
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+    empty = (torch.isinf(mask) | ~causal).all(-1).any(0)  # [q]
+    return empty.nonzero().flatten().tolist()
+
+
 def clear_mask_cache() -> None:
     _mask_cached.cache_clear()
 
@@ -118,8 +137,16 @@ def knockout_hooks(model: MIModel, spec: KnockoutSpec, seq_len: int,
     layers = check_layers(spec.layers, model.num_layers)
     need = [HookPoint.attn_scores(layer) for layer in layers]
     need += [HookPoint.attn_pattern(layer) for layer in layers]
-    require_points(model, need)
+    # a layer without attention (a recurrent mixer) is refused naming the layer and its
+    # type; mi.StateKnockoutSpec is the knockout of a recurrent layer
+    model.require_points(need, "attention knockout")
     mask = create_knockout_mask(spec, model.num_heads, seq_len, model.device, model.dtype)
+    empty = emptied_queries(spec, model.num_heads, seq_len)
+    if empty:
+        warnings.warn(f"the knockout removes every key of query position(s) {empty} (of "
+                      f"{seq_len} tokens): those queries attend to nothing (attention output = "
+                      "bias only), which is not an edge knockout; keep at least one key "
+                      "(e.g. the query itself) or use a longer prompt", stacklevel=2)
     hooks = hooks if hooks is not None else HookSpec()
     for layer in layers:
         hooks.intervene(HookPoint.attn_scores(layer), Knockout(mask))
@@ -144,7 +171,8 @@ class AblationResult:
     that token. ``summary`` holds KL and the top changed tokens; the raw logits
     ``baseline_logits`` / ``ablated_logits`` ([vocab] each, float32) are written to JSON only
     with ``to_json(result, raw=True)`` (CLI ``--raw``) and are None when read back without.
-    ``spec`` and ``prompt`` record what was run (None when built by hand).
+    ``spec``, ``prompt``, ``prompt_tokens`` and ``model`` record what was run (None when
+    built by hand); :meth:`describe` says it in one line.
     """
 
     RAW_FIELDS: ClassVar[tuple[str, ...]] = ("baseline_logits", "ablated_logits")
@@ -156,6 +184,8 @@ class AblationResult:
     spec: KnockoutSpec | None = None
     prompt: str | None = None
     summary: EffectSummary | None = None
+    prompt_tokens: list[str] | None = None
+    model: str | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.summary is None and self._has_raw():
@@ -207,7 +237,14 @@ class AblationResult:
             return self.summary.top_changed[:k]
         return top_changed(*self._raw("top_changed_tokens"), k, self._name)
 
-    def to_html(self, path: str | Path, title: str = "attention knockout") -> Path:
+    def describe(self) -> str:
+        """What was knocked out and where it is measured, in one line (for titles)."""
+        what = describe_knockout(self.spec, self.prompt_tokens) if self.spec is not None \
+            else "ablation"
+        return (f"{what}; effect = knocked out \u2212 baseline, next token after "
+                f"{position(self.position, self.prompt_tokens)}")
+
+    def to_html(self, path: str | Path, title: str | None = None) -> Path:
         """An interactive page: baseline vs ablated next-token probabilities, sortable, with
         every effect as ablated − baseline (needs the raw logits)."""
         return view("ablation")(self, path, title=title)
@@ -241,7 +278,13 @@ def run_with_ablation(model: MIModel, prompt: Any, hooks: HookSpec, position: in
     ids = as_ids(model, prompt)
     base = model.forward(ids).output
     abl = model.forward(ids, hooks).output
-    return ablation_result(model, base, abl, position, prompt=_prompt_text(prompt))
+    return _named(ablation_result(model, base, abl, position, prompt=_prompt_text(prompt)),
+                  model, ids)
+
+
+def _named(r: AblationResult, model: MIModel, ids: torch.Tensor) -> AblationResult:
+    r.prompt_tokens, r.model = str_tokens(model, ids), model_label(model)
+    return r
 
 
 def run_knockout(model: MIModel, prompt: Any, spec: KnockoutSpec, position: int = -1
@@ -251,7 +294,8 @@ def run_knockout(model: MIModel, prompt: Any, spec: KnockoutSpec, position: int 
     hooks = knockout_hooks(model, spec, ids.shape[1])
     base = model.forward(ids).output
     abl = model.forward(ids, hooks).output
-    return ablation_result(model, base, abl, position, spec=spec, prompt=_prompt_text(prompt))
+    return _named(ablation_result(model, base, abl, position, spec=spec,
+                                  prompt=_prompt_text(prompt)), model, ids)
 
 
 def mean_ablation_hooks(model: MIModel, point: HookLike, reference: Any,

@@ -59,12 +59,16 @@ class LogitLensResult:
         return out
 
     def format_table(self) -> str:
+        """The lens as text; ranks are printed 1-based ("rank 1" = the top token), as on the
+        pages and pictures (the ``rank`` fields are 0-based indices)."""
         k = len(self.points[0].top) if self.points else 0
         lines = [f"{'point':>8}  " + "  ".join(f"top{i + 1:<14}" for i in range(k))]
         for p in self.points:
             cells = [f"{t.token!r:>9} {t.prob:4.2f}" for t in p.top]
-            tg = "  ".join(f"[{t.token!r} p={t.prob:.3f} r={t.rank}]" for t in p.targets)
+            tg = "  ".join(f"[{t.token!r} p={t.prob:.3f} rank {t.rank + 1}]" for t in p.targets)
             lines.append(f"{p.label:>8}  " + "  ".join(f"{c:<16}" for c in cells) + ("  " + tg if tg else ""))
+        if any(p.targets for p in self.points):
+            lines.append("(rank 1 = the top token)")
         return "\n".join(lines)
 
     def to_html(self, path: str | Path, title: str | None = None) -> Path:

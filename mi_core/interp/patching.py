@@ -23,11 +23,15 @@ import torch
 from mi_core.plugin import (
     Gradients, HookPoint, HookSpec, InterventionError, MIModel, require_points, view,
 )
-from mi_core.interp._common import MetricError, as_ids, check_layers, norm_position, progress
+from mi_core.interp._common import (
+    MetricError, as_ids, check_layers, norm_position, progress, token_str,
+)
+from mi_core.interp.describe import describe_patching, model_label, tok
 
 #: patch kind -> hook suffix
 PATCH_KINDS = {"resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid",
                "attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out",
+               "mixer_out": "hook_mixer_out",
                "resid_post": "hook_resid_post", "z": "attn.hook_z", "q": "attn.hook_q",
                "k": "attn.hook_k", "v": "attn.hook_v", "result": "attn.hook_result",
                "pattern": "attn.hook_pattern"}
@@ -38,10 +42,29 @@ Metric = Callable[[torch.Tensor], torch.Tensor]
 
 
 def logit_diff_metric(correct: int, incorrect: int, position: int = -1) -> Metric:
-    """logits [batch, seq, vocab] -> [batch]: logit(correct) - logit(incorrect) at `position`."""
+    """logits [batch, seq, vocab] -> [batch]: logit(correct) - logit(incorrect) at `position`.
+
+    The function carries ``token_ids`` and ``units`` ("logits"), from which the patching
+    functions name the metric on their results ("logit(' Paris') − logit(' Rome')"); any
+    metric may carry a ``name`` (and ``units``) the same way.
+    """
     def metric(logits: torch.Tensor) -> torch.Tensor:
         return logits[:, position, correct] - logits[:, position, incorrect]
+    metric.token_ids = (int(correct), int(incorrect))  # type: ignore[attr-defined]
+    metric.units = "logits"  # type: ignore[attr-defined]
     return metric
+
+
+def metric_name(model: MIModel, metric: Metric) -> tuple[str | None, str | None]:
+    """(name, units) of a metric: its ``name`` attribute, or "logit(a) − logit(b)" for a
+    :func:`logit_diff_metric`; (None, None) for an anonymous function."""
+    units = getattr(metric, "units", None)
+    name = getattr(metric, "name", None)
+    ids = getattr(metric, "token_ids", None)
+    if name is None and ids is not None:
+        a, b = (tok(token_str(model, i)) for i in ids)
+        name = f"logit({a}) \u2212 logit({b})"
+    return (None if name is None else str(name)), (None if units is None else str(units))
 
 
 def normalize_metric(value: torch.Tensor | float, clean: float, corrupted: float) -> torch.Tensor:
@@ -51,7 +74,9 @@ def normalize_metric(value: torch.Tensor | float, clean: float, corrupted: float
         raise MetricError(f"the metric is the same on the clean and corrupted prompts "
                           f"({clean:.6g}); it cannot be normalised (choose a metric that "
                           f"differs, e.g. a logit difference between the two answers)")
-    return (torch.as_tensor(value, dtype=torch.float32) - corrupted) / denom
+    v = value.float() if isinstance(value, torch.Tensor) else \
+        torch.tensor(value, dtype=torch.float32, device="cpu")
+    return (v - corrupted) / denom
 
 
 @attrs.define
@@ -77,9 +102,19 @@ class PatchingResult:
     corrupted_metric: float
     clean_prompt: str | None = None
     corrupted_prompt: str | None = None
+    metric_name: str | None = None  # e.g. "logit(' Paris') − logit(' Rome')"
+    metric_units: str | None = None  # e.g. "logits"
+    model: str | None = None
+    normalised: bool = True  # False: run with raw=True, the grid holds the metric itself
+
+    def describe(self) -> str:
+        """The patching run in one line: kind, layers, prompts, the metric and its units."""
+        return describe_patching(self)
 
     def effect(self) -> torch.Tensor:
         """[layers, columns] patched − corrupted metric, in the metric's units."""
+        if not self.normalised:
+            return self.grid - self.corrupted_metric
         return self.grid * (self.clean_metric - self.corrupted_metric)
 
     def top(self, k: int = 5) -> list[tuple[int, str, float]]:
@@ -109,7 +144,7 @@ def _texts(clean: Any, corrupted: Any) -> tuple[str | None, str | None]:
 
 def _metric_values(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
     v = metric(logits)
-    v = torch.as_tensor(v)
+    v = v if isinstance(v, torch.Tensor) else torch.as_tensor(v, device=logits.device)
     if v.dim() == 0:
         v = v[None]
     if v.shape != (logits.shape[0],):
@@ -168,7 +203,7 @@ def patching_grid(model: MIModel, clean: Any, corrupted: Any, metric: Metric,
     if not raw:
         normalize_metric(0.0, m_clean, m_corr)  # fail early on a constant metric
     cols = list(range(_n_heads(model, kind))) if kind in HEAD_KINDS else pos
-    grid = torch.zeros(len(layers), len(cols))
+    grid = torch.zeros(len(layers), len(cols), device="cpu")  # results live on the CPU
     for li, (layer, hp) in enumerate(progress(list(zip(layers, points)), f"patch {kind}",
                                              enabled=show_progress)):
         src = clean_cache.require(hp)
@@ -188,7 +223,8 @@ def patching_grid(model: MIModel, clean: Any, corrupted: Any, metric: Metric,
             out = model.forward(k_ids.expand(len(chunk), -1), HookSpec().intervene(hp, patch)).output
             grid[li, start:start + len(chunk)] = scale(_metric_values(metric, out))
     return PatchingResult(kind, "exact", grid, layers, _columns(model, kind, c_ids, pos),
-                          m_clean, m_corr, *_texts(clean, corrupted))
+                          m_clean, m_corr, *_texts(clean, corrupted),
+                          *metric_name(model, metric), model_label(model), not raw)
 
 
 def attribution_patching(model: MIModel, clean: Any, corrupted: Any, metric: Metric,
@@ -225,4 +261,5 @@ def attribution_patching(model: MIModel, clean: Any, corrupted: Any, metric: Met
     est = torch.stack(rows).detach().cpu() + m_corr
     grid = est if raw else normalize_metric(est, m_clean, m_corr)
     return PatchingResult(kind, "attribution", grid, layers, _columns(model, kind, c_ids, pos),
-                          m_clean, m_corr, *_texts(clean, corrupted))
+                          m_clean, m_corr, *_texts(clean, corrupted),
+                          *metric_name(model, metric), model_label(model), not raw)

@@ -22,6 +22,7 @@ from mi_core.interp._common import (
     as_ids, check_heads, check_layers, norm_position, norm_positions, progress, resolve_token,
     token_str,
 )
+from mi_core.interp.describe import describe_steering, model_label, position, str_tokens
 from mi_core.interp.effects import (
     EffectSummary, TokenEffect, effect_summary, kl_divergence, token_effects,
 )
@@ -67,6 +68,11 @@ class SteeringSpec:
         return cls("residual", layers, None, positions, None, direction=direction,
                    strength=strength, point=point)
 
+    def describe(self, tokens: Sequence[str] | None = None, sweep: bool = False) -> str:
+        """One line, never the direction's values: "add 4 × direction (576-d, ‖v‖ = 3.2)
+        to blocks.6.hook_resid_pre at position 3 ' France'" (`tokens`: the prompt's)."""
+        return describe_steering(self, tokens, sweep)
+
     def with_strength(self, s: float) -> "SteeringSpec":
         """The same spec at dose `s`: residual strength, or attention scale (value if set)."""
         if self.kind == "residual":
@@ -106,11 +112,12 @@ def steering_hooks(model: MIModel, spec: SteeringSpec, seq_len: int,
                                     f"d_model is {model.hidden_size}")
         points = [HookPoint.layer_point(i, spec.point) for i in layers]
         require_points(model, points)
-        vec = torch.zeros(1, seq_len, model.hidden_size, dtype=torch.float32)
+        vec = torch.zeros(1, seq_len, model.hidden_size, dtype=torch.float32,
+                          device=model.device)
         ps = norm_positions(spec.from_positions, seq_len, "position")
-        vec[0, ps] = spec.strength * d.float().cpu()
+        vec[0, ps] = spec.strength * d.float().to(model.device)
         for hp in points:
-            hooks.intervene(hp, Add(vec.to(model.device)))
+            hooks.intervene(hp, Add(vec))
         return hooks
     raise InterventionError(f"unknown steering kind {spec.kind!r} (attention or residual)")
 
@@ -134,6 +141,13 @@ class SteeringResult:
     steered_attention: float | None = None
     spec: SteeringSpec | None = None
     prompt: str | None = None
+    prompt_tokens: list[str] | None = None
+    model: str | None = None
+
+    def describe(self) -> str:
+        """What was steered and where it is measured, in one line (for titles)."""
+        return (f"{describe_steering(self.spec, self.prompt_tokens)}; effect = steered "
+                f"\u2212 baseline, next token after {position(self.position, self.prompt_tokens)}")
 
     def kl_divergence(self) -> float:
         """KL(baseline || steered) in nats."""
@@ -167,7 +181,8 @@ class SteeringResult:
     def top_token(self, steered: bool = True) -> int:
         return int((self.steered_logits if steered else self.baseline_logits).argmax())
 
-    def to_html(self, path: str | Path, token_names: Any = None, title: str = "steering") -> Path:
+    def to_html(self, path: str | Path, token_names: Any = None, title: str | None = None
+                ) -> Path:
         """An interactive page: baseline vs steered next-token probabilities (steered −
         baseline). `token_names`: id -> text, a dict or e.g. ``lambda i: model.to_string([i])``."""
         return view("steering")(self, path, title=title, token_names=token_names)
@@ -213,6 +228,7 @@ def apply_steering(model: MIModel, prompt: Any, spec: SteeringSpec, position: in
     base, cap = _baseline(model, ids, spec)
     res = _steer(model, ids, spec, p, base, cap)
     res.prompt = _prompt_text(prompt)
+    res.prompt_tokens, res.model = str_tokens(model, ids), model_label(model)
     return res
 
 
@@ -272,6 +288,15 @@ class DoseResponseCurve:
     prompt: str | None = None
     target_token_str: str | None = None
     baseline_top_token: int | None = None
+    prompt_tokens: list[str] | None = None
+    model: str | None = None
+    position: int = -1
+
+    def describe(self) -> str:
+        """The swept intervention (strength s), where it is measured and the sign convention."""
+        return (f"{describe_steering(self.spec, self.prompt_tokens, sweep=True)}; effect = "
+                f"steered \u2212 baseline, next token after "
+                f"{position(self.position, self.prompt_tokens)}")
 
     def strengths(self) -> list[float]:
         return [p.strength for p in self.points]
@@ -313,7 +338,8 @@ def dose_response(model: MIModel, prompt: Any, spec: SteeringSpec, strengths: Se
                                      None if e is None else e.logprob_diff))
     return DoseResponseCurve(spec.kind, tgt, base_prob, pts, spec, _prompt_text(prompt),
                              None if tgt is None else token_str(model, tgt),
-                             int(base.output[0, p].argmax()))
+                             int(base.output[0, p].argmax()), str_tokens(model, ids),
+                             model_label(model), p)
 
 
 def contrastive_steering_vector(model: MIModel, positive: Sequence[str] | Any,

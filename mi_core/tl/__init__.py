@@ -1,20 +1,37 @@
 """The TransformerLens layer: what a TransformerLens user expects, on any mi-core model.
 
-- :class:`ActivationCache` (``model.run_with_cache``'s cache, TransformerLens' keys and
-  methods), :func:`get_act_name`, :class:`Slice`;
-- the model conveniences of :class:`TransformerLensMixin` (``run_with_cache``,
-  ``run_with_hooks``, ``W_Q`` ..., ``process_weights``, ``to_single_token``, ``test_prompt``),
-  registered on every :class:`mi_core.MIModel` by this ring's plugin (``mi_model_attributes``);
-- :class:`FactoredMatrix`, and :mod:`mi_core.tl.patching` (TransformerLens' patching
-  functions).
+``from mi_core.tl import HookedTransformer, HookedRootModule, HookPoint, FactoredMatrix,
+ActivationCache, utils`` (and ``patching``, ``head_detector``, ``hook_points``,
+``utilities``) gives TransformerLens' names with TransformerLens' behaviour (docs/
+TRANSFORMERLENS.md lists what still differs):
+
+- :class:`HookedTransformer` (``from_pretrained`` with TransformerLens' defaults, BOS
+  prepended, ``model(x)`` returning logits, the module tree, persistent hooks, ``generate``),
+  built on the kernel's :class:`mi_core.MIModel` (``model.mi_model``);
+- :class:`HookedRootModule` and :class:`HookPoint` (TransformerLens' hooking modules; not
+  the kernel's :class:`mi_core.HookPoint`, which names a point);
+- :class:`ActivationCache` (``run_with_cache``'s cache, TransformerLens' keys and methods),
+  :func:`get_act_name`, :class:`Slice`, :class:`FactoredMatrix`, :class:`HookedTransformerConfig`;
+- :mod:`~mi_core.tl.utils` (also as ``utilities``), :mod:`~mi_core.tl.patching`,
+  :mod:`~mi_core.tl.head_detector`;
+- the conveniences of :class:`TransformerLensMixin` (``run_with_cache``, ``run_with_hooks``,
+  ``W_Q`` ..., ``process_weights``, ``to_single_token``, ``test_prompt``) registered on every
+  :class:`mi_core.MIModel` by this ring's plugin (``mi_model_attributes``), with MIModel's own
+  defaults (no BOS added beyond the tokenizer's, ``model(x)`` a HookCache).
 
 It builds on the kernel's public API only (see docs/ARCHITECTURE.md).
 """
 
-from mi_core.tl import patching
+from mi_core.tl import head_detector, hook_points, patching, utilities, utils
+
 from mi_core.tl.activation_cache import ActivationCache, Slice, get_act_name
+from mi_core.tl.config import HookedTransformerConfig
 from mi_core.tl.factored_matrix import FactoredMatrix
+from mi_core.tl.hook_points import HookedRootModule, HookPoint
+from mi_core.tl.hooked_transformer import HookedTransformer, Output
 from mi_core.tl.model import TLConfig, TransformerLensMixin
 
-__all__ = ["ActivationCache", "FactoredMatrix", "Slice", "TLConfig", "TransformerLensMixin",
-           "get_act_name", "patching"]
+__all__ = ["ActivationCache", "FactoredMatrix", "HookPoint", "HookedRootModule",
+           "HookedTransformer", "HookedTransformerConfig", "Output", "Slice", "TLConfig",
+           "TransformerLensMixin", "get_act_name", "head_detector", "hook_points", "patching",
+           "utilities", "utils"]

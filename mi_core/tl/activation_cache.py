@@ -19,7 +19,7 @@ TransformerLens' does.
 from __future__ import annotations
 
 import re
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 import torch
 
@@ -109,9 +109,14 @@ _PROBE_BATCH = 100_003
 class ActivationCache(HookCache):
     """HookCache + TransformerLens' ActivationCache interface (see the module docstring)."""
 
-    def __init__(self, output: torch.Tensor, captures: dict[str, torch.Tensor] | None = None,
-                 model: MIModel | None = None, has_batch_dim: bool = True,
-                 **extra: Any) -> None:
+    def __init__(self, output: Any, captures: Any = None, model: Any = None,
+                 has_batch_dim: bool = True, **extra: Any) -> None:
+        """``ActivationCache(cache_dict, model, has_batch_dim=True)`` as in TransformerLens
+        (a dict of activations by hook name, no output), or ``(output, captures, model)``."""
+        if isinstance(output, dict):  # TransformerLens' signature: (cache_dict, model, ...)
+            if model is not None:
+                raise HookError("ActivationCache(cache_dict, model): model given twice")
+            output, captures, model = None, output, captures
         super().__init__(output, captures, **extra)
         self.model = model
         self.has_batch_dim = has_batch_dim
@@ -190,7 +195,8 @@ class ActivationCache(HookCache):
         s = _slice(batch_slice)
         caps = {k: s.apply(v, 0) if self._batched(k, v) else v
                 for k, v in self._captures.items()}
-        out = ActivationCache(s.apply(self.output, 0), caps, self.model,
+        output = None if self.output is None else s.apply(self.output, 0)
+        out = ActivationCache(output, caps, self.model,
                               self.has_batch_dim and s.mode != "int", **self.extra)
         return out
 
@@ -199,10 +205,11 @@ class ActivationCache(HookCache):
 
     # -- model facts ----------------------------------------------------------------------
     def _need_model(self) -> MIModel:
+        """The MIModel behind `model` (a HookedTransformer wraps one: ``mi_model``)."""
         if self.model is None:
             raise MIError("this ActivationCache has no model (build it with "
                           "ActivationCache.of(cache, model) or model.run_with_cache)")
-        return self.model
+        return getattr(self.model, "mi_model", self.model)
 
     def _n_layers(self) -> int:
         return self._need_model().num_layers
@@ -291,7 +298,8 @@ class ActivationCache(HookCache):
         if incl_embeds:
             items += [(HookPoint.parse(key), label) for key, label in (
                 ("hook_embed", "embed"), ("hook_pos_embed", "pos_embed")) if key in self._captures]
-        items += layer_outputs(layer, incl_attn, incl_mlp, "_attn_out", "_mlp_out")
+        items += layer_outputs(layer, incl_attn, incl_mlp, "_attn_out", "_mlp_out",
+                               self.model.has_hook_point if self.model is not None else None)
         if mlp_input and incl_attn:
             items.append((HookPoint.attn_out(layer), f"{layer}_attn_out"))
         stack, labels = stack_points(self, items, ps)
@@ -333,8 +341,8 @@ class ActivationCache(HookCache):
             comps = ps.apply(self["resid_post", layer - 1], dim=-2)[None]
             labels.append("remainder")
         else:
-            comps = torch.zeros(0, *ps.apply(self["hook_embed"], dim=-2).shape,
-                                dtype=self.output.dtype, device=self.output.device)
+            like = ps.apply(self["hook_embed"], dim=-2)
+            comps = torch.zeros(0, *like.shape, dtype=like.dtype, device=like.device)
         if apply_ln:
             comps = self.apply_ln_to_stack(comps, layer, pos_slice=ps)
         return (comps, labels) if return_labels else comps
@@ -512,13 +520,23 @@ def stack_points(cache: HookCache, items: list[tuple[HookPoint, str]], pos_slice
 
 
 def layer_outputs(layers: int, attn: bool = True, mlp: bool = True, attn_label: str = "_attn",
-                  mlp_label: str = "_mlp") -> list[tuple[HookPoint, str]]:
-    """(point, label) of each layer's attention / MLP output before `layers`, in order."""
+                  mlp_label: str = "_mlp", has: Callable[[HookPoint], bool] | None = None
+                  ) -> list[tuple[HookPoint, str]]:
+    """(point, label) of each layer's attention / MLP output before `layers`, in order.
+
+    `has(point)`: whether the model has a point. Given, a layer without ``hook_attn_out``
+    but with ``hook_mixer_out`` (a recurrent mixer) contributes that ("{i}_mixer..."), a
+    layer with neither (an MLP alone) no such term, and a layer without ``hook_mlp_out`` no
+    MLP term."""
     out: list[tuple[HookPoint, str]] = []
     for i in range(layers):
         if attn:
-            out.append((HookPoint.attn_out(i), f"{i}{attn_label}"))
-        if mlp:
+            a, label = HookPoint.attn_out(i), f"{i}{attn_label}"
+            if has is not None and not has(a) and has(HookPoint.mixer_out(i)):
+                a, label = HookPoint.mixer_out(i), f"{i}{attn_label.replace('attn', 'mixer')}"
+            if has is None or has(a):
+                out.append((a, label))
+        if mlp and (has is None or has(HookPoint.mlp_out(i))):
             out.append((HookPoint.mlp_out(i), f"{i}{mlp_label}"))
     return out
 

@@ -198,7 +198,9 @@ class TransformerLensMixin:
         """(logits, ActivationCache) capturing every point (or those `names_filter` accepts:
         a callable on the name, a name, or a list of names). Opt-in points
         (``attn.hook_result``, per-head inputs) are captured when named, or by a filter once
-        switched on as in TransformerLens (``set_use_attn_result(True)``, ...)."""
+        switched on as in TransformerLens (``set_use_attn_result(True)``, ...); a plugin's
+        opt-in points (``ssm.hook_state``, ``ssm.hook_effective_attn``) when named or
+        accepted by a callable filter, never by default."""
         chosen = _points_for(self, names_filter)
         cache = self.forward(_ids(self, ids), HookSpec().capture_all(chosen),
                              attention_mask=attention_mask)
@@ -367,6 +369,11 @@ def _ids(model: Any, x: torch.Tensor | str) -> torch.Tensor:
     return model.to_tokens(x) if isinstance(x, str) else x
 
 
+#: The opt-in points TransformerLens itself has only behind a model flag.
+_TL_FLAG_POINTS = frozenset({"attn.hook_result", "hook_attn_in", "hook_q_input", "hook_k_input",
+                             "hook_v_input"})
+
+
 def _opt_in(model: Any, suffixes: Sequence[str], use: bool) -> None:
     on = _state(model).setdefault("opt_in", set())
     (on.update if use else on.difference_update)(suffixes)
@@ -380,7 +387,11 @@ def _points_for(model: Any, names: Any) -> list[HookPoint]:
     if names is None:
         return [p for p in points if p.suffix not in off]
     if callable(names) and not isinstance(names, (str, HookPoint)):
-        return [p for p in points if p.suffix not in off and names(p.name)]
+        # TransformerLens' flag points stay behind their flags (`set_use_attn_result`, ...);
+        # a plugin's opt-in point (per-step states, effective attention) a filter accepts is
+        # captured: a filter asking for it must not come back silently without it
+        flagged = off & _TL_FLAG_POINTS
+        return [p for p in points if p.suffix not in flagged and names(p.name)]
     items = [names] if isinstance(names, (str, HookPoint, tuple)) else list(names)
     out = []
     for n in items:

@@ -49,6 +49,16 @@ def _index_rows(index_df: Any) -> list[list[int]]:
     return [[int(v) for v in row] for row in index_df]
 
 
+def _patched_logits(model: Any, tokens: torch.Tensor, name: str,
+                    hook: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """Logits of `tokens` with `hook` at `name`: through a HookedTransformer's own
+    ``run_with_hooks`` (its hooks on the tree apply too, as in TransformerLens) or an
+    MIModel's ``forward``."""
+    if hasattr(model, "mi_model") and hasattr(model, "run_with_hooks"):
+        return model.run_with_hooks(tokens, fwd_hooks=[(name, hook)])
+    return model.forward(tokens, HookSpec().intervene(name, hook)).output
+
+
 def generic_activation_patch(model: Any, corrupted_tokens: torch.Tensor, clean_cache: HookCache,
                              patching_metric: Callable[[torch.Tensor], Any],
                              patch_setter: PatchSetter, activation_name: str,
@@ -85,7 +95,7 @@ def generic_activation_patch(model: Any, corrupted_tokens: torch.Tensor, clean_c
                  clean: torch.Tensor = clean) -> torch.Tensor:
             return patch_setter(act.clone(), index, clean)
 
-        logits = model.forward(tokens, HookSpec().intervene(name, hook)).output
+        logits = _patched_logits(model, tokens, name, hook)
         value = float(torch.as_tensor(patching_metric(logits)).float().item())
         if normalize is not None:
             value = (value - corr_v) / (clean_v - corr_v)

@@ -11,15 +11,19 @@ from pathlib import Path
 import pytest
 
 import mi_core as mi
-from mi_cli import demo, models, output
+from mi_cli import demo, models, output, preflight
 from mi_cli.main import main
 from tests.support.fake_backend import fake_model  # noqa: E402
 
 
 @pytest.fixture
 def fake(monkeypatch):
+    """The fake model instead of the embedded one; its dimensions and tokenizer are only
+    known after "loading", so the argument checks run then (tests/cli/test_cli_fast.py
+    covers the checks made before the weights load)."""
     m = fake_model()
     monkeypatch.setattr(models, "load_model", lambda model, device="cpu", dtype=None: m)
+    monkeypatch.setattr(preflight, "checkpoint_info", lambda source: None)
     return m
 
 
@@ -130,8 +134,8 @@ def test_numbers_never_print_as_negative_zero():
     (["patch", "--prompt", "hi", "--corrupt", "hello", "--correct", "a", "--incorrect", "b"],
      "same token length"),
 ])
-def test_bad_input_is_a_one_line_error(fake, capsys, argv, msg):
-    assert main(argv) == 1
+def test_bad_input_is_a_one_line_usage_error(fake, capsys, argv, msg):
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert msg in err and "Traceback" not in err
 
@@ -148,3 +152,18 @@ def test_plot_html_writes_one_self_contained_page(fake, tmp_path, argv):
     assert text.lstrip().lower().startswith("<!doctype html") and "hello" in text
     assert not re.search(r"""(src|href)=["']https?:""", text)
     assert [p.name for p in tmp_path.iterdir()] == ["view.html"]
+
+
+def test_heads_plot_html_writes_the_page_with_all_three_scores(fake, tmp_path, capsys):
+    """`mi heads --plot X.html` (refused before issue 24) writes the head-scores page with
+    previous-token, duplicate-token and induction grids, named by the measured input."""
+    import json
+    import re
+
+    out = tmp_path / "heads.html"
+    assert main(["heads", "--length", "5", "--batch", "2", "--plot", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    data = json.loads(re.search(r"<script type='application/json' id='mi-data'>(.*?)</script>",
+                                text, re.S).group(1))
+    assert data["kinds"] == ["previous_token", "duplicate_token", "induction"]
+    assert "2 x 5 random tokens repeated once" in text

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mi_cli import demo, models, output
+from mi_cli import demo, models, output, preflight
 from mi_cli.main import build_parser, main
 from tests.support.fake_backend import fake_model
 
@@ -24,8 +24,12 @@ CORE_COMMANDS = ["demo", "run", "logit-lens", "knockout", "patch", "attention", 
 
 @pytest.fixture
 def fake(monkeypatch):
+    """The fake model instead of the embedded one; its dimensions and tokenizer are only
+    known after "loading", so the argument checks run then (tests/cli/test_cli_fast.py
+    covers the checks made before the weights load)."""
     m = fake_model()
     monkeypatch.setattr(models, "load_model", lambda model, device="cpu", dtype=None: m)
+    monkeypatch.setattr(preflight, "checkpoint_info", lambda source: None)
     return m
 
 
@@ -64,7 +68,7 @@ USAGE = [
     (["logit-lens", "--plot", "out.jpg"], "argument --plot"),
     (["logit-lens", "--plot", "out"], "argument --plot"),
     (["logit-lens", "--k", "0"], "argument --k"),
-    (["heads", "--plot", "heads.html"], "argument --plot"),  # no interactive view
+    (["heads", "--plot", "heads.jpg"], "argument --plot"),
     (["logit-lens", "--target", ""], "argument --target"),
     (["patch", "--prompt", "hi"], "--corrupt"),
     (["patch", "--corrupt", "ho", "--correct", "a"], "--incorrect"),
@@ -99,8 +103,8 @@ def test_cuda_without_cuda_is_a_usage_error(fake, capsys):
 
 
 RUNTIME = [
-    (["knockout", "--prompt", "hi", "--to", "9"], "key position 9 out of range"),
-    (["knockout", "--prompt", "hi", "--edge", "-1,-7"], "key position -7 out of range"),
+    (["knockout", "--prompt", "hi", "--to", "9"], "argument --to: position 9 out of range"),
+    (["knockout", "--prompt", "hi", "--edge", "-1,-7"], "argument --edge: position -7 out of"),
     (["knockout", "--prompt", "hi", "--heads", "8", "--to", "0"], "head 8 out of range"),
     (["knockout", "--prompt", "hi", "--layers", "3"], "layer 3 out of range"),
     (["attention", "--prompt", "hi", "--layer", "7"], "layer 7 out of range"),
@@ -109,17 +113,25 @@ RUNTIME = [
     (["logit-lens", "--prompt", "hi", "--target", "abc"], "'abc' is 3 tokens"),
     (["patch", "--prompt", "hi", "--corrupt", "hello", "--correct", "a", "--incorrect", "b"],
      "same token length"),
+    (["patch", "--prompt", "hi", "--corrupt", "ho", "--correct", "a", "--incorrect", "b",
+      "--layers", "5"], "layer 5 out of range"),
+    (["patch", "--prompt", "hi", "--corrupt", "ho", "--correct", "a", "--incorrect", "b",
+      "--positions", "7"], "argument --positions: position 7 out of range"),
+
     (["patch", "--prompt", "hi", "--corrupt", "ho", "--correct", "a", "--incorrect", "a"],
      "cannot be normalised"),
-    (["steer", "--prompt", "hi", "--to", "5"], "key position 5 out of range"),
+    (["steer", "--prompt", "hi", "--to", "5"], "argument --to: position 5 out of range"),
     (["steer", "--prompt", "hi", "--target", "xy"], "'xy' is 2 tokens"),
 ]
 
 
 @pytest.mark.parametrize("argv,names", RUNTIME, ids=[" ".join(a) for a, _ in RUNTIME])
-def test_bad_value_for_the_model_is_a_runtime_error_naming_it(fake, capsys, argv, names):
+def test_bad_value_for_the_model_is_an_error_naming_it(fake, capsys, argv, names):
+    """Checked against the model's dimensions and tokenizer: a usage error (2) naming the
+    option when the CLI's own check finds it, a runtime error (1) from the analysis else."""
     code, err = run(argv, capsys)
-    assert code == 1
+    assert code == (2 if "argument --" in names or "out of range" in names
+                    or "tokens" in names or "token length" in names else 1)
     assert err.startswith("mi: error: ") and names in err
 
 
@@ -170,7 +182,9 @@ def test_negative_numbers_parse_as_values(fake, capsys):
     code, err = run(["knockout", "--prompt", "hello", "--edge", "-1,3", "--edge", "-2,-4",
                      "--from", "-1", "--to", "-3,-2"], capsys, out)
     assert code == 0, err
-    assert "-1->3; -2->-4; queries -1 -> keys -3,-2" in out[0]
+    # the edges as query -> key with their tokens ("hello": <s> h e l l o)
+    assert ("removed edges query \u2192 key: 5 'o' \u2192 3 'l'; 4 'l' \u2192 2 'e'; "
+            "5 'o' \u2192 3 'l', 4 'l'") in out[0]
 
 
 @pytest.mark.slow

@@ -14,12 +14,14 @@ CORE = Path(mi_core.__file__).resolve().parent
 FAMILIES = (
     "rwkv", "llama", "gemma", "qwen", "mistral", "mixtral", "phi", "starcoder", "gpt2", "gpt-2",
     "gpt-neox", "neox", "gptj", "gpt-j", "pythia", "mamba", "smollm", "olmo", "olmoe", "falcon",
-    "granite", "cohere", "stablelm", "helium", "bloom", "deepseek", "bert", "gla",
+    "granite", "cohere", "stablelm", "helium", "bloom", "deepseek", "bert", "gla", "jamba",
+    "zamba", "bamba", "nemotron", "lfm", "deltanet", "minimax",
 )
 # Word-bounded, case-insensitive, with an optional version suffix (gemma2, rwkv7, smollm2).
 PATTERN = re.compile(r"\b(" + "|".join(re.escape(f) for f in FAMILIES) + r")\d*\b", re.I)
 #: The backend plugins by distribution / import name, and install hints naming them.
-PLUGINS = re.compile(r"\bmi[-_](transformer|rwkv|sae|clt|probing)\b|mi-core\[(transformer|rwkv)", re.I)
+PLUGINS = re.compile(r"\bmi[-_](transformer|rwkv|ssm|sae|clt|probing)\b"
+                     r"|mi-core\[(transformer|rwkv|ssm)", re.I)
 FILES = sorted(CORE.rglob("*.py"))
 
 

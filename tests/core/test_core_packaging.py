@@ -15,7 +15,7 @@ import pytest
 import mi_core
 
 ROOT = Path(__file__).resolve().parents[2]
-PLUGINS = ["transformer", "rwkv", "sae", "clt", "probing"]
+PLUGINS = ["transformer", "rwkv", "ssm", "sae", "clt", "probing"]
 
 
 def _project(path: Path) -> dict:
@@ -32,7 +32,9 @@ def test_every_distribution_shares_one_version_and_pins_the_matching_core() -> N
         assert proj["entry-points"]["mi_core"] == {name: f"mi_{name}.plugin"}
         extra = core["optional-dependencies"][name]
         assert any(d.startswith(f"mi-{name}") and d.endswith(f"=={core['version']}") for d in extra)
-    assert {"transformer", "rwkv", "clt", "sae", "probing", "all"} <= set(core["optional-dependencies"])
+    assert {"transformer", "rwkv", "ssm", "clt", "sae", "probing", "all"} <= set(
+        core["optional-dependencies"])
+    assert any(d.startswith("mi-ssm") for d in core["optional-dependencies"]["all"])
 
 
 def _requires(wheel: Path, extras: set[str] = frozenset()) -> list[str]:

@@ -92,6 +92,21 @@ def test_mi_register_dictionary_formats_offers_every_builtin_format() -> None:
         f.name for f in plugins.dictionary_formats()}
 
 
+def test_mi_register_mixers_offers_the_state_space_mixers_by_layer_type() -> None:
+    found = plugins.mixers()
+    assert {"mamba", "mamba2"} <= set(found) and found["mamba2"].name == "mamba2"
+    assert plugins.mixer("mamba") is not None
+    with pytest.raises(mi.UnsupportedModelError, match="sequence mixer 'nope'.*mamba"):
+        plugins.mixer("nope", "a test")
+
+
+def test_mi_opt_in_hook_points_leaves_a_plugins_large_points_out_of_run_with_cache() -> None:
+    plugins.get_plugin_manager()
+    from mi_core.plugin import OPT_IN_SUFFIXES
+
+    assert {"ssm.hook_state", "ssm.hook_effective_attn", "attn.hook_result"} <= OPT_IN_SUFFIXES
+
+
 def test_mi_register_tokenizers_offers_the_rwkv_world_tokenizer() -> None:
     assert "rwkv-world" in [t.name for t in plugins.tokenizer_specs()]
 
@@ -120,6 +135,21 @@ def test_mi_register_views_registers_every_builtin_view() -> None:
 def test_mi_default_model_is_the_embedded_smollm2() -> None:
     path = plugins.get_plugin_manager().hook.mi_default_model()
     assert path is not None and Path(path).name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_mi_checkpoint_info_reads_the_header_without_weights(tmp_path: Path) -> None:
+    """mi-transformer answers from the GGUF header (SmolLM2: 30 layers, 9 heads) and refuses a
+    text file named .gguf; a source it does not know gets None (another plugin may answer)."""
+    from mi_cli.main import plugin_manager
+
+    hook = plugin_manager().hook.mi_checkpoint_info
+    info = hook(source=str(plugins.get_plugin_manager().hook.mi_default_model()))
+    assert (info["num_layers"], info["num_heads"]) == (30, 9)
+    fake = tmp_path / "fake.gguf"
+    fake.write_text("hello\n")
+    with pytest.raises(mi.WeightLoadError, match="fake.gguf"):
+        hook(source=str(fake))
+    assert hook(source=str(tmp_path)) is None
 
 
 def test_mi_plugin_info_describes_what_each_plugin_provides() -> None:

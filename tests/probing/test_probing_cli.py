@@ -77,7 +77,8 @@ def test_bad_input_exits_non_zero_with_the_reason_on_stderr(toy_dir: Path, data_
     code = main(["probe", "--model", str(toy_dir), "--data", str(data_file), *hook, *extra,
                  "--json", str(tmp_path / "o.json")])
     err = capsys.readouterr().err
-    assert code != 0 and message in err and err.startswith("mi: error:")
+    # progress lines (model loading) may come first on a non-terminal stderr; the error last
+    assert code != 0 and message in err and err.splitlines()[-1].startswith("mi: error:")
     assert not (tmp_path / "o.json").exists()
 
 

@@ -55,9 +55,11 @@ return at();
 
 
 class Browser:
-    """One headless Chromium session; `open(path)` loads a page and waits until it rendered."""
+    """One headless Chromium session; `open(path)` loads a page and waits until it rendered.
+    The viewport is exactly `viewport` CSS pixels (device scale 1), so a screenshot is that
+    size: 1400 x 900 for the screenshots in docs/img."""
 
-    def __init__(self) -> None:
+    def __init__(self, viewport: tuple[int, int] = (1400, 900)) -> None:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
 
@@ -69,6 +71,10 @@ class Browser:
         opts.add_argument(f"--user-data-dir={self.profile}")
         opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
         self.driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+        self.viewport = viewport
+        self.driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+            "width": viewport[0], "height": viewport[1], "deviceScaleFactor": 1,
+            "mobile": False})
 
     def open(self, path: str | Path, timeout: float = 10.0) -> float:
         """Load `path` (file://); return the page's own render time in ms."""
@@ -116,15 +122,30 @@ class Browser:
         self.hover(element, x, y)
         ActionChains(self.driver).click().perform()
 
-    def screenshot_stats(self, path: str | Path | None = None) -> tuple[float, int]:
+    def in_viewport(self, element: Any) -> bool:
+        """Whether `element` is displayed and lies entirely inside the viewport, as it is
+        now (without scrolling)."""
+        r = self.js("const r = arguments[0].getBoundingClientRect(); "
+                    "return [r.left, r.top, r.right, r.bottom, r.width, r.height]", element)
+        w, h = self.js("return [innerWidth, innerHeight]")
+        return (element.is_displayed() and r[4] > 0 and r[5] > 0 and r[0] >= 0 and r[1] >= 0
+                and r[2] <= w and r[3] <= h)
+
+    def screenshot_stats(self, path: str | Path | None = None,
+                         colours: int | None = None) -> tuple[float, int]:
         """(pixel standard deviation over all channels, number of distinct colours) of a
-        screenshot; saved to `path` when given. A blank page has std 0 and one colour."""
+        screenshot; saved to `path` when given (as a palette PNG of `colours` colours when
+        given: small enough to commit). A blank page has std 0 and one colour."""
         import numpy as np
         from PIL import Image
 
         png = base64.b64decode(self.driver.get_screenshot_as_base64())
         if path is not None:
-            Path(path).write_bytes(png)
+            if colours:
+                img = Image.open(io.BytesIO(png)).convert("RGB").quantize(colours)
+                img.save(path, optimize=True)
+            else:
+                Path(path).write_bytes(png)
         img = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.float32)
         colours = len(np.unique(img.reshape(-1, 3).astype(np.uint8), axis=0))
         return float(img.std()), colours

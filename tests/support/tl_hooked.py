@@ -18,8 +18,11 @@ import torch
 
 def hooked_llama(directory: str | Path, *, fold_ln: bool = False,
                  center_writing_weights: bool = False, center_unembed: bool = False,
-                 fold_value_biases: bool = False, tokenizer=None, **cfg_overrides):
-    """HookedTransformer (float32, cpu) with the weights in `directory`."""
+                 fold_value_biases: bool = False, tokenizer=None,
+                 default_prepend_bos: bool = False, **cfg_overrides):
+    """HookedTransformer (float32, cpu) with the weights in `directory`. TransformerLens'
+    own defaults are ``fold_ln=center_writing_weights=center_unembed=fold_value_biases=True``
+    and ``default_prepend_bos=True`` (with a tokenizer)."""
     from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformer_lens.pretrained.weight_conversions.llama import convert_llama_weights
     from transformers import AutoModelForCausalLM
@@ -39,7 +42,7 @@ def hooked_llama(directory: str | Path, *, fold_ln: bool = False,
         rotary_adjacent_pairs=False, rotary_dim=c.hidden_size // c.num_attention_heads,
         rotary_base=theta, final_rms=True, gated_mlp=True,
         original_architecture="LlamaForCausalLM", dtype=torch.float32, device="cpu",
-        tokenizer_prepends_bos=False, default_prepend_bos=False, **cfg_overrides)
+        tokenizer_prepends_bos=False, default_prepend_bos=default_prepend_bos, **cfg_overrides)
     model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
     state = convert_llama_weights(hf, cfg)
     model.load_and_process_state_dict(state, fold_ln=fold_ln,
@@ -52,7 +55,8 @@ def hooked_llama(directory: str | Path, *, fold_ln: bool = False,
 
 def hooked_gpt2(directory: str | Path, *, fold_ln: bool = False,
                 center_writing_weights: bool = False, center_unembed: bool = False,
-                fold_value_biases: bool = False):
+                fold_value_biases: bool = False, tokenizer=None,
+                default_prepend_bos: bool = False):
     """HookedTransformer of a GPT-2 checkpoint directory (LayerNorm with biases, learned
     positions, value biases): the config TransformerLens derives for GPT2LMHeadModel."""
     from transformer_lens import HookedTransformer, HookedTransformerConfig
@@ -68,8 +72,8 @@ def hooked_gpt2(directory: str | Path, *, fold_ln: bool = False,
         use_attn_scale=True, use_local_attn=False,
         scale_attn_by_inverse_layer_idx=c.scale_attn_by_inverse_layer_idx,
         normalization_type="LN", original_architecture="GPT2LMHeadModel",
-        dtype=torch.float32, device="cpu", default_prepend_bos=False)
-    model = HookedTransformer(cfg, move_to_device=False)
+        dtype=torch.float32, device="cpu", default_prepend_bos=default_prepend_bos)
+    model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
     model.load_and_process_state_dict(convert_gpt2_weights(hf, cfg), fold_ln=fold_ln,
                                       center_writing_weights=center_writing_weights,
                                       center_unembed=center_unembed,

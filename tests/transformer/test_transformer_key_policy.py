@@ -107,9 +107,11 @@ def test_an_unknown_key_is_still_refused_listing_it():
 
 
 def test_every_family_declares_its_neutral_values_and_rotary_ones_the_layout():
-    """Each rotary family's table says its rotary layout; learned-position families have none."""
+    """Each rotary family's table says its rotary layout; families with learned positions
+    (GPT-2, OPT) or none (the state-space ones; Jamba's and Nemotron-H's attention has no
+    positions) have none."""
     for mt, f in FAMILIES.items():
-        if mt in ("gpt2", "opt"):
+        if mt in ("gpt2", "opt", "mamba", "falcon_mamba", "mamba2", "jamba", "nemotron_h"):
             assert "rope_interleaved" not in f.neutral
             continue
         # the GPT-J rotary layout (each parser sets RopeLayout.INTERLEAVED)

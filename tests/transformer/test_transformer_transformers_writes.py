@@ -21,6 +21,7 @@ import torch
 
 import mi_core as mi
 from mi_transformer.config import FAMILIES as SUPPORTED
+from tests.support.ssm_tiny import SSM_FAMILIES
 from tests.support.tiny_families import FAMILIES, VOCAB
 from tests.support.tiny_families_moe2 import MOE2_FAMILIES
 from tests.transformer.conftest import Tiny, _randomise, make_tiny
@@ -36,9 +37,10 @@ for _name, (_mt, _) in FAMILIES.items():
 def test_every_supported_family_is_covered():
     """gemma3 multimodal: below; gpt-oss, DeepSeek-V2/V3, Llama 4 (text and multimodal):
     tests/transformer/test_transformer_moe2_configs.py and test_transformer_families_moe2.py
-    (their tiny checkpoints are built there)."""
+    (their tiny checkpoints are built there); the state-space families:
+    tests/ssm/test_ssm_config.py (save_pretrained and to_dict)."""
     moe2 = {mt for mt, _ in MOE2_FAMILIES.values()} | {"llama4"}
-    assert set(ONE_PER_FAMILY) | {"gemma3"} | moe2 == set(SUPPORTED)
+    assert set(ONE_PER_FAMILY) | {"gemma3"} | moe2 | set(SSM_FAMILIES) == set(SUPPORTED)
 
 
 def _with_config(t: Tiny, cfg: dict[str, Any], out: Path) -> Path:

@@ -99,3 +99,116 @@ def test_probabilities_use_a_sequential_scale_and_effects_a_diverging_one(tmp_pa
     row = img[h // 2]
     assert any(abs(px[:3] - blues(0.0)[:3]).max() < 0.02 for px in row)  # p = 0: lightest blue
     assert any(abs(px[:3] - blues(1.0)[:3]).max() < 0.02 for px in row)  # p = 1: darkest
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """Every figure a plot function saves, kept open for inspection (and still written)."""
+    from mi_core.util.plot import _base, graph, scores
+
+    figs = []
+
+    def keep(fig, path):
+        figs.append(fig)
+        fig.savefig(path, format=_base.picture_format(path))
+        return Path(path)
+    for mod in (plot, graph, scores):
+        monkeypatch.setattr(mod, "save_figure", keep)
+    return figs
+
+
+def _texts(fig) -> str:
+    parts = [t.get_text() for t in fig.texts]
+    for ax in fig.axes:
+        parts += [ax.get_title(), ax.get_xlabel(), ax.get_ylabel()]
+        parts += [t.get_text() for t in ax.texts]
+        if ax.get_legend():
+            parts += [t.get_text() for t in ax.get_legend().get_texts()]
+    return "\n".join(parts)
+
+
+def test_each_picture_names_what_was_done_and_no_repr(tmp_path, model, drawn):
+    import mi_core as mi
+    from mi_core.interp import KnockoutSpec, SteeringSpec, dose_response, run_knockout
+
+    ko = run_knockout(model, "hello", KnockoutSpec(layers=[0, 1], from_positions=[-1],
+                                                   to_positions=[1]))
+    plot.plot_knockout(ko, tmp_path / "k.png")
+    v = torch.randn(model.hidden_size)
+    curve = dose_response(model, "hello", SteeringSpec.residual([1], v, positions=[2]),
+                          [0.0, 1.0], target=5)
+    plot.plot_dose_response(curve, tmp_path / "d.png")
+    ko_text, dose_text = _texts(drawn[0]), _texts(drawn[1])
+    assert "attention knockout, fake" in ko_text and "prompt 'hello'" in ko_text
+    assert "layers 0,1, all heads; removed edges query \u2192 key: 5 'o' \u2192 1 'h'" in ko_text
+    assert "dose-response of residual steering, fake" in dose_text
+    assert f"add s \u00d7 direction ({model.hidden_size}-d" in dose_text
+    assert "blocks.1.hook_resid_pre at position 2 'e'" in dose_text
+    for text in (ko_text, dose_text):
+        assert "Spec(" not in text and "tensor(" not in text
+
+
+def test_patching_picture_names_the_metric_and_its_units(tmp_path, model, drawn):
+    from mi_core.interp import logit_diff_metric, patching_grid
+
+    r = patching_grid(model, "hello", "jello", logit_diff_metric(3, 4), layers=[0, 2])
+    plot.plot_patching(r, tmp_path / "p.png")
+    text = _texts(drawn[0]) + "\n".join(a.get_ylabel() for a in drawn[0].axes)
+    assert "metric logit('\\x02') \u2212 logit('\\x03') (logits)" in text
+    assert "normalised logit('\\x02') \u2212 logit('\\x03') (logits)" in text
+
+
+def test_the_lens_picture_draws_the_target_probability_and_rank(tmp_path, model, drawn):
+    from mi_core.interp import LogitLensAnalysis
+
+    lens = LogitLensAnalysis(k=3, targets=[5]).run(model, "abc")
+    plot.plot_logit_lens(lens, tmp_path / "l.png")
+    fig = drawn[0]
+    panel = next(a for a in fig.axes if a.get_title() == "tracked tokens")
+    line = panel.get_lines()[0]
+    assert list(line.get_xdata()) == pytest.approx([p.targets[0].prob for p in lens.points])
+    ranks = {t.get_text() for t in panel.texts}
+    assert ranks <= {f"#{p.targets[0].rank + 1}" for p in lens.points}
+    assert "rank 1" in [t.get_text() for t in fig.axes[0].get_xticklabels()]
+
+
+def test_head_scores_picture_draws_all_three_kinds(tmp_path, model, drawn):
+    from mi_core.interp import detect_heads
+
+    r = detect_heads(model)
+    plot.plot_head_scores(r, tmp_path / "h.png")
+    titles = [a.get_title() for a in drawn[0].axes]
+    for kind in ("previous-token", "duplicate-token", "induction"):
+        assert any(t.startswith(kind) for t in titles)
+    assert "measured on 4 x random tokens repeated once" in _texts(drawn[0])
+
+
+def test_graph_picture_aligns_token_labels_with_columns_and_has_a_legend(tmp_path, drawn):
+    nodes = [{"kind": "token", "pos": p} for p in range(3)]
+    nodes += [{"kind": "feature", "layer": 0, "pos": 2} for _ in range(5)]
+    nodes += [{"kind": "logit", "top_tokens": [(f" t{j}", 0.1)]} for j in range(6)]
+    plot.plot_attribution_graph(tmp_path / "g.png", ["a", " b", "\u202ec"], 1, nodes,
+                                [0, 3, 4], [3, 8, 9], [1.0, -0.5, 0.2])
+    ax = drawn[0].axes[0]
+    assert list(ax.get_xticks()) == [0, 1, 2]  # a tick at each column's centre
+    assert [t.get_text().split("\n")[0] for t in ax.get_xticklabels()] == \
+        ["'a'", "' b'", "'\\u202ec'"]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["feature", "error node", "token embedding", "logit", "positive edge",
+                      "negative edge"]
+    logit_x = [t.xy[0] for t in ax.texts]
+    assert len(set(logit_x)) == 6 and [t.get_text() for t in ax.texts] == \
+        [f"' t{j}'" for j in range(6)]
+
+
+def test_the_sweep_aggregate_shows_log_prob_first_and_the_raw_logit_beside(tmp_path, drawn):
+    agg = {"analysis": "knockout", "n": 3, "rows": [0, 1, 2], "row_label": "layer",
+           "metric": "answer logit change (knocked out - baseline)", "cols": None,
+           "mean": [-1.0, -2.0, 0.5], "std": [0.1, 0.2, 0.1],
+           "logprob_mean": [-0.5, -1.5, 0.1], "logprob_std": [0.1, 0.1, 0.1], "model": "m"}
+    plot.plot_sweep_aggregate(agg, tmp_path / "a.png")
+    axes = drawn[0].axes
+    assert axes[0].get_ylabel().startswith("\u0394 log p(answer), nats")
+    assert axes[1].get_ylabel().startswith("\u0394 logit(answer), raw")
+    assert list(axes[0].get_lines()[0].get_ydata()) == [-0.5, -1.5, 0.1]
+    assert "knockout sweep over 3 prompts, m" in _texts(drawn[0])

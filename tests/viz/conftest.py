@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -16,6 +15,7 @@ CLT_FIX = Path(__file__).parents[1] / "clt" / "fixtures"
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    """Headless Chromium with a 1400 x 900 viewport (the size the screenshots are taken at)."""
     b = browser_or_fail()
     try:
         yield b
@@ -31,9 +31,6 @@ def tiny() -> Any:
 
 
 def shown(token: str) -> str:
-    """What the pages display for a token (common.js MI.tok, re-implemented here)."""
-    if token and set(token) == {" "}:
-        return "␣" * len(token)
-    names = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
-    return re.sub("[\x00-\x1f\x7f\xa0]", lambda m: names.get(m.group(), f"\\x{ord(m.group()):02x}"),
-                  token)
+    """What the pages display for a token: Python's repr, as the terminal prints it
+    (common.js MI.tok implements it; tests/viz/test_viz_glance.py checks the two agree)."""
+    return repr(token)

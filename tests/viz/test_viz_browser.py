@@ -73,12 +73,15 @@ def test_attention_hover_token_and_head_show_the_pattern(browser, tiny, tmp_path
     weights = [float(s.get_attribute("data-weight")) for s in browser.find_all("#tokens .tok")]
     torch.testing.assert_close(torch.tensor(weights), pat[2, q], atol=1e-6, rtol=0)
     assert browser.find("#info").get_attribute("data-head") == "2"
-    # hover one cell of head 0's grid: query 4 -> key 1
-    canvas = browser.find('canvas.head[data-head="0"]')
+    # select head 0 and hover one cell of its large grid: query 4 -> key 1
+    browser.click(browser.find('button[data-head="0"]'))
+    canvas = browser.find("#pattern")
     size = int(canvas.get_attribute("data-cw"))
     browser.hover(canvas, 1 * size + size / 2, 4 * size + size / 2)
-    assert float(browser.find("#cell").get_attribute("data-value")) == pytest.approx(
-        float(pat[0, 4, 1]), abs=1e-6)
+    cell = browser.find("#cell")
+    assert (cell.get_attribute("data-query"), cell.get_attribute("data-key")) == ("4", "1")
+    assert float(cell.get_attribute("data-value")) == pytest.approx(float(pat[0, 4, 1]), abs=1e-6)
+    assert canvas.get_attribute("data-mark-row") == "4"  # the hovered cell is outlined
     assert browser.console_errors() == []
     not_blank(browser, tmp_path / "attention.png")
 
@@ -92,7 +95,9 @@ def test_markup_tokens_stay_text_in_the_browser(browser, tmp_path: Path) -> None
     assert browser.js("return document.images.length") == 0
     texts = browser.js("return [...document.querySelectorAll('#tokens .tok')].map(e => e.textContent)")
     assert texts == [shown(t) for t in toks]
-    assert browser.js("return document.querySelector('.prompt').textContent") == "".join(toks)
+    # the prompt line shows the text with its invisible characters escaped
+    assert browser.js("return document.querySelector('.prompt').textContent") == \
+        "".join(toks).replace("\n", "\\n")
 
 
 def big_lens(points: int = 30, seq: int = 128, k: int = 5) -> LogitLensGrid:
@@ -154,7 +159,7 @@ def test_patching_grid_hover_shows_the_cell(browser, tiny, tmp_path: Path) -> No
         browser.hover(canvas, col * cw + cw / 2, row * ch + ch / 2)
         info = browser.find("#info")
         assert float(info.get_attribute("data-value")) == pytest.approx(float(r.grid[row, col]), abs=1e-6)
-        norm, patched, effect = (float(x) for x in cells(browser.find("#info table"))[0])
+        norm, patched, effect = (float(row[1]) for row in cells(browser.find("#info table")))
         assert norm == pytest.approx(float(r.grid[row, col]), abs=5e-5)
         assert effect == pytest.approx(float(r.effect()[row, col]), abs=5e-4)
     not_blank(browser, tmp_path / "patch.png")
@@ -214,9 +219,10 @@ def test_dose_response_hover_shows_each_point(browser, tiny, tmp_path: Path) -> 
     for i, p in enumerate(curve.points):
         browser.hover(browser.find(f'circle.pt[data-i="{i}"]'))
         vals = dict((r[0], r[1]) for r in cells(browser.find("#info table")))
-        assert float(vals["strength"]) == pytest.approx(p.strength, abs=5e-4)
-        assert float(vals["KL(baseline || steered)"]) == pytest.approx(p.kl_divergence, abs=5e-6)
-        assert float(vals["p(w5)"]) == pytest.approx(p.target_prob, abs=5e-5)
+        assert float(vals["strength s"]) == pytest.approx(p.strength, abs=5e-4)
+        assert float(vals["KL(baseline || steered), nats"]) == pytest.approx(p.kl_divergence,
+                                                                             abs=5e-6)
+        assert float(vals["p('w5')"]) == pytest.approx(p.target_prob, abs=5e-5)
     not_blank(browser, tmp_path / "dose.png")
 
 
@@ -276,7 +282,7 @@ def test_attribution_graph_of_thousands_of_edges_prunes_and_clicks(browser, tmp_
     # click a feature node: its inputs / outputs / top tokens equal the data
     i = next(j for j, n in enumerate(nodes) if n["kind"] == "feature" and n["layer"] == 5
              and n["influence"] <= 0.8)
-    circle = browser.find(f'circle.node[data-i="{i}"]')
+    circle = browser.find(f'g.node[data-i="{i}"]')
     t = time.perf_counter()
     browser.click(circle)
     assert browser.find("#info").get_attribute("data-node") == str(i)
@@ -292,8 +298,8 @@ def test_attribution_graph_of_thousands_of_edges_prunes_and_clicks(browser, tmp_
     outg = sorted([(int(d), float(x)) for s, d, x, v in zip(src, dst, w, vis) if int(s) == i and v],
                   key=lambda e: -abs(e[1]))
     assert [r[0] for r in cells(browser.find("#outputs"))] == [nodes[d]["label"] for d, _ in outg[:10]]
-    assert cells(browser.find("#top-tokens")) == [["t" + nodes[i]["label"].split()[1][1:], "1.5000"],
-                                                  ["<i>", "0.5000"]]
+    assert cells(browser.find("#top-tokens")) == [
+        [repr("t" + nodes[i]["label"].split()[1][1:]), "1.5000"], [repr("<i>"), "0.5000"]]
     assert browser.console_errors() == []
     not_blank(browser, tmp_path / "graph.png")
 
@@ -313,12 +319,12 @@ def test_circuit_graph_page_lists_feature_top_tokens(browser, tiny, tmp_path: Pa
     g = attribute(tiny, clt, ids, max_n_logits=meta["max_n_logits"],
                   desired_logit_prob=meta["desired_logit_prob"], batch_size=16)
     opened(browser, g.to_html(tmp_path / "circuit.html", model=tiny, clt=clt))
-    feature = next(c for c in browser.find_all("circle.node")
+    feature = next(c for c in browser.find_all("g.node")
                    if c.is_displayed() and c.find_element("css selector", "title").get_attribute(
                        "textContent").startswith("L1 feature"))
     browser.click(feature)
-    label = browser.find("#info div").text  # "L1 feature IDX @POS"
-    layer, idx, pos = 1, int(label.split()[2]), int(label.split("@")[1])
+    label = browser.find("#node-title").text  # "L1 feature IDX @POS 'TOKEN'"
+    layer, idx, pos = 1, int(label.split()[2]), int(label.split("@")[1].split()[0])
     # reference: the decoder vector at each target layer, summed, times W_U
     f = mi.CltFeatureId(layer, idx)
     vec = sum(clt.decoder_vector(f, t).float() for t in range(layer, clt.n_layers))

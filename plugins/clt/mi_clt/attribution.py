@@ -61,7 +61,7 @@ def extract_decoder_vectors(clt: CrossLayerTranscoder, features: Sequence[CltFea
                             target_layer: int) -> torch.Tensor:
     """Each feature's decoder vector [n, d_model] at `target_layer` (reads only those rows)."""
     return torch.stack([clt.decoder_vector(f, target_layer) for f in features]) if features \
-        else torch.zeros(0, clt.d_model, dtype=clt.dtype)
+        else torch.zeros(0, clt.d_model, dtype=clt.dtype, device=clt.device)
 
 
 def score_features_by_decoder_projection(
@@ -82,7 +82,7 @@ def score_features_by_decoder_projection(
         if target_layer not in t:
             continue
         for start in range(0, clt.d_features, chunk):
-            idx = torch.arange(start, min(start + chunk, clt.d_features))
+            idx = torch.arange(start, min(start + chunk, clt.d_features), device="cpu")
             rows = clt.decoder_rows(src, idx)[:, target_layer - t.start]  # [n, d_model]
             s = rows @ d
             if cosine:
@@ -144,9 +144,11 @@ def _setup(model: Any, clt: CrossLayerTranscoder, ids: torch.Tensor, zero_positi
         slices.append(slice(start, start + n))
         start += n
         idx = feats[m, 2]
-        enc.append(clt.encoder(layer)[idx] if n else torch.zeros(0, clt.d_model, dtype=clt.dtype))
+        enc.append(clt.encoder(layer)[idx] if n else
+                   torch.zeros(0, clt.d_model, dtype=clt.dtype, device=clt.device))
         rows = clt.decoder_rows(layer, idx) if n else \
-            torch.zeros(0, len(clt.target_layers(layer)), clt.d_model, dtype=clt.dtype)
+            torch.zeros(0, len(clt.target_layers(layer)), clt.d_model, dtype=clt.dtype,
+                        device=clt.device)
         dec.append(rows * values[m][:, None, None])
     errors = out - recon
     errors[:, :zero_positions] = 0
@@ -226,7 +228,7 @@ class _ReplacementRun:
             sl = s.layer_slices[src]
             dec = s.dec_vecs[src]  # [n, n_targets, d]
             pos = s.feats[sl, 1]
-            acc = torch.zeros(b, dec.shape[0], dtype=self.clt.dtype)
+            acc = torch.zeros(b, dec.shape[0], dtype=self.clt.dtype, device=gm[0].device)
             for j, tgt in enumerate(self.clt.target_layers(src)):
                 acc += torch.einsum("bnd,nd->bn", gm[tgt][:, pos], dec[:, j])
             feat_cols.append(acc)
@@ -242,7 +244,8 @@ def select_logits(logits: torch.Tensor, max_n_logits: int, desired_logit_prob: f
     until their cumulative probability reaches `desired_logit_prob` (circuit-tracer's rule)."""
     probs = torch.softmax(logits.float(), dim=-1)
     top_p, top_i = probs.topk(max_n_logits)
-    cutoff = int(torch.searchsorted(top_p.cumsum(0), torch.tensor(desired_logit_prob))) + 1
+    cutoff = int(torch.searchsorted(top_p.cumsum(0),
+                                    torch.tensor(desired_logit_prob, device=top_p.device))) + 1
     return top_i[:cutoff], top_p[:cutoff]
 
 
@@ -269,7 +272,7 @@ def attribute(model: Any, clt: CrossLayerTranscoder, ids: torch.Tensor | Sequenc
     With `max_feature_nodes`, only that many features get their own incoming edges, chosen
     by influence on the logits as the computation proceeds (circuit-tracer's strategy).
     """
-    ids = torch.as_tensor(ids, dtype=torch.long).reshape(1, -1).to(model.device)
+    ids = torch.as_tensor(ids, dtype=torch.long, device=model.device).reshape(1, -1)
     clt.check_model(model)
     model.require(WeightAccess, "attribution (the unembedding W_U)")
     get_weight = model.backend.get_weight
@@ -285,18 +288,19 @@ def attribute(model: Any, clt: CrossLayerTranscoder, ids: torch.Tensor | Sequenc
     batch = max(1, min(batch_size, max(n_expand, n_logit)))
     run = _ReplacementRun(model, clt, ids, batch, s)
 
-    edges = torch.zeros(n_expand + n_logit, n_nodes)
-    row_node = torch.zeros(n_expand + n_logit, dtype=torch.long)
+    cpu, dev = torch.device("cpu"), s.feats.device  # the graph is assembled on the CPU
+    edges = torch.zeros(n_expand + n_logit, n_nodes, device=cpu)
+    row_node = torch.zeros(n_expand + n_logit, dtype=torch.long, device=cpu)
     for i in range(0, n_logit, batch):
         j = min(i + batch, n_logit)
-        edges[i:j, :n_src] = run.rows(torch.full((j - i,), L), torch.full((j - i,), seq - 1),
-                                      logit_vecs[i:j])
-        row_node[i:j] = torch.arange(n_src + i, n_src + j)
-    st, visited = n_logit, torch.zeros(n_feat, dtype=torch.bool)
+        edges[i:j, :n_src] = run.rows(torch.full((j - i,), L, device=dev),
+                                      torch.full((j - i,), seq - 1, device=dev), logit_vecs[i:j])
+        row_node[i:j] = torch.arange(n_src + i, n_src + j, device=cpu)
+    st, visited = n_logit, torch.zeros(n_feat, dtype=torch.bool, device=cpu)
     bar = Progress(n_expand, "attribution rows", unit="row", enabled=verbose or None)
     while int(visited.sum()) < n_expand:
         if n_expand == n_feat:
-            pending = torch.arange(n_feat)
+            pending = torch.arange(n_feat, device=cpu)
         else:
             infl = partial_influences(edges[:st], logit_p, row_node[:st])
             rank = infl[:n_feat].argsort(descending=True)
@@ -313,12 +317,12 @@ def attribute(model: Any, clt: CrossLayerTranscoder, ids: torch.Tensor | Sequenc
     bar.close()
 
     selected = visited.nonzero().flatten()
-    cols = torch.cat([selected, torch.arange(n_feat, n_nodes)])
+    cols = torch.cat([selected, torch.arange(n_feat, n_nodes, device=cpu)])
     edges = edges[:, cols]
     order = row_node.argsort()  # features (by index), then logits
     edges = edges[order]
     n = edges.shape[1]
-    adj = torch.zeros(n, n)
+    adj = torch.zeros(n, n, device=cpu)
     adj[:n_expand] = edges[:n_expand]
     adj[n - n_logit:] = edges[n_expand:]
     tok = model.tokenizer if model.has_tokenizer else None

@@ -125,7 +125,7 @@ class CrossLayerTranscoder:
         if index is None:
             w = f.dec_files[layer].view(name)
         else:
-            idx = torch.as_tensor(index, dtype=torch.long).cpu().reshape(-1)
+            idx = torch.as_tensor(index, dtype=torch.long, device="cpu").reshape(-1)  # rows on disk
             if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.d_features):
                 raise DictionaryError(f"{f.dec_files[layer].path}: feature index out of range "
                                       f"0..{self.d_features - 1}")

@@ -139,62 +139,12 @@ class CircuitGraph:
 
     def save_png(self, path: str | Path, node_threshold: float = 0.8,
                  edge_threshold: float = 0.98, max_edges: int = 400) -> Path:
-        """A picture of the pruned graph: x = token position, y = layer (embeddings at the
-        bottom, logits on top); edges blue (positive) / red (negative), width ~ |weight|."""
-        import matplotlib
+        """A picture of the pruned graph: x = token position (labels under each column),
+        y = layer (embeddings at the bottom, logits on top, labelled); edges blue (positive) /
+        red (negative), width ~ |weight|; a legend (see :func:`mi_clt.viz.graph_png`)."""
+        from mi_clt.viz import graph_png
 
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-
-        res = self.prune(node_threshold, edge_threshold)
-        keep = res.node_mask.nonzero().flatten().tolist()
-        xy: dict[int, tuple[float, float]] = {}
-        slots: dict[tuple[int, int], int] = {}
-        for i in keep:
-            kind = self.node_kind(i)
-            if kind == "feature":
-                layer, pos = int(self.active_features[i, 0]), int(self.active_features[i, 1])
-                y = layer + 1
-            elif kind == "error":
-                layer, pos = divmod(i - self.error_offset, self.n_pos)
-                y = layer + 1
-            elif kind == "token":
-                pos, y = i - self.token_offset, 0
-            else:
-                pos, y = self.n_pos - 1 + 0.0, self.n_layers + 1
-            k = slots.get((int(pos), y), 0)
-            slots[(int(pos), y)] = k + 1
-            # several nodes share a (position, layer) cell: a small grid inside the cell
-            xy[i] = (pos - 0.35 + 0.1 * (k % 8), y + 0.12 * ((k // 8) % 6))
-        fig, ax = plt.subplots(figsize=(max(6, self.n_pos * 1.1), max(4, self.n_layers * 0.35 + 2)))
-        dst, src = res.edge_mask.nonzero(as_tuple=True)
-        w = self.adjacency[dst, src]
-        order = w.abs().argsort(descending=True)[:max_edges]
-        wmax = float(w.abs().max()) if w.numel() else 1.0
-        for o in order.tolist():
-            d, s = int(dst[o]), int(src[o])
-            if d in xy and s in xy:
-                val = float(w[o])
-                ax.plot([xy[s][0], xy[d][0]], [xy[s][1], xy[d][1]],
-                        color="tab:blue" if val > 0 else "tab:red",
-                        lw=0.3 + 2.5 * abs(val) / wmax, alpha=0.25 + 0.6 * abs(val) / wmax)
-        colors = {"feature": "tab:green", "error": "tab:gray", "token": "black", "logit": "tab:orange"}
-        for i, (x, y) in xy.items():
-            ax.scatter([x], [y], s=30, color=colors[self.node_kind(i)], zorder=3)
-        for j, i in enumerate(range(self.logit_offset, self.adjacency.shape[0])):
-            if i in xy:
-                ax.annotate(self.logit_strings[j], xy[i], fontsize=7, xytext=(2, 4),
-                            textcoords="offset points")
-        ax.set_xticks(range(self.n_pos), self.token_strings, rotation=45, fontsize=7)
-        ax.set_yticks(range(self.n_layers + 2), ["emb"] + [str(i) for i in range(self.n_layers)]
-                      + ["logit"], fontsize=7)
-        ax.set_title(f"attribution graph: {len(keep)} nodes, {int(res.edge_mask.sum())} edges")
-        fig.tight_layout()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        return path
+        return graph_png(self, path, node_threshold, edge_threshold, max_edges)
 
     def to_html(self, path: str | Path, node_threshold: float = 0.8, edge_threshold: float = 0.0,
                 max_edges: int = 5000, model: Any = None, clt: Any = None) -> Path:

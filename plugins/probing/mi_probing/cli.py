@@ -27,8 +27,9 @@ def add_probe_parser(subparsers: "argparse._SubParsersAction[Any]") -> argparse.
         description="Train a linear probe per hook point on a JSONL file of "
                     '{"text": ..., "label": ...} lines and report accuracy, balanced accuracy, '
                     "AUROC (classification) or R² (regression) beside shuffled-label baselines.")
-    p.add_argument("--model", required=True, type=cli.model_source, metavar="PATH",
-                   help="model directory, .gguf file or hub id")
+    p.add_argument("--model", default=None, type=cli.model_source, metavar="PATH",
+                   help="model directory, .gguf file or hub id (default: the embedded model "
+                   "a plugin provides, as every mi command)")
     p.add_argument("--data", required=True, help="JSONL file, one {text, label} object a line")
     p.add_argument("--hook", action="append", required=True, metavar="NAME",
                    help="hook point to probe; repeat for several; shell wildcards sweep "

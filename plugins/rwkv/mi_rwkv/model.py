@@ -22,6 +22,7 @@ from mi_core.plugin import (
     HookCache, HookPoint, HookRun, HookSpec, InterventionError, MIError, StateKnockoutSpec,
     StateSteeringSpec, WeightLoadError, standard_shape,
 )
+from mi_core.recurrence import write_scales
 
 from mi_rwkv.config import RwkvConfig
 
@@ -85,7 +86,8 @@ class LayerCtx:
     state: RwkvState
     #: [batch, seq] bool, False at padding (no state update there); None = all valid.
     active: torch.Tensor | None
-    #: [seq] write scale of the key-value outer product (state knockout / steering) or None.
+    #: [seq, heads] write scale of the key-value outer product (state knockout / steering)
+    #: or None (mi_core.recurrence.write_scales).
     write_scale: torch.Tensor | None
     #: RWKV-7 value residual: layer 0's value, [batch, seq, heads, head_dim].
     v_first: torch.Tensor | None = None
@@ -153,29 +155,6 @@ def layer_norm(x: torch.Tensor, wb: tuple[torch.Tensor, torch.Tensor], eps: floa
     if want_norm:
         n = run.apply(normalized_name, n)  # type: ignore[union-attr]
     return n * wb[0] + wb[1]
-
-
-def write_scales(knockout: StateKnockoutSpec | None, steering: StateSteeringSpec | None,
-                 layer: int, seq: int, offset: int, device: torch.device) -> torch.Tensor | None:
-    """[seq] scale of the kv write at each position of this call, or None (all ones).
-
-    Positions are absolute (``offset`` tokens were consumed by earlier calls); negative
-    positions count from the end of this call. Knockout wins where both apply.
-    """
-    def local(p: int) -> int:
-        return seq + p if p < 0 else p - offset
-
-    s: torch.Tensor | None = None
-    for spec, value in ((steering, None), (knockout, 0.0)):
-        if spec is None or not spec.applies_to(layer):
-            continue
-        for p in spec.positions:
-            i = local(p)
-            if 0 <= i < seq:
-                if s is None:
-                    s = torch.ones(seq, device=device, dtype=torch.float32)
-                s[i] = spec.scale if value is None else value  # type: ignore[union-attr]
-    return s
 
 
 class RwkvBackend:
@@ -246,9 +225,13 @@ class RwkvBackend:
     # -- capabilities (mi_core.capabilities) -------------------------------------------
     def check_state_spec(self, spec: StateKnockoutSpec | StateSteeringSpec, seq: int | None,
                          call_len: int | None = None) -> None:
-        """StateInterventions: layers in range; without a carried state (`seq` given) the
-        positions must lie in this call; with one they are absolute across calls."""
+        """StateInterventions: layers and heads in range; without a carried state (`seq`
+        given) the positions must lie in this call; with one they are absolute across calls."""
         spec.validate(self.num_layers, seq)
+        bad = [h for h in spec.target_heads or [] if h >= self.num_heads]
+        if bad:
+            raise InterventionError(f"{type(spec).__name__}: heads {bad} out of range; the "
+                                    f"RWKV layers have heads 0..{self.num_heads - 1}")
         t = seq if call_len is None else call_len
         for p in spec.positions:
             if t is not None and p < -t:
@@ -285,7 +268,8 @@ class RwkvBackend:
         for i, layer in enumerate(self.layers):
             n = self._names[i]
             ctx = LayerCtx(layer=i, run=run, names=n, state=state, active=active,
-                           write_scale=write_scales(ko, st, i, t, state.seen, ids.device),
+                           write_scale=write_scales(ko, st, i, t, state.seen, self.num_heads,
+                                                    ids.device),
                            v_first=v_first, chunk=self.chunk)
             x = run.apply(n.resid_pre, x)
             h = run.apply(n.attn_in, layer_norm(x, layer.ln1, eps, run, n.ln1_scale, n.ln1_normalized))

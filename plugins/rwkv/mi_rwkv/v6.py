@@ -1,9 +1,9 @@
 """RWKV-6 (Finch): ddlerp token shift, data-dependent diagonal decay, receptance-gated FFN.
 
-Weights in the HF format (``rwkv.blocks.{i}.attention.*`` / ``feed_forward.*``). The WKV
-recurrence runs chunked: within a chunk of L tokens the pairwise decays
-``exp(b_{t-1} - b_s)`` (b: cumulative log-decay, exponents <= 0, so no overflow) give an
-L x L matrix; across chunks the state is carried by L-independent matmuls.
+Weights in the HF format (``rwkv.blocks.{i}.attention.*`` / ``feed_forward.*``). The WKV is
+the shared recurrence layer's diagonal scan, exclusive with a bonus
+(:mod:`mi_core.recurrence`): chunked, pairwise decays ``exp(b_{t-1} - b_s)`` (exponents <= 0,
+so no overflow) within a chunk, one state update per chunk across chunks.
 """
 
 from __future__ import annotations
@@ -11,85 +11,24 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from mi_core.recurrence import diagonal_scan, written_keys
+
 from mi_rwkv.effective_attn import effective_attention_v6
 from mi_rwkv.model import LayerCtx, linear, token_shift
-
-
-def _chunks(x: torch.Tensor, length: int) -> torch.Tensor:
-    """[B, T, H, K] (T a multiple of `length`) -> [B, H, n, L, K]."""
-    b, t, h, k = x.shape
-    return x.view(b, t // length, length, h, k).permute(0, 3, 1, 2, 4)
-
-
-def _pad(xs: list[torch.Tensor], pad: int) -> list[torch.Tensor]:
-    return [F.pad(x, (0, 0, 0, 0, 0, pad)) for x in xs] if pad else xs
 
 
 def wkv6(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logw: torch.Tensor,
          u: torch.Tensor, state: torch.Tensor, k_write: torch.Tensor | None = None,
          chunk: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
-    """The RWKV-6 WKV, chunked.
+    """The RWKV-6 WKV on the shared recurrence layer (:func:`mi_core.recurrence.diagonal_scan`).
 
     r, k, v, logw (log of the decay, <= 0): [B, T, H, K] F32; u (bonus): [H, K];
     state [B, H, K, V]; k_write: the key used for the state write (k scaled by state
     knockout / steering, zero at padding), default k. Returns (y [B, T, H, V], new state).
     ``y_t = r_t^T (S_{t-1} + diag(u) k_t v_t^T)``, ``S_t = diag(w_t) S_{t-1} + k_t v_t^T``.
     """
-    bsz, t, h, kd = r.shape
-    kw = k if k_write is None else k_write
-    bonus = (r * u * k).sum(-1, keepdim=True) * v
-    if t == 1:  # one recurrent step (generation): no chunk machinery
-        r1, k1, v1, w1 = r[:, 0], kw[:, 0], v[:, 0], logw[:, 0].exp()
-        y1 = (r1.unsqueeze(-2) @ state).squeeze(-2)
-        return (y1.unsqueeze(1) + bonus), w1.unsqueeze(-1) * state + k1.unsqueeze(-1) * v1.unsqueeze(-2)
-    L = max(1, min(chunk, t))
-    pad = (-t) % L
-    # Padding at the end: decay 1 and no write, so the final state is unchanged.
-    rc, kc, vc, lw = (_chunks(x, L) for x in _pad([r, kw, v, logw], pad))
-    # Cumulative log-decays in float64: differences of large cumulative sums keep their
-    # precision (RWKV-6 decays reach tens of nats per token).
-    b = lw.double().cumsum(-2)            # inclusive cumulative log-decay within the chunk
-    be = b - lw.double()                  # exclusive: b_{t-1}
-    strict = torch.ones(L, L, dtype=torch.bool, device=r.device).tril(-1)
-    a = _intra(rc, be, kc, b, strict)                              # [B, H, n, L, L]
-    y = a @ vc
-    blast = b[..., -1:, :]
-    kv = (kc * (blast - b).exp().float()).transpose(-1, -2) @ vc   # [B, H, n, K, V]
-    dec = blast.squeeze(-2).exp().float().unsqueeze(-1)            # [B, H, n, K, 1]
-    q = rc * be.exp().float()
-    starts = []
-    s = state
-    for c in range(rc.shape[2]):
-        starts.append(s)
-        s = dec[:, :, c] * s + kv[:, :, c]
-    y = y + q @ torch.stack(starts, dim=2)
-    y = y.permute(0, 2, 3, 1, 4).reshape(bsz, t + pad, h, -1)[:, :t]
-    return y + bonus, s
-
-
-def _intra(q: torch.Tensor, gq: torch.Tensor, k: torch.Tensor, gk: torch.Tensor,
-           mask: torch.Tensor, block: int = 4) -> torch.Tensor:
-    """M[t, s] = sum_i q_{t,i} k_{s,i} exp(gq_{t,i} - gk_{s,i}) where `mask` [L, L] holds, else 0.
-
-    q, k: [B, H, n, L, K] F32; gq, gk: the same, float64 cumulative log-decays (decreasing
-    along L; gq is gk or its exclusive form). `mask` is lower triangular. Diagonal blocks of
-    `block` tokens are formed pairwise; a block of sources s < t is one matmul with both
-    factors referenced to the block's last source, so each factor is exp(<= 0) and nothing
-    overflows whatever the decay (an underflowing factor means a product below 1e-38).
-    """
-    L = q.shape[-2]
-    out = q.new_zeros(q.shape[:-1] + (L,))
-    for j0 in range(0, L, block):
-        j1 = min(L, j0 + block)
-        d = (gq[..., j0:j1, None, :] - gk[..., None, j0:j1, :]).float()
-        d = d.masked_fill(~mask[j0:j1, j0:j1, None], float("-inf"))
-        out[..., j0:j1, j0:j1] = (q[..., j0:j1, None, :] * d.exp() * k[..., None, j0:j1, :]).sum(-1)
-        if j1 < L:
-            ref = gk[..., j1 - 1:j1, :]
-            qf = q[..., j1:, :] * (gq[..., j1:, :] - ref).float().exp()
-            kf = k[..., j0:j1, :] * (ref - gk[..., j0:j1, :]).float().exp()
-            out[..., j1:, j0:j1] = qf @ kf.transpose(-1, -2)
-    return out
+    return diagonal_scan(r, k, v, logw, state, inclusive=False, bonus=u, k_write=k_write,
+                         chunk=chunk)
 
 
 class V6Layer:
@@ -136,13 +75,9 @@ class V6Layer:
         if run.wants(n.rwkv_decay):
             logw = torch.log(run.apply(n.rwkv_decay, torch.exp(logw)).float().clamp_min(1e-38))
         rf, kf, vf = r.float(), k.float(), v.float()
-        kw = kf
-        if ctx.write_scale is not None:
-            kw = kw * ctx.write_scale.view(1, t, 1, 1)
-        if ctx.active is not None:
-            act = ctx.active.view(bsz, t, 1, 1)
-            kw = kw * act
-            logw = logw * act
+        kw = written_keys(kf, ctx.write_scale, ctx.active)
+        if ctx.active is not None:  # decay 1 at padding: the state is left as it was
+            logw = logw * ctx.active.view(bsz, t, 1, 1)
         if run.wants(n.rwkv_effective_attn):
             run.apply(n.rwkv_effective_attn, effective_attention_v6(rf, kf, kw, logw, self.u))
         y, s = wkv6(rf, kf, vf, logw, self.u, ctx.state.wkv[i], kw, ctx.chunk)

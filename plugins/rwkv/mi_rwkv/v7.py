@@ -3,10 +3,10 @@
 Weights in the flash-linear-attention format (``model.layers.{i}.attn.*`` / ``ffn.*``).
 In key-value layout the recurrence is
 ``S_t = diag(w_t) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T`` with ``a = -kk``,
-``b = kk * iclr``, output ``y_t = S_t^T r_t``. It runs chunked: inside a chunk the removed
-values ``u_t = a_t^T S_{t-1}`` solve a unit lower-triangular L x L system (pairwise decays
-``exp(g_t - g_s)`` with exponents <= 0), and each chunk maps the incoming state through
-one [K, K] transition plus a [K, V] offset.
+``b = kk * iclr``, output ``y_t = S_t^T r_t``: the shared recurrence layer's diagonal +
+rank-1 scan (:mod:`mi_core.recurrence`), chunked (the in-chunk removals solve a unit
+lower-triangular system; each chunk maps the incoming state through one [K, K] transition
+plus a [K, V] offset). RWKV-7's log-decay is >= -exp(-0.5), the scan's precondition.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import math
 import torch
 import torch.nn.functional as F
 
+from mi_core.recurrence import rank1_scan, written_keys
+
 from mi_rwkv.config import RwkvConfig
 from mi_rwkv.effective_attn import effective_attention_v7
 from mi_rwkv.model import LayerCtx, linear, token_shift
-from mi_rwkv.v6 import _chunks, _pad
 
 #: log of the RWKV-7 decay is ``-exp(-0.5) * sigmoid(w0 + lora(x))`` (0.606531 in `rwkv`).
 DECAY_SCALE = math.exp(-0.5)
@@ -28,62 +29,10 @@ DECAY_SCALE = math.exp(-0.5)
 def wkv7(r: torch.Tensor, logw: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
          a: torch.Tensor, b: torch.Tensor, state: torch.Tensor, chunk: int = 16
          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The RWKV-7 WKV, chunked. All inputs [B, T, H, K] F32 (k: the written key, already
-    scaled by state knockout / steering); state [B, H, K, V]. Returns (y [B, T, H, V], state).
-    """
-    bsz, t, h, kd = r.shape
-    if t == 1:  # one recurrent step (generation): no chunk machinery
-        r1, w1, k1, v1, a1, b1 = (x[:, 0] for x in (r, logw.exp(), k, v, a, b))
-        sa = (a1.unsqueeze(-2) @ state)                                  # [B, H, 1, V]
-        s = w1.unsqueeze(-1) * state + b1.unsqueeze(-1) * sa + k1.unsqueeze(-1) * v1.unsqueeze(-2)
-        return (r1.unsqueeze(-2) @ s).transpose(1, 2), s
-    L = max(1, min(chunk, t))
-    pad = (-t) % L
-    # End padding: decay 1, a = b = k = 0, so the final state is unchanged.
-    rc, lw, kc, vc, ac, bc = (_chunks(x, L) for x in _pad([r, logw, k, v, a, b], pad))
-    g = lw.double().cumsum(-2)          # inclusive cumulative log-decay in the chunk (float64)
-    ge = g - lw.double()                # exclusive (state before token t)
-    dev = r.device
-    strict = torch.ones(L, L, dtype=torch.bool, device=dev).tril(-1)
-    incl = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
-    m_ab, m_ak = _intra(ac, ge, bc, g, strict), _intra(ac, ge, kc, g, strict)   # [B, H, n, L, L]
-    m_rb, m_rk = _intra(rc, g, bc, g, incl), _intra(rc, g, kc, g, incl)
-    # u = (I - m_ab)^-1 (a e^ge S0 + m_ak v); m_ab is strictly lower (nilpotent), so the
-    # inverse is (I + N)(I + N^2)(I + N^4)... : log2(L) batched matmuls, no triangular solve.
-    inv = torch.eye(L, device=dev, dtype=r.dtype) + m_ab
-    power = m_ab
-    for _ in range(max(0, (L - 1).bit_length() - 1)):
-        power = power @ power
-        inv = inv + inv @ power
-    w_s0 = inv @ (ac * ge.exp().float())                                       # u = w_s0 @ S0 + u_v
-    u_v = inv @ (m_ak @ vc)
-    q = rc * g.exp().float() + m_rb @ w_s0                                    # y = q @ S0 + y_in
-    y = m_rb @ u_v + m_rk @ vc
-    gl = g[..., -1:, :]
-    decay_to_end = (gl - g).exp().float()
-    bd, kdec = bc * decay_to_end, kc * decay_to_end
-    trans = torch.diag_embed(gl.squeeze(-2).exp().float()) + bd.transpose(-1, -2) @ w_s0   # [B, H, n, K, K]
-    offs = bd.transpose(-1, -2) @ u_v + kdec.transpose(-1, -2) @ vc                # [B, H, n, K, V]
-    starts = []
-    s = state
-    for c in range(rc.shape[2]):
-        starts.append(s)
-        s = trans[:, :, c] @ s + offs[:, :, c]
-    y = y + q @ torch.stack(starts, dim=2)
-    return y.permute(0, 2, 3, 1, 4).reshape(bsz, t + pad, h, -1)[:, :t], s
-
-
-def _intra(q: torch.Tensor, gq: torch.Tensor, k: torch.Tensor, gk: torch.Tensor,
-           mask: torch.Tensor) -> torch.Tensor:
-    """M[t, s] = sum_i q_{t,i} k_{s,i} exp(gq_{t,i} - gk_{s,i}) where `mask` [L, L] holds, else 0.
-
-    One matmul with both factors referenced to the chunk midpoint: an RWKV-7 log-decay is
-    >= -exp(-0.5) per token, so over a 16-token chunk each factor is within exp(+-5).
-    """
-    mid = gk[..., gk.shape[-2] // 2: gk.shape[-2] // 2 + 1, :]
-    qf = q * (gq - mid).float().exp()
-    kf = k * (mid - gk).float().exp()
-    return (qf @ kf.transpose(-1, -2)) * mask
+    """The RWKV-7 WKV on the shared recurrence layer (:func:`mi_core.recurrence.rank1_scan`).
+    All inputs [B, T, H, K] F32 (k: the written key, already scaled by state knockout /
+    steering); state [B, H, K, V]. Returns (y [B, T, H, V], state)."""
+    return rank1_scan(r, logw, k, v, a, b, state, chunk)
 
 
 class V7Layer:
@@ -143,12 +92,10 @@ class V7Layer:
             logw = torch.log(run.apply(n.rwkv_decay, torch.exp(logw)).float().clamp_min(1e-38))
         rf, kf, vf = r.float(), k.float(), v.float()
         va, vb = -kk.float(), (kk * iclr.view(shape)).float()
-        kw = kf
-        if ctx.write_scale is not None:
-            kw = kw * ctx.write_scale.view(1, t, 1, 1)
-        if ctx.active is not None:
+        kw = written_keys(kf, ctx.write_scale, ctx.active)
+        if ctx.active is not None:  # decay 1 and no removal at padding
             act = ctx.active.view(bsz, t, 1, 1)
-            kw, logw, vb = kw * act, logw * act, vb * act
+            logw, vb = logw * act, vb * act
         if run.wants(n.rwkv_effective_attn):
             run.apply(n.rwkv_effective_attn, effective_attention_v7(rf, kw, logw, va, vb))
         y, s = wkv7(rf, logw, kw, vf, va, vb, ctx.state.wkv[i], ctx.chunk)

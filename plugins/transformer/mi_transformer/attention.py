@@ -43,6 +43,8 @@ class AttnWeights:
     k_norm: Norm | None = None
     qk_norm_full: bool = False  # the q/k norms span all heads' dims at once (OLMo2, OLMoE)
     clip: float | None = None  # clamp q, k, v to [-clip, clip] after projection/norm (OLMo)
+    w_gate: torch.Tensor | None = None  # [heads * d_head, d_model]: output gate (Qwen3-Next)
+    b_gate: torch.Tensor | None = None
     sinks: torch.Tensor | None = None  # [heads] sink logits (gpt-oss)
     mla: MlaWeights | None = None  # latent projections (DeepSeek-V2/V3)
 
@@ -62,6 +64,7 @@ class AttnNames:
     result: str
     q_scale: str
     k_scale: str
+    gate: str = ""  # attn.hook_gate: sigmoid of the output gate [b, s, heads, d_head]
     sinks: str = ""
     q_latent: str = ""
     kv_latent: str = ""
@@ -85,6 +88,21 @@ class Masks:
         self._bool: dict[tuple[int | None, int | None], torch.Tensor | None] = {}
         self._add: dict[tuple[int | None, int | None, torch.dtype], torch.Tensor] = {}
         self._temps: dict[tuple[float, float], torch.Tensor] = {}
+        self._new: list[torch.Tensor | None] = []
+
+    def new_valid(self) -> torch.Tensor | None:
+        """[batch, seq] bool: which of this call's tokens are real; None when all are (a
+        recurrent mixer then takes its path without padding). One check per call."""
+        if not self._new:
+            new = None if self.key_valid is None else self.key_valid[:, self.offset:]
+            self._new.append(None if new is None or bool(new.all()) else new)
+        return self._new[0]
+
+    def to(self, device: torch.device) -> "Masks":
+        """The same masks built on `device` (a placed model's blocks on another device)."""
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Masks(move(self.key_valid), self.offset, self.seq, device,
+                     move(self.key_positions))
 
     def allowed(self, window: int | None, chunk: int | None = None) -> torch.Tensor:
         """bool [batch or 1, 1, seq, offset + seq]."""
@@ -282,6 +300,11 @@ def attention(w: AttnWeights, x: torch.Tensor,
     else:
         z = _sdpa(q, k, v, masks, ls, num_kv_heads)
     z = run.apply(n.z, z.transpose(1, 2))  # [b, s, heads, d_head]
+    if w.w_gate is not None:  # output gate: W_O reads z * sigmoid(gate) (hook_z is before it)
+        src = x if head_inputs is None else head_inputs[0]
+        gate = _per_head(src, w.w_gate, w.b_gate, ls.num_heads, ls.head_dim) \
+            if head_inputs is not None else F.linear(x, w.w_gate, w.b_gate).view(z.shape)
+        z = z * run.apply(n.gate, torch.sigmoid(gate))
     return _output(w, z, run, n, ls)
 
 

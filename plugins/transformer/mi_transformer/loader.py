@@ -3,30 +3,34 @@ quantized checkpoints (FP8, MXFP4) are dequantized as they load (:mod:`mi_transf
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
 from mi_core.plugin import (
-    MITokenizer, ModelSource, SafetensorsCheckpoint, UnsupportedModelError, WeightLoadError,
-    read_config,
+    InputError, MITokenizer, ModelSource, Placement, SafetensorsCheckpoint, UnsupportedModelError,
+    WeightLoadError, read_config,
 )
 
 from mi_transformer.config import parse_config
 from mi_transformer.config.size import check_loaded
 from mi_transformer.model import TransformerBackend
+from mi_transformer.placement import Layout, canonical, layout
 from mi_transformer.quant import dequantizing
-from mi_transformer.weights import DictSource, TensorSource, check_tensors, load_weights
+from mi_transformer.weights import (DictSource, TensorSource, check_tensors, load_weights,
+                                   tensor_table)
 
 
 def from_tensors(config: Mapping[str, Any], tensors: TensorSource | Mapping[str, torch.Tensor],
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 tokenizer: MITokenizer | None = None, origin: str = "<memory>"
-                 ) -> TransformerBackend:
+                 tokenizer: MITokenizer | None = None, origin: str = "<memory>", *,
+                 placement: Placement | None = None) -> TransformerBackend:
     """A backend from an HF-style config dict and either a SafetensorsCheckpoint (or any
     TensorSource) or an in-memory ``{hf_name: tensor}`` dict. With a ``quantization_config``
-    of FP8 or MXFP4 the tensors are dequantized to `dtype` as they load."""
+    of FP8 or MXFP4 the tensors are dequantized to `dtype` as they load. `placement`: the
+    checked ``device_map`` / ``max_memory`` / ``offload`` of ``from_pretrained``."""
     src: TensorSource = DictSource(tensors, origin) if isinstance(tensors, Mapping) else tensors
     src = dequantizing(src, config, origin)
     cfg = parse_config(config, f"{origin}/config.json", src.names())
@@ -38,10 +42,36 @@ def from_tensors(config: Mapping[str, Any], tensors: TensorSource | Mapping[str,
                 f"are not LLaMA-like; missing: {', '.join(chk.missing[:10]) or 'none'}; "
                 f"unexpected: {', '.join(chk.unexpected[:10]) or 'none'}")
     device = torch.device(device)
-    if not isinstance(tensors, Mapping):  # (tensors already in memory were paid for)
-        check_loaded(cfg, f"{origin}/config.json", dtype, device)
-    weights = load_weights(cfg, src, device, dtype)
-    return TransformerBackend(cfg, weights, device, dtype, tokenizer)
+    if not isinstance(tensors, Mapping) and placement is None:  # (tensors already in
+        check_loaded(cfg, f"{origin}/config.json", dtype, device)  # memory were paid for;
+        # a placement's sizes are checked by the placement engine)
+    lay = Layout.single(canonical(device), cfg.num_layers) if placement is None else \
+        layout(placement, *part_sizes(cfg, dtype))
+    if lay.offload == "disk" and not isinstance(src, SafetensorsCheckpoint):
+        raise InputError(f"{origin}: offload='disk' leaves the weights memory-mapped in "
+                         f"safetensors files; this checkpoint's tensors are made in memory "
+                         f"(GGUF, FP8/MXFP4 dequantized): use offload='cpu'")
+    weights = load_weights(cfg, src, device, dtype, layout=lay)
+    return TransformerBackend(cfg, weights, lay.embed, dtype, tokenizer, layout=lay)
+
+
+def part_sizes(cfg: Any, dtype: torch.dtype) -> tuple[list[int], int, int]:
+    """(bytes of each block, of the embedding, of the unembedding and final norm) as loaded
+    in `dtype` (the placement engine's sizes; float32 routers counted as bf16/f16 would be
+    a few bytes short, well inside accelerate-style 10% headroom)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    blocks, embed, unembed = [0] * cfg.num_layers, 0, 0
+    for e in tensor_table(cfg).values():
+        n = size * math.prod(e.shape)
+        if e.layer is not None:
+            blocks[e.layer] += n
+        elif e.slot in ("embed", "pos_embed"):
+            embed += n
+        else:
+            unembed += n
+    if cfg.tie_word_embeddings:
+        unembed += size * cfg.vocab_size * cfg.hidden_size
+    return blocks, embed, unembed
 
 
 def _known() -> set[str]:
@@ -50,7 +80,8 @@ def _known() -> set[str]:
     return set(FAMILY_PARSERS)
 
 
-def load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> TransformerBackend:
+def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, *,
+              placement: Placement | None = None) -> TransformerBackend:
     try:
         from mi_transformer import gguf  # written alongside; needs the `gguf` extra
     except ImportError as exc:
@@ -58,20 +89,22 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> Transform
                                     f"'gguf' package (pip install 'mi-transformer[gguf]'): {exc}"
                                     ) from exc
     ck = gguf.read_gguf(path, dtype, device=device)
-    return from_tensors(ck.config, ck.tensors, device, dtype, ck.tokenizer, origin=str(path))
+    return from_tensors(ck.config, ck.tensors, device, dtype, ck.tokenizer, origin=str(path),
+                        placement=placement)
 
 
-def load_backend(source: ModelSource, device: torch.device, dtype: torch.dtype
-                 ) -> TransformerBackend:
-    """The BackendSpec loader: a directory with config.json + safetensors, or a .gguf file."""
+def load_backend(source: ModelSource, device: torch.device, dtype: torch.dtype, *,
+                 placement: Placement | None = None) -> TransformerBackend:
+    """The BackendSpec loader: a directory with config.json + safetensors, or a .gguf file;
+    `placement` as :func:`from_tensors`."""
     path = source.path
     if path.is_file():
         if path.suffix.lower() == ".gguf":
-            return load_gguf(path, device, dtype)
+            return load_gguf(path, device, dtype, placement=placement)
         raise WeightLoadError(f"{path}: a single file must be .gguf; give the directory of a "
                               f"safetensors checkpoint instead")
     config = source.config if source.config is not None else read_config(path)
     if config is None:
         raise WeightLoadError(f"{path}: no config.json")
     return from_tensors(config, SafetensorsCheckpoint.from_directory(path), device, dtype,
-                        origin=str(path))
+                        origin=str(path), placement=placement)

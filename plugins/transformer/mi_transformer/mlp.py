@@ -17,6 +17,7 @@ ACTIVATIONS: dict[Activation, Callable[[torch.Tensor], torch.Tensor]] = {
     Activation.GELU_TANH: lambda x: F.gelu(x, approximate="tanh"),
     Activation.GELU: F.gelu,
     Activation.RELU: F.relu,
+    Activation.RELU2: lambda x: F.relu(x).square(),
     Activation.XIELU: lambda x: _no_shared_xielu(),  # each layer has its own (MlpWeights.act)
 }
 

@@ -8,6 +8,7 @@ Nothing here checks a family name; every difference is an axis of :class:`Transf
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -16,20 +17,27 @@ import torch
 import torch.nn.functional as F
 
 from mi_core.plugin import (
-    HookCache, HookPoint, HookRun, HookSpec, MIError, MITokenizer, WeightLoadError,
+    HookCache, HookPoint, HookRun, HookSpec, InputError, MIError, MITokenizer, WeightLoadError,
     standard_shape,
 )
 
 from mi_transformer.attention import AttnNames, LayerSettings, Masks, attention
 from mi_transformer.config import (BlockLayout, MlpLayout, Positions, RopeConfig, RopeLayout,
                                    TransformerConfig)
+from mi_transformer.mixers import (check_state_spec, mixer_block, mixer_hook_shape,
+                                   mixer_layer_points)
 from mi_transformer.mlp import ACTIVATIONS, mlp
 from mi_transformer.moe import MoeNames, moe
+from mi_transformer.placement import Layout
 from mi_transformer.processing import process_weights
 from mi_transformer.rope import attention_scaling, cos_sin, inv_freq
 from mi_transformer.weights import LayerWeights, Weights
 
 BetweenLayers = Callable[[int, int, torch.Tensor], torch.Tensor]
+#: get_weight names an attention layer / an MLP has (a mixer's layer may have neither)
+_ATTN_WEIGHTS = frozenset({"W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"})
+_MLP_WEIGHTS = frozenset({"W_in", "b_in", "W_gate", "W_up", "b_up", "W_out", "b_out", "ln2.w",
+                          "ln2.b"})
 
 
 class TransformerBackend:
@@ -41,10 +49,13 @@ class TransformerBackend:
     differentiable = True
 
     def __init__(self, config: TransformerConfig, weights: Weights, device: torch.device,
-                 dtype: torch.dtype, tokenizer: MITokenizer | None = None) -> None:
+                 dtype: torch.dtype, tokenizer: MITokenizer | None = None, *,
+                 layout: Layout | None = None) -> None:
         self.config = config
         self.w = weights
-        self.device, self.dtype = device, dtype
+        self.device, self.dtype = device, dtype  # device: the embedding's (inputs, logits)
+        #: each part's device (mi_transformer.placement); one device unless placed
+        self.layout = layout if layout is not None else Layout.single(device, config.num_layers)
         self.tokenizer = tokenizer
         self.num_layers = config.num_layers
         self.num_heads = config.num_heads
@@ -63,11 +74,23 @@ class TransformerBackend:
             n.rotary = config.positions is Positions.ROPE and (
                 not config.layer_use_rope or config.layer_use_rope[i])
             n.qk_norm = config.qk_norm and (not config.layer_qk_norm or config.layer_qk_norm[i])
+            n.has_mlp = config.has_mlp(i)
         self.settings = [LayerSettings.of(config, i) for i in range(config.num_layers)]
-        #: each layer's mixer (the LayerTypes capability)
-        self.layer_types = ["sliding_attention" if s.window is not None else
-                            "chunked_attention" if s.chunk is not None else "full_attention"
-                            for s in self.settings]
+        #: each layer's mixer (the LayerTypes capability): attention, or a plugin's mixer
+        self.layer_types = [
+            mc.name if (mc := config.mixer_of(i)) is not None
+            else "mlp" if not config.has_attention(i)
+            else "sliding_attention" if s.window is not None
+            else "chunked_attention" if s.chunk is not None else "full_attention"
+            for i, s in enumerate(self.settings)]
+        for i, lw in enumerate(weights.layers):
+            if lw.mixer is not None:
+                self.names[i].mixer_in = f"blocks.{i}.{lw.mixer.input_point}"
+                self.names[i].mixer_out = f"blocks.{i}.hook_mixer_out"
+        if any(lw.mixer is not None for lw in weights.layers):
+            # StateInterventions: declared only by models with recurrent layers (an
+            # attention-only model refuses state specs with a CapabilityError)
+            self.check_state_spec = functools.partial(check_state_spec, self)
         self.inv_freqs = [inv_freq(r, config.rot_dim).to(device) for r in config.ropes]
         self._warned_long = False
 
@@ -103,21 +126,34 @@ class TransformerBackend:
                       key_positions if key_valid is not None else None)
         rope = self._rope_tables(positions)
         explicit = {None: None, "explicit": True, "sdpa": False}[attn_impl]
+        placed = self.layout.placed
+        on = {ids.device: (rope, masks)}  # per device: rotary tables and masks
 
         x = self._embed(ids, positions, run)
         hooked = not run.spec.is_empty()
         for step, layer in enumerate(schedule):
-            r = self.settings[layer].rope
-            update = past.updater(step) if past is not None else None
-            x = self._block(layer, x, run, rope[r] if r is not None else None, masks, explicit,
-                            update)
+            if placed and x.device != self.layout.layers[layer]:
+                x = x.to(self.layout.layers[layer])  # the block's device (autograd follows)
+            if x.device not in on:
+                on[x.device] = ([(c_.to(x.device), s_.to(x.device)) for c_, s_ in rope],
+                                masks.to(x.device))
+            r_tables, r_masks = on[x.device]
+            if w.layers[layer].attn is None:  # a plugin's mixer or no mixer (mixers.py)
+                x = mixer_block(self, layer, x, run, past, step, r_masks)
+            else:
+                r = self.settings[layer].rope
+                update = past.updater(step) if past is not None else None
+                x = self._block(layer, x, run, r_tables[r] if r is not None else None, r_masks,
+                                explicit, update)
             if between_layers is not None:  # a copy: an edit in place must not reach captures
                 x = between_layers(step, layer, x.clone() if hooked else x)
-        x = w.final_norm(x, run, "ln_final.hook_scale", "ln_final.hook_normalized")
+        x = w.final_norm(x.to(self.layout.unembed) if placed else x, run, "ln_final.hook_scale",
+                         "ln_final.hook_normalized")
         logits = self.unembed(x)
         if past is not None:
             past.length += seq
-        return run.finish(logits, past=past)
+        # logits come back where the ids went in (accelerate's io_same_device)
+        return run.finish(logits.to(ids.device) if placed else logits, past=past)
 
     def _block(self, i: int, x: torch.Tensor, run: HookRun,
                rope: tuple[torch.Tensor, torch.Tensor] | None, masks: Masks,
@@ -142,16 +178,27 @@ class TransformerBackend:
         if c.residual_scale != 1.0:  # Granite: branch outputs scaled before the residual add
             a = a * c.residual_scale
         a = run.apply(n.attn_out, a)
+        if not n.has_mlp:  # an attention layer without an MLP (Nemotron-H)
+            return run.apply(n.resid_post, x + a)
         if sequential:
             x = run.apply(n.resid_mid, x + a)
+        m = self._mlp(i, x, run, h)
+        return run.apply(n.resid_post, x + m if sequential else x + (a + m))
+
+    def _mlp(self, i: int, x: torch.Tensor, run: HookRun,
+             shared: torch.Tensor | None = None) -> torch.Tensor:
+        """The MLP half of block `i`: its input x (resid_mid, or resid_pre in a parallel
+        block) -> what the MLP adds to the residual stream (``hook_mlp_out``). `shared`:
+        ln1's output, which a block with one shared norm feeds the MLP too."""
+        c, lw, n = self.config, self.w.layers[i], self.names[i]
         mlp_in = run.apply(n.tl_mlp_in, x)  # resid_mid, or resid_pre in a parallel block
         if lw.ln2 is not None:
             h = lw.ln2(mlp_in, run, n.ln2_scale, n.ln2_normalized, out_name=n.mlp_in)
         elif not c.pre_norms:
             h = run.apply(n.mlp_in, mlp_in)
         else:  # one shared norm: the MLP reads ln1's output (recomputed if hook_mlp_in changed)
-            if run.spec.has_intervention_at(n.tl_mlp_in):
-                h = lw.ln1(mlp_in)
+            h = lw.ln1(mlp_in) if run.spec.has_intervention_at(n.tl_mlp_in) or shared is None \
+                else shared
             h = run.apply(n.mlp_in, h)
         if n.moe is not None:
             m = moe(lw.mlp, h, self.act, run, n.moe)  # type: ignore[arg-type]
@@ -161,8 +208,7 @@ class TransformerBackend:
             m = lw.ln2_post(m, run, n.ln2_post_scale, n.ln2_post_normalized)
         if c.residual_scale != 1.0:
             m = m * c.residual_scale
-        m = run.apply(n.mlp_out, m)
-        return run.apply(n.resid_post, x + m if sequential else x + (a + m))
+        return run.apply(n.mlp_out, m)
 
     # -- embedding and rotary tables ---------------------------------------------------
     def _embed(self, ids: torch.Tensor, positions: torch.Tensor, run: HookRun) -> torch.Tensor:
@@ -201,8 +247,9 @@ class TransformerBackend:
     def hook_points(self) -> list[HookPoint]:
         c = self.config
         names = ["hook_embed"] + (["hook_pos_embed"] if c.positions is Positions.LEARNED else [])
-        for n in self.names:
-            names += n.in_order(c)
+        for i, n in enumerate(self.names):
+            names += n.in_order(c) if self.w.layers[i].attn is not None else \
+                mixer_layer_points(self, i)
         names += ["ln_final.hook_scale", "ln_final.hook_normalized"]
         return [HookPoint.parse(n) for n in names]
 
@@ -212,6 +259,11 @@ class TransformerBackend:
         hp = HookPoint.parse(point)
         c = self.config
         suffix = hp.suffix
+        if hp.layer is not None and (own := mixer_hook_shape(self, hp.layer, suffix, batch,
+                                                              seq)) is not None:
+            return own
+        if suffix == "attn.hook_gate" and c.attn_output_gate:
+            return (batch, seq, c.num_heads, c.head_dim)
         if suffix in ("attn.q_ln.hook_scale", "attn.k_ln.hook_scale"):
             heads = c.num_heads if suffix.startswith("attn.q") else c.num_kv_heads
             return (batch, seq, 1) if c.qk_norm_full else (batch, seq, heads, 1)
@@ -327,12 +379,23 @@ class TransformerBackend:
 
     # -- pieces for analyses (logit lens, attribution) ---------------------------------
     def final_norm(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-        """The final norm of x [..., d_model]; `scale` [..., 1] replaces the computed divisor."""
-        return self.w.final_norm(x, scale=scale)
+        """The final norm of x [..., d_model]; `scale` [..., 1] replaces the computed divisor.
+        On a placed model computed on the unembedding's device, returned on x's."""
+        dev = self.layout.unembed
+        if x.device == dev:
+            return self.w.final_norm(x, scale=scale)
+        return self.w.final_norm(x.to(dev), scale=None if scale is None else
+                                 scale.to(dev)).to(x.device)
 
     def unembed(self, normalized: torch.Tensor) -> torch.Tensor:
-        """[..., d_model] (after the final norm) -> logits [..., vocab], soft-capped if configured."""
-        logits = F.linear(normalized, self.w.lm_head, self.w.lm_head_bias)
+        """[..., d_model] (after the final norm) -> logits [..., vocab], soft-capped if
+        configured; on a placed model computed on the unembedding's device, returned on the
+        input's."""
+        if normalized.device != self.layout.unembed:
+            return self.unembed(normalized.to(self.layout.unembed)).to(normalized.device)
+        # (a residual stream kept in F32, residual_fp32, is read in the head's dtype)
+        logits = F.linear(normalized.to(self.w.lm_head.dtype), self.w.lm_head,
+                          self.w.lm_head_bias)
         if self.config.logit_scale != 1.0:  # Granite 1 / logits_scaling, Cohere logit_scale
             logits = logits * self.config.logit_scale
         cap = self.config.final_softcap
@@ -344,6 +407,10 @@ class TransformerBackend:
 
     def process_weights(self, **flags: bool) -> None:
         """TransformerLens' weight processing, in place (mi_transformer.processing)."""
+        if self.layout.offload is not None:
+            raise InputError(f"weight processing rewrites weights in place; an offloaded model "
+                             f"(offload={self.layout.offload!r}) assembles each block afresh. "
+                             f"Load without offload to process weights")
         process_weights(self, **flags)
 
     def get_weight(self, name: str, layer: int | None = None) -> torch.Tensor:
@@ -372,6 +439,10 @@ class TransformerBackend:
                                   f"got {layer}")
         lw: LayerWeights = w.layers[layer]
         a, m = lw.attn, lw.mlp
+        if a is None and name in _ATTN_WEIGHTS or m is None and name in _MLP_WEIGHTS:
+            part = "attention" if name in _ATTN_WEIGHTS else "an MLP"
+            raise WeightLoadError(f"layer {layer} is a {self.layer_types[layer]!r} layer without "
+                                  f"{part}: it has no {name}")
         h, kv, hd, d = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
         if a.mla is not None and name in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V"):
             raise WeightLoadError(
@@ -449,7 +520,10 @@ class LayerNames:
     mlp_pre_linear: str = ""  # mlp.hook_pre_linear (gated MLPs)
     moe: MoeNames | None = None  # router and expert points of a mixture-of-experts layer
     rotary: bool = True  # False: no hook_rot_q / hook_rot_k (no rotary, or a NoPE layer)
+    mixer_in: str = ""  # a plugin mixer's input point (the norm's output), e.g. ssm.hook_in
+    mixer_out: str = ""  # hook_mixer_out: what a plugin mixer adds to the residual stream
     qk_norm: bool = False  # this layer has q/k norms (q_ln / k_ln points)
+    has_mlp: bool = True  # False: the layer ends after attention (no MLP points)
 
     @classmethod
     def of(cls, i: int) -> "LayerNames":
@@ -462,6 +536,7 @@ class LayerNames:
                            rot_k=a + "hook_rot_k", scores=a + "hook_attn_scores",
                            pattern=a + "hook_pattern", z=a + "hook_z", result=a + "hook_result",
                            q_scale=a + "q_ln.hook_scale", k_scale=a + "k_ln.hook_scale",
+                           gate=a + "hook_gate",
                            sinks=a + "hook_sinks", q_latent=a + "hook_q_latent",
                            kv_latent=a + "hook_kv_latent"),
             ln1_post_scale=p + "ln1_post.hook_scale",
@@ -500,11 +575,18 @@ class LayerNames:
             out += [a.q, a.k, a.v]
             out += [a.rot_q, a.rot_k] if self.rotary else []
         out += [a.sinks] if c.attn_sinks else []
-        out += [a.scores, a.pattern, a.z, a.result]
+        out += [a.scores, a.pattern, a.z] + ([a.gate] if c.attn_output_gate else [])
+        out += [a.result]
         out += [self.ln1_post_scale, self.ln1_post_normalized] if c.post_norms else []
         out += [self.attn_out]
+        if not self.has_mlp:
+            return out + [self.resid_post]
         out += [self.resid_mid] if c.block is BlockLayout.SEQUENTIAL else []
-        out += [self.tl_mlp_in]
+        return out + self.mlp_points(c) + [self.resid_post]
+
+    def mlp_points(self, c: TransformerConfig) -> list[str]:
+        """The MLP half's points in execution order, ``hook_mlp_in`` to ``hook_mlp_out``."""
+        out = [self.tl_mlp_in]
         if c.block is not BlockLayout.PARALLEL_SHARED_NORM and c.pre_norms:
             out += [self.ln2_scale, self.ln2_normalized]
         out += [self.mlp_in]
@@ -515,8 +597,7 @@ class LayerNames:
             out += [self.mlp_pre_linear] if c.mlp_layout is not MlpLayout.PLAIN else []
             out += [self.mlp_post]
         out += [self.ln2_post_scale, self.ln2_post_normalized] if c.post_norms else []
-        out += [self.mlp_out, self.resid_post]
-        return out
+        return out + [self.mlp_out]
 
 
 class KVCache:
@@ -533,6 +614,7 @@ class KVCache:
         self.length = 0  # cached positions (slots)
         self.mask: torch.Tensor | None = None  # [batch, length] bool, None = no padding
         self.schedule: tuple[int, ...] | None = None
+        self.states: dict[int, Any] = {}  # step -> a mixer's recurrent state (mixers.py)
 
     def updater(self, step: int) -> Callable[[torch.Tensor, torch.Tensor],
                                              tuple[torch.Tensor, torch.Tensor]]:

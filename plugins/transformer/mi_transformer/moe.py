@@ -175,10 +175,13 @@ def expected_moe_shapes(prefix: str, c: MoeConfig, d_model: int) -> dict[str, tu
         out[r + "bias"] = (c.num_experts,)
     if c.selection_bias:
         out[m + c.selection_bias] = (c.num_experts,)
+    g, u, dn = c.expert_names
     if c.fused:
         out.update(fused_shapes(m, c, d_model))
-    g, u, dn = c.expert_names
-    for e in range(c.num_experts if not c.fused else 0):
+    elif c.fused_experts:  # Granite 4: [n, 2 * d_expert, d_model] rows [gate | up]
+        out[m + g + ".weight"] = (c.num_experts, 2 * c.expert_size, d_model)
+        out[m + dn + ".weight"] = (c.num_experts, d_model, c.expert_size)
+    for e in range(0 if c.fused or c.fused_experts else c.num_experts):
         ep = f"{m}experts.{e}."
         out[ep + g + ".weight"] = (c.expert_size, d_model)
         out[ep + u + ".weight"] = (c.expert_size, d_model)
@@ -186,10 +189,13 @@ def expected_moe_shapes(prefix: str, c: MoeConfig, d_model: int) -> dict[str, tu
     if c.selection_bias:
         out[m + c.selection_bias] = (1, c.num_experts) if c.selection_bias_rows \
             else (c.num_experts,)
-    if c.shared_expert_size:
-        for name, shape in (("gate_proj", (c.shared_expert_size, d_model)),
-                            ("up_proj", (c.shared_expert_size, d_model)),
-                            ("down_proj", (d_model, c.shared_expert_size))):
+    s = c.shared_expert_size
+    if s and c.shared_module:
+        out[prefix + c.shared_module + "." + g + ".weight"] = (2 * s, d_model)
+        out[prefix + c.shared_module + "." + dn + ".weight"] = (d_model, s)
+    elif s:
+        for name, shape in (("gate_proj", (s, d_model)), ("up_proj", (s, d_model)),
+                            ("down_proj", (d_model, s))):
             out[f"{m}{c.shared_name}.{name}.weight"] = shape
         if c.shared_expert_gate:
             out[m + "shared_expert_gate.weight"] = (1, d_model)
@@ -208,15 +214,27 @@ def float32_names(c: MoeConfig) -> set[str]:
 
 def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor]) -> MoeWeights:
     """One layer's MoeWeights; `get(name)` returns a loaded tensor (shapes already checked
-    against :func:`expected_moe_shapes`)."""
+    against :func:`expected_moe_shapes`). Fused tensors are split into views."""
     m = prefix + c.block + "."
     r = f"{m}{c.router_name}."
     g, u, dn = c.expert_names
-    experts: list[ExpertWeights] | list[FusedExpert] = load_fused(m, c, get) if c.fused else [
-        ExpertWeights(get(f"{m}experts.{e}.{g}.weight"), get(f"{m}experts.{e}.{u}.weight"),
-                      get(f"{m}experts.{e}.{dn}.weight")) for e in range(c.num_experts)]
+    experts: list[ExpertWeights] | list[FusedExpert]
+    if c.fused:
+        experts = load_fused(m, c, get)
+    elif c.fused_experts:  # split into views of the two stacked tensors
+        gate_up, down = get(m + g + ".weight"), get(m + dn + ".weight")
+        experts = [ExpertWeights(*gate_up[e].chunk(2, dim=0), down[e])
+                   for e in range(c.num_experts)]
+    else:
+        experts = [ExpertWeights(get(f"{m}experts.{e}.{g}.weight"),
+                                 get(f"{m}experts.{e}.{u}.weight"),
+                                 get(f"{m}experts.{e}.{dn}.weight"))
+                   for e in range(c.num_experts)]
     shared = None
-    if c.shared_expert_size:
+    if c.shared_expert_size and c.shared_module:
+        sp = prefix + c.shared_module + "."
+        shared = ExpertWeights(*get(sp + g + ".weight").chunk(2, dim=0), get(sp + dn + ".weight"))
+    elif c.shared_expert_size:
         shared = ExpertWeights(*(get(f"{m}{c.shared_name}.{n}.weight")
                                  for n in ("gate_proj", "up_proj", "down_proj")))
     return MoeWeights(config=c, router=get(r + "weight"), experts=experts, shared=shared,

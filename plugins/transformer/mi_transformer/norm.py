@@ -82,6 +82,12 @@ class Norm:
                 y = F.layer_norm(x, x.shape[-1:], None, None, self.eps) * self.gain
                 if self.bias is not None:
                     y = y + self.bias
+        elif self.kind is NormType.GEMMA_RMS and x.dtype in (torch.float16, torch.bfloat16):
+            # transformers' Gemma norms multiply by (1 + w) in float32, then round once
+            nf = self._normalized(x, keep_float32=True)
+            if want_norm:  # capture only (an intervention there takes the first branch)
+                run.apply(normalized_name, nf.to(dtype))  # type: ignore[union-attr]
+            y = (nf * (1.0 + self.weight.float())).to(dtype)
         else:
             n = self._normalized(x)
             if want_norm:
@@ -91,9 +97,11 @@ class Norm:
             y = run.apply(out_name, y)
         return y
 
-    def _normalized(self, x: torch.Tensor) -> torch.Tensor:
-        """x / scale before the gain (centred for LayerNorm), in x's dtype."""
+    def _normalized(self, x: torch.Tensor, keep_float32: bool = False) -> torch.Tensor:
+        """x / scale before the gain (centred for LayerNorm), in x's dtype (RMS norms of a
+        half-precision x: in float32 with `keep_float32`)."""
         if self.kind is NormType.LAYER_NORM:
             return F.layer_norm(x, x.shape[-1:], None, None, self.eps)
         xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        return (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)).to(x.dtype)
+        n = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return n if keep_float32 else n.to(x.dtype)

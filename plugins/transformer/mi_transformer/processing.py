@@ -51,6 +51,11 @@ def process_weights(be: HasWeights, fold_ln: bool = True,
     """Rewrite `be`'s weights in place (see the module docstring for each flag)."""
     c, w = be.config, be.w
     layer_norm = c.norm_type is NormType.LAYER_NORM
+    mixers = [i for i, lw in enumerate(w.layers) if lw.mixer is not None]
+    if (fold_ln or center_writing_weights) and mixers:
+        raise MIError(f"process_weights: fold_ln / center_writing_weights are not implemented "
+                      f"for layers with a sequence mixer (layers {mixers} of this "
+                      f"{c.model_type} model); use fold_ln=False, center_writing_weights=False")
     if (fold_ln or center_writing_weights) and any(
             not isinstance(lw.mlp, MlpWeights) for lw in w.layers):
         raise MIError(f"process_weights: fold_ln / center_writing_weights are not implemented "
@@ -95,6 +100,8 @@ def process_weights(be: HasWeights, fold_ln: bool = True,
             w.lm_head_bias = _centre(w.lm_head_bias, 0)
     if fold_value_biases:
         for lw in w.layers:
+            if lw.attn is None:  # a mixer's layer: no value bias to fold
+                continue
             _fold_value_bias(lw.attn, c.num_heads, c.num_kv_heads, c.head_dim)
             if center_writing_weights and layer_norm and lw.attn.b_o is not None:
                 lw.attn.b_o = _centre(lw.attn.b_o, 0)
@@ -121,6 +128,8 @@ def _fold_attn(a: AttnWeights, norm: Norm, layer_norm: bool) -> None:
     a.w_q, a.b_q = _fold_rows(a.w_q, a.b_q, norm, layer_norm)
     a.w_k, a.b_k = _fold_rows(a.w_k, a.b_k, norm, layer_norm)
     a.w_v, a.b_v = _fold_rows(a.w_v, a.b_v, norm, layer_norm)
+    if a.w_gate is not None:  # the output gate reads the same normalised input
+        a.w_gate, a.b_gate = _fold_rows(a.w_gate, a.b_gate, norm, layer_norm)
 
 
 def _fold_mlp(m: MlpWeights, norm: Norm, layer_norm: bool) -> None:

@@ -14,7 +14,7 @@ weights, no NaN/inf), from a memory map.
 from __future__ import annotations
 
 import re
-from typing import Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import attrs
 import torch
@@ -28,6 +28,7 @@ from mi_transformer.mla import load_mla, mla_shapes
 from mi_transformer.mlp import MlpWeights, XIeLU
 from mi_transformer.moe import MoeWeights, expected_moe_shapes, float32_names, load_moe
 from mi_transformer.norm import Norm
+from mi_transformer.placement import Layout
 
 
 @attrs.frozen
@@ -67,6 +68,7 @@ class NameTable:
     conv1d: bool = False
     base_prefix: str = ""
     ignore: tuple[str, ...] = (r"rotary_emb\.inv_freq$",)
+    mixer: str = "mixer"  # a non-attention mixer's module (its tensors: the MixerSpec's names)
 
 
 _CAUSAL_BUFFERS = (r"\.att(n|ention)\.(bias|masked_bias)$", r"rotary_emb\.inv_freq$")
@@ -137,6 +139,31 @@ NAME_TABLES: dict[str, NameTable] = {
                         ln2="post_attention_layernorm", qkv="self_attention.query_key_value",
                         o="self_attention.dense", mlp_in="mlp.dense_h_to_4h",
                         mlp_out="mlp.dense_4h_to_h"),
+    # state-space families: one norm and a mixer per layer (mi_transformer.mixers)
+    "mamba": NameTable(embed="backbone.embeddings", final_norm="backbone.norm_f",
+                       layer="backbone.layers.{i}.", ln1="norm", ln2="", mixer="mixer"),
+    # hybrids (mi_transformer.config.families_hybrid): mixer and attention layers, each
+    # with an MLP (or MoE) after its own norm
+    "jamba": NameTable(final_norm="model.final_layernorm", ln2="pre_ff_layernorm",
+                       mlp_in="feed_forward.gate_proj", mlp_up="feed_forward.up_proj",
+                       mlp_out="feed_forward.down_proj", mixer="mamba"),
+    # Nemotron-H: one norm and one "mixer" module per layer, which is the Mamba-2 mixer, the
+    # attention or the MLP (an MLP-only layer's norm is its ln2)
+    "nemotron_h": NameTable(embed="backbone.embeddings", final_norm="backbone.norm_f",
+                            layer="backbone.layers.{i}.", ln1="norm", ln2="norm",
+                            q="mixer.q_proj", k="mixer.k_proj", v="mixer.v_proj",
+                            o="mixer.o_proj", mlp_in="mixer.up_proj", mlp_out="mixer.down_proj",
+                            mixer="mixer"),
+    "granitemoehybrid": NameTable(mlp_gate_up="shared_mlp.input_linear",
+                                  mlp_out="shared_mlp.output_linear", mixer="mamba"),
+    # linear-attention hybrids: the mixer's tensors under linear_attn. (Qwen3-Next, Qwen3.5)
+    "qwen3_next": NameTable(mixer="linear_attn"),
+    # OLMo hybrid as saved: DeltaNet layers pre-norm (attention_layer_norm before the mixer,
+    # feedforward_layer_norm before the MLP); attention layers post-norm only (OLMo2), their
+    # post-attention norm saved as feedforward_layer_norm too (transformers' reverse renaming)
+    "olmo_hybrid": NameTable(ln1="attention_layer_norm", ln2="feedforward_layer_norm",
+                             ln1_post="feedforward_layer_norm",
+                             ln2_post="post_feedforward_layernorm", mixer="linear_attn"),
     "falcon_two_norms": NameTable(embed="transformer.word_embeddings",
                                   final_norm="transformer.ln_f", layer="transformer.h.{i}.",
                                   ln1="ln_attn", ln2="ln_mlp", qkv="self_attention.query_key_value",
@@ -201,24 +228,24 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
     if cfg.qk_norm_heads:  # a gain per head (Cohere)
         qn, kn = (h, hd), (kv, hd)
     for i in range(cfg.num_layers):
-        out.update(_attn_extras(cfg, t, i))  # latent projections (MLA), sinks
-        if cfg.mla is None and cfg.qkv_layout is QkvLayout.SEPARATE:
-            for slot, rows in (("q", h * hd), ("k", kv * hd), ("v", kv * hd)):
-                add(i, slot, getattr(t, slot), _linear(t, rows, d), cfg.qkv_bias)
-        elif cfg.mla is None:
-            add(i, "qkv", t.qkv, _linear(t, (h + 2 * kv) * hd, d), cfg.qkv_bias)
-        add(i, "o", t.o, _linear(t, d, h * cfg.v_head_dim), cfg.o_bias)
-        qk_norm = cfg.qk_norm and cfg.qk_norm_affine and (
-            not cfg.layer_qk_norm or cfg.layer_qk_norm[i])  # weightless norms: no tensors
-        if qk_norm and "{h}" in t.q_norm:  # one tensor per head (StableLM), stacked on load
-            for which, n, name in (("q_norm", h, t.q_norm), ("k_norm", kv, t.k_norm)):
-                for j in range(n):
-                    add(i, f"{which}.{j}", name.format(h=j), (hd,), False)
-        elif qk_norm:
-            add(i, "q_norm", t.q_norm, qn, False)
-            add(i, "k_norm", t.k_norm, kn, False)
-        for slot, name in norms.items():
-            add(i, slot, name, (d,), cfg.norm_bias)
+        mixer = cfg.mixer_of(i)
+        if mixer is not None:  # a plugin's mixer: its own tensors, slots "mixer:<name>"
+            prefix = t.layer.format(i=i) + t.mixer + "."
+            for name, shape in mixer.spec.tensors(mixer.settings).items():
+                out[prefix + name] = Entry("mixer:" + name, i, tuple(shape))
+        elif not cfg.has_attention(i):  # MLP_ONLY: no mixer's tensors
+            pass
+        else:
+            _attention_extras(t, cfg, add, out, i, (qn, kn))
+        layer_norms = {"ln1": t.ln1, "ln2": t.ln2} if mixer is not None and \
+            cfg.mixer_pre_norms else norms  # OLMo hybrid: pre-norm mixer layers
+        for slot, name in layer_norms.items():
+            if not cfg.has_attention(i) and mixer is None and slot in ("ln1", "ln1_post"):
+                continue  # MLP_ONLY: the layer's one norm is ln2
+            if cfg.has_mlp(i) or slot in ("ln1", "ln1_post"):
+                add(i, slot, name, (d,), cfg.norm_bias)
+        if not cfg.has_mlp(i):
+            continue
         if cfg.moe is not None and cfg.layer_moe and cfg.layer_moe[i]:
             prefix = t.layer.format(i=i)  # slot "moe:<name inside the layer>"
             for name, shape in expected_moe_shapes(prefix, cfg.moe, d).items():
@@ -235,6 +262,32 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
             for p, shape in _XIELU:
                 out[f"{t.layer.format(i=i)}{t.mlp_act}.{p}"] = Entry("act." + p, i, shape)
     return out
+
+
+def _attention_extras(t: NameTable, cfg: TransformerConfig, add: Callable[..., None],
+                      out: dict[str, Entry], i: int,
+                      qk_norm_shapes: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+    """An attention layer's tensors: q/k/v (with the output gate's rows where q_proj has
+    them), latent projections (MLA) and sinks, the output projection and q/k norms (one
+    tensor per head where the table says ``{h}``, StableLM's, stacked on load)."""
+    d, hd, h, kv = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    out.update(_attn_extras(cfg, t, i))  # latent projections (MLA), sinks
+    if cfg.mla is None and cfg.qkv_layout is QkvLayout.SEPARATE:
+        q_rows = h * hd * (2 if cfg.attn_output_gate else 1)  # [q | gate] per head
+        for slot, rows in (("q", q_rows), ("k", kv * hd), ("v", kv * hd)):
+            add(i, slot, getattr(t, slot), _linear(t, rows, d), cfg.qkv_bias)
+    elif cfg.mla is None:
+        add(i, "qkv", t.qkv, _linear(t, (h + 2 * kv) * hd, d), cfg.qkv_bias)
+    add(i, "o", t.o, _linear(t, d, h * cfg.v_head_dim), cfg.o_bias)
+    qk_norm = cfg.qk_norm and cfg.qk_norm_affine and (
+        not cfg.layer_qk_norm or cfg.layer_qk_norm[i])  # weightless norms: no tensors
+    if qk_norm and "{h}" in t.q_norm:  # one tensor per head (StableLM), stacked on load
+        for which, n, name in (("q_norm", h, t.q_norm), ("k_norm", kv, t.k_norm)):
+            for j in range(n):
+                add(i, f"{which}.{j}", name.format(h=j), (hd,), False)
+    elif qk_norm:
+        add(i, "q_norm", t.q_norm, qk_norm_shapes[0], False)
+        add(i, "k_norm", t.k_norm, qk_norm_shapes[1], False)
 
 
 _XIELU: tuple[tuple[str, tuple[int, ...]], ...] = (
@@ -373,11 +426,12 @@ class DictSource:
 @attrs.define(eq=False)
 class LayerWeights:
     ln1: Norm | None  # None: no pre-norms (OLMo2)
-    ln2: Norm | None  # None: parallel block with one shared norm, or no pre-norms
-    attn: AttnWeights
-    mlp: MlpWeights | MoeWeights
+    ln2: Norm | None  # None: parallel block with one shared norm, no pre-norms, or no MLP
+    attn: AttnWeights | None  # None: the layer runs a plugin's mixer instead
+    mlp: MlpWeights | MoeWeights | None  # None: no MLP sublayer (Mamba)
     ln1_post: Norm | None = None
     ln2_post: Norm | None = None
+    mixer: Any = None  # a non-attention mixer (mi_core.recurrence.Mixer), built by its plugin
 
 
 @attrs.define(eq=False)
@@ -385,9 +439,16 @@ class Weights:
     embed: torch.Tensor  # [vocab, d_model]
     lm_head: torch.Tensor  # [vocab, d_model] (the embedding itself when tied)
     final_norm: Norm
-    layers: list[LayerWeights]
+    layers: "list[LayerWeights] | OffloadedLayers"
     pos_embed: torch.Tensor | None = None  # [positions (+ offset), d_model]
     lm_head_bias: torch.Tensor | None = None  # [vocab]
+
+
+def _split_gate(cfg: TransformerConfig, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A gated q_proj [heads * 2 * d_head, ...] -> (q, gate) [heads * d_head, ...] each."""
+    per = t.view(cfg.num_heads, 2 * cfg.head_dim, *t.shape[1:])
+    q, gate = per.split(cfg.head_dim, dim=1)
+    return q.reshape(-1, *t.shape[1:]), gate.reshape(-1, *t.shape[1:])
 
 
 def _origin(src: TensorSource) -> str:
@@ -416,42 +477,105 @@ def _unpack_qkv(cfg: TransformerConfig, t: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def load_weights(cfg: TransformerConfig, src: TensorSource, device: torch.device,
-                 dtype: torch.dtype, show_progress: bool = True) -> Weights:
+                 dtype: torch.dtype, show_progress: bool = True, *,
+                 layout: Layout | None = None) -> Weights:
     """Account for every tensor (one WeightLoadError listing all problems), then load.
 
     Missing, mis-shaped and unexpected tensors (including layers beyond the config's count)
     are refused before anything is read; each tensor is then checked as it is loaded (no
     integer dtype, no NaN/inf). Fused tensors are split into row views where the layout
-    allows (no second copy).
+    allows (no second copy). `layout` (default: everything on `device`) puts each part on
+    its device; with ``offload`` the blocks' tensors rest in CPU memory ("cpu", in `dtype`)
+    or memory-mapped as stored ("disk") and :class:`OffloadedLayers` assembles each block on
+    its device when it runs.
     """
     chk = check_tensors(cfg, src.shapes)
     if not chk.ok:
         raise WeightLoadError(chk.message(_origin(src), cfg.model_type))
+    lay = layout if layout is not None else Layout.single(device, cfg.num_layers)
     table, alias = tensor_table(cfg), resolve_names(cfg, src.names())
     t = NAME_TABLES[cfg.weight_names]
     tensors: dict[tuple[int | None, str], torch.Tensor] = {}
+    targets: dict[tuple[int | None, str], torch.dtype] = {}
     fp32 = {"moe:" + n for n in float32_names(cfg.moe)} if cfg.moe is not None else set()
     for name, e in progress(table.items(), "loading weights", unit="tensor",
                             enabled=None if show_progress else False):
-        w = src.get(alias[name], dtype=torch.float32 if e.slot in fp32 else dtype,
-                    device=device)
+        target = torch.float32 if e.slot in fp32 else dtype
+        key = (e.layer, e.slot)
+        if e.layer is not None and lay.offload is not None:
+            tensors[key], targets[key] = _resting(src, alias[name], target, lay.offload), target
+            continue
+        dev = lay.layers[e.layer] if e.layer is not None else \
+            lay.embed if e.slot in ("embed", "pos_embed") else lay.unembed
+        w = src.get(alias[name], dtype=target, device=dev)
         if t.conv1d and w.dim() == 2 and e.layer is not None:
             w = w.t().contiguous()  # Conv1D [in, out] -> Linear [out, in]
-        tensors[(e.layer, e.slot)] = w
-    slots = _Slots(cfg, tensors, dtype, device)
-    layers = [slots.layer(i) for i in range(cfg.num_layers)]
+        tensors[key] = w
+    if lay.offload is not None:
+        layers: list[LayerWeights] | OffloadedLayers = OffloadedLayers(cfg, tensors, targets, lay, dtype)
+    else:
+        layers = [_Slots(cfg, tensors, dtype, lay.layers[i]).layer(i)
+                  for i in range(cfg.num_layers)]
     embed = tensors[(None, "embed")]
-    lm_head = embed if cfg.tie_word_embeddings else tensors[(None, "lm_head.weight")]
+    lm_head = tensors[(None, "lm_head.weight")] if not cfg.tie_word_embeddings else \
+        embed if lay.unembed == lay.embed else embed.to(lay.unembed)
     head = alias.get(t.lm_head + ".weight", t.lm_head + ".weight")
     if cfg.tie_word_embeddings and head in src.shapes:
-        stored = src.get(head, dtype=dtype, device=device)
+        stored = src.get(head, dtype=dtype, device=lay.embed)
         if not torch.equal(stored, embed):
             raise WeightLoadError(f"{_origin(src)}: tie_word_embeddings is true but tensor "
                                   f"{head!r} differs from the embedding; set "
                                   f"tie_word_embeddings to false to use it")
-    return Weights(embed=embed, lm_head=lm_head, final_norm=slots.norm(None, "final_norm"),
-                   layers=layers, pos_embed=slots.opt(None, "pos_embed"),
-                   lm_head_bias=slots.opt(None, "lm_head.bias"))
+    globals_ = _Slots(cfg, tensors, dtype, lay.unembed)
+    return Weights(embed=embed, lm_head=lm_head, final_norm=globals_.norm(None, "final_norm"),
+                   layers=layers, pos_embed=globals_.opt(None, "pos_embed"),
+                   lm_head_bias=globals_.opt(None, "lm_head.bias"))
+
+
+def _resting(src: TensorSource, name: str, target: torch.dtype, offload: str) -> torch.Tensor:
+    """An offloaded block's tensor as it rests: in CPU memory in its `target` dtype ("cpu"),
+    or as stored, memory-mapped ("disk"; checked in `target` too when that narrows it, so a
+    value that overflows float16 is still refused at load, not met in a forward)."""
+    if offload == "cpu":
+        return src.get(name, dtype=target, device="cpu")
+    raw = src.get(name, device="cpu")
+    if raw.dtype != target and raw.element_size() >= torch.empty((), dtype=target).element_size():
+        src.get(name, dtype=target, device="cpu")  # the check after the cast, then dropped
+    return raw
+
+
+class OffloadedLayers(Sequence[LayerWeights]):
+    """``Weights.layers`` of an offloaded model: ``layers[i]`` assembles block i on its
+    compute device in its dtype from the resting tensors (a copy: in-place edits do not
+    persist; weight processing is refused on an offloaded model). The last block assembled
+    is kept, so a forward holds at most two blocks' weights besides activations."""
+
+    def __init__(self, cfg: TransformerConfig, tensors: dict[tuple[int | None, str], torch.Tensor],
+                 targets: dict[tuple[int | None, str], torch.dtype], layout: Layout,
+                 dtype: torch.dtype) -> None:
+        self.cfg, self.layout, self.targets, self.dtype = cfg, layout, targets, dtype
+        self.resting = {k: v for k, v in tensors.items() if k[0] is not None}
+        self._last: tuple[int, LayerWeights] | None = None
+        self._conv1d = NAME_TABLES[cfg.weight_names].conv1d
+
+    def __len__(self) -> int:
+        return self.cfg.num_layers
+
+    def __getitem__(self, i: int) -> LayerWeights:  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]  # type: ignore[return-value]
+        if self._last is not None and self._last[0] == i:
+            return self._last[1]
+        self._last = None  # drop the previous block before assembling the next
+        dev = self.layout.layers[i]
+        mine: dict[tuple[int | None, str], torch.Tensor] = {}
+        for key, t in self.resting.items():
+            if key[0] == i:
+                w = t.to(device=dev, dtype=self.targets[key], non_blocking=True)
+                mine[key] = w.t().contiguous() if self._conv1d and w.dim() == 2 else w
+        lw = _Slots(self.cfg, mine, self.dtype, dev).layer(i)
+        self._last = (i, lw)
+        return lw
 
 
 @attrs.define(eq=False)
@@ -477,18 +601,27 @@ class _Slots:
 
     def layer(self, i: int) -> LayerWeights:
         cfg, tensors = self.cfg, self.tensors
-        attn, mlp = self.attn(i), self.mlp(i)
-        pre = cfg.pre_norms
+        spec = cfg.mixer_of(i)
+        attn = self.attn(i) if cfg.has_attention(i) else None
+        mlp = self.mlp(i) if cfg.has_mlp(i) else None
+        mixer = None
+        if spec is not None:  # the plugin builds its mixer from its own tensors
+            own = {slot[6:]: w for (layer, slot), w in tensors.items()
+                   if layer == i and slot.startswith("mixer:")}
+            mixer = spec.spec.build(spec.settings, own, i)
+        own_pre = spec is not None and cfg.mixer_pre_norms  # pre-norm mixer layers
+        pre, post = cfg.pre_norms or own_pre, cfg.post_norms and not own_pre
         # ln2 is there when the checkpoint has its gain; norms without weights leave nothing
         # to look for, so then every block but the one-shared-norm kind has it
         has_ln2 = (i, "ln2.weight") in tensors or (
             not cfg.norm_affine and cfg.block is not BlockLayout.PARALLEL_SHARED_NORM)
         return LayerWeights(
-            ln1=self.norm(i, "ln1") if pre else None,
+            ln1=self.norm(i, "ln1") if pre and (spec is not None or attn is not None) else None,
             ln2=self.norm(i, "ln2") if pre and has_ln2 else None,
             attn=attn, mlp=mlp,
-            ln1_post=self.norm(i, "ln1_post") if cfg.post_norms else None,
-            ln2_post=self.norm(i, "ln2_post") if cfg.post_norms else None)
+            ln1_post=self.norm(i, "ln1_post") if post else None,
+            ln2_post=self.norm(i, "ln2_post") if post and mlp is not None else None,
+            mixer=mixer)
 
     def attn(self, i: int) -> AttnWeights:
         """q/k/v [rows, d_model] as stored or as row views of the fused tensor; per-head q/k
@@ -506,6 +639,10 @@ class _Slots:
             wq, wk, wv = _unpack_qkv(cfg, tensors[(i, "qkv.weight")])
             b = opt(i, "qkv.bias")
             bq, bk, bv = _unpack_qkv(cfg, b) if b is not None else (None,) * 3
+        wg = bg = None
+        if cfg.attn_output_gate:  # q_proj rows per head: [q (d_head) | gate (d_head)]
+            wq, wg = _split_gate(cfg, wq)
+            bq, bg = _split_gate(cfg, bq) if bq is not None else (None, None)
         if cfg.qk_norm and (i, "q_norm.0.weight") in tensors:  # per-head tensors -> [n, d_head]
             for which, n in (("q_norm", cfg.num_heads), ("k_norm", cfg.num_kv_heads)):
                 tensors[(i, which + ".weight")] = torch.stack(
@@ -520,7 +657,7 @@ class _Slots:
             kn = Norm(cfg.norm_type, cfg.norm_eps, tensors[(i, "k_norm.weight")])
         return AttnWeights(wq, wk, wv, tensors[(i, "o.weight")], bq, bk, bv, opt(i, "o.bias"),
                            qn, kn, qk_norm_full=cfg.qk_norm_full, clip=cfg.clip_qkv,
-                           sinks=opt(i, "sinks"), mla=mla)
+                           sinks=opt(i, "sinks"), mla=mla, w_gate=wg, b_gate=bg)
 
     def mlp(self, i: int) -> MlpWeights | MoeWeights:
         """The layer's MLP: mixture of experts, gated with gate/up fused ([gate | up] rows,

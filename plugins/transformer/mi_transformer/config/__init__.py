@@ -24,8 +24,10 @@ Every name is importable from here; the modules, in import order (none imports a
   ``_base``, ``_finish``);
 - :mod:`~mi_transformer.config.families_llama`, :mod:`~mi_transformer.config.families_gpt`,
   :mod:`~mi_transformer.config.families_moe`, :mod:`~mi_transformer.config.families_recent`,
-  :mod:`~mi_transformer.config.families_moe2` (gpt-oss, DeepSeek-V2/V3, Llama 4): one
-  ``parse_<family>`` per family (families_recent also ``REFUSED``: families refused by name);
+  :mod:`~mi_transformer.config.families_moe2` (gpt-oss, DeepSeek-V2/V3, Llama 4),
+  :mod:`~mi_transformer.config.families_ssm`, :mod:`~mi_transformer.config.families_linear`:
+  one ``parse_<family>`` per family (families_recent also ``REFUSED``: families refused by
+  name; the state-space and linear-attention ones run a plugin's mixer);
 - :mod:`~mi_transformer.config.registry`: ``Family`` and ``FAMILIES`` (parser + keys read +
   keys known to be harmless + neutral values of keys not read);
 - :mod:`~mi_transformer.config.auto`: ``parse_config`` and ``auto_config``.
@@ -33,8 +35,8 @@ Every name is importable from here; the modules, in import order (none imports a
 
 from mi_transformer.config.auto import AUTO_FAMILY, auto_config, parse_config
 from mi_transformer.config.axes import (
-    Activation, BlockLayout, MlaConfig, MlpLayout, MoeConfig, NormType, Positions, QkvLayout,
-    RopeConfig, RopeLayout, RopeScaling, TransformerConfig,
+    ATTENTION, MLP_ONLY, Activation, BlockLayout, MixerConfig, MlaConfig, MlpLayout, MoeConfig,
+    NormType, Positions, QkvLayout, RopeConfig, RopeLayout, RopeScaling, TransformerConfig,
 )
 from mi_transformer.config.families_gpt import (
     parse_falcon, parse_gpt2, parse_gpt_neox, parse_gptj, parse_opt, parse_phi, parse_stablelm,
@@ -54,22 +56,24 @@ from mi_transformer.config.families_recent import (
     REFUSED, parse_apertus, parse_ernie4_5, parse_ernie4_5_moe, parse_exaone4, parse_glm,
     parse_glm4, parse_glm4_moe, parse_hunyuan_v1_dense, parse_olmo3, parse_seed_oss,
 )
+from mi_transformer.config.families_ssm import parse_falcon_mamba, parse_mamba, parse_mamba2
 from mi_transformer.config.neutral import ROTARY, ROTARY_DIM, ROTARY_INTERLEAVED, Derived
 from mi_transformer.config.reader import ConfigReader, UnknownKeysError
 from mi_transformer.config.registry import FAMILIES, FAMILY_PARSERS, Family, family_parsers
 
 __all__ = [
-    "AUTO_FAMILY", "Activation", "BlockLayout", "ConfigReader", "Derived", "FAMILIES",
-    "FAMILY_PARSERS", "Family", "MlaConfig", "MlpLayout", "MoeConfig", "NormType", "Positions",
-    "QkvLayout", "REFUSED", "ROTARY", "ROTARY_DIM", "ROTARY_INTERLEAVED", "RopeConfig",
-    "RopeLayout", "RopeScaling", "TransformerConfig", "UnknownKeysError", "auto_config",
-    "family_parsers", "parse_apertus", "parse_cohere", "parse_config", "parse_deepseek_v2",
-    "parse_deepseek_v3", "parse_ernie4_5", "parse_ernie4_5_moe", "parse_exaone4",
-    "parse_falcon", "parse_gemma", "parse_gemma2", "parse_gemma3", "parse_gemma3_text",
-    "parse_glm", "parse_glm4", "parse_glm4_moe", "parse_gpt2", "parse_gpt_neox", "parse_gpt_oss",
-    "parse_gptj", "parse_granite", "parse_helium", "parse_hunyuan_v1_dense", "parse_llama",
-    "parse_llama4", "parse_llama4_text", "parse_mistral", "parse_mixtral", "parse_olmo",
-    "parse_olmo2", "parse_olmo3", "parse_olmoe", "parse_opt", "parse_phi",
+    "ATTENTION", "AUTO_FAMILY", "Activation", "BlockLayout", "ConfigReader", "Derived",
+    "FAMILIES", "FAMILY_PARSERS", "Family", "MixerConfig", "MlaConfig", "MlpLayout",
+    "MoeConfig", "NormType", "Positions", "QkvLayout", "REFUSED", "ROTARY", "ROTARY_DIM",
+    "ROTARY_INTERLEAVED", "RopeConfig", "RopeLayout", "RopeScaling", "TransformerConfig",
+    "UnknownKeysError", "auto_config", "family_parsers", "parse_apertus", "parse_cohere",
+    "parse_config", "parse_deepseek_v2", "parse_deepseek_v3", "parse_ernie4_5",
+    "parse_ernie4_5_moe", "parse_exaone4", "parse_falcon", "parse_falcon_mamba", "parse_gemma",
+    "parse_gemma2", "parse_gemma3", "parse_gemma3_text", "parse_glm", "parse_glm4",
+    "parse_glm4_moe", "parse_gpt2", "parse_gpt_neox", "parse_gpt_oss", "parse_gptj",
+    "parse_granite", "parse_helium", "parse_hunyuan_v1_dense", "parse_llama", "parse_llama4",
+    "parse_llama4_text", "parse_mamba", "parse_mamba2", "parse_mistral", "parse_mixtral",
+    "parse_olmo", "parse_olmo2", "parse_olmo3", "parse_olmoe", "parse_opt", "parse_phi",
     "parse_phi3", "parse_qwen2", "parse_qwen2_moe", "parse_qwen3", "parse_qwen3_moe",
     "parse_seed_oss", "parse_smollm3", "parse_stablelm", "parse_starcoder2",
 ]

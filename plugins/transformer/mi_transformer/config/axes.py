@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
+from typing import Any
 
 import attrs
 
@@ -26,6 +27,7 @@ class Activation(enum.Enum):
     GELU_TANH = "gelu_tanh"
     GELU = "gelu"
     RELU = "relu"
+    RELU2 = "relu2"  # relu(x) ** 2 (Nemotron-H)
     XIELU = "xielu"  # Apertus: learned alpha_p / alpha_n / beta / eps per layer (mlp.py)
 
 
@@ -48,6 +50,7 @@ class MlpLayout(enum.Enum):
 class Positions(enum.Enum):
     ROPE = "rope"  # rotary embedding of q and k
     LEARNED = "learned"  # a learned absolute position embedding added to the token embedding
+    NONE = "none"  # no positions (state-space models: the recurrence orders the tokens)
 
 
 class RopeLayout(enum.Enum):
@@ -108,6 +111,12 @@ class MoeConfig:
     # checkpoint names: the block module and each expert's (gate, up, down) projections
     block: str = "mlp"
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    #: experts stored as two 3-D tensors in the block, expert_names[0] [n, 2 * d_expert,
+    #: d_model] (rows [gate | up]) and expert_names[2] [n, d_model, d_expert] (Granite 4)
+    fused_experts: bool = False
+    #: the shared expert's module beside the block, with a fused [gate | up] expert_names[0]
+    #: and expert_names[2] (Granite 4's shared_mlp); "" = block.shared_expert.{gate,up,down}_proj
+    shared_module: str = ""
     # -- routing beyond softmax-top-k (mi_transformer.routing: GLM-4.5, ERNIE-4.5,
     # DeepSeek-V2/V3, Llama 4) --
     scoring: str = "softmax"  # or "sigmoid": per-expert sigmoid scores (GLM-4.5, V3, Llama 4)
@@ -145,6 +154,22 @@ class MoeConfig:
         """Softmax over all experts, top-k, optional renormalisation (mi_transformer.moe)."""
         return (self.scoring == "softmax" and not self.selection_bias and self.n_group == 1
                 and self.routed_scaling == 1.0 and self.norm_min == 0.0)
+
+
+#: The layer type of an attention layer in ``TransformerConfig.layer_mixers``.
+ATTENTION = "attention"
+#: A layer without a sequence mixer: ``x + mlp(norm(x))`` (Nemotron-H's "mlp" layers).
+MLP_ONLY = "mlp"
+
+
+@attrs.frozen
+class MixerConfig:
+    """A sequence mixer a plugin provides (``mi_core.plugin.mixer(name)``) that some layers run
+    instead of attention: its spec (``MixerSpec``) and the settings it read from the config."""
+
+    name: str  # the layer type, e.g. "mamba2"
+    spec: Any = attrs.field(eq=False, repr=False)
+    settings: Any = None
 
 
 @attrs.frozen
@@ -215,6 +240,14 @@ class TransformerConfig:
     qk_norm_heads: bool = False  # q/k norm gains per head, [heads, d_head] (Cohere)
     moe: MoeConfig | None = None  # the mixture-of-experts MLP of the layers layer_moe marks
     layer_moe: tuple[bool, ...] = ()  # per layer, True = MoE MLP; () = all dense
+    # -- mixer schedule (state-space and hybrid models, mi_transformer.mixers) --
+    layer_mixers: tuple[str, ...] = ()  # per layer, ATTENTION or a mixer's name; () = all attention
+    mixers: tuple[MixerConfig, ...] = ()  # the non-attention mixers layer_mixers names
+    layer_mlp: tuple[bool, ...] = ()  # per layer, False = no MLP sublayer (Mamba); () = all
+    residual_fp32: bool = False  # the residual stream kept in F32 (Mamba's residual_in_fp32)
+    # sigmoid(gate) multiplies each head's z before W_O; q_proj rows are [q | gate] per head
+    attn_output_gate: bool = False  # (Qwen3-Next, Qwen3.5 gated attention)
+    mixer_pre_norms: bool = False  # mixer layers pre-norm (ln1, ln2) where attention is post-norm
     # -- axes of the 2025-26 families (config/families_recent.py, config/families_moe2.py) --
     qk_norm_after_rope: bool = False  # q/k norms applied to the rotated q/k (Hunyuan, Llama 4)
     qk_norm_affine: bool = True  # False: q/k norms without weights (Llama 4's L2 norm)
@@ -261,10 +294,16 @@ class TransformerConfig:
                                       f"dimension {self.rot_dim} needs {self.rot_dim // 2}")
         for name, flags in (("layer_use_rope", self.layer_use_rope), ("layer_moe", self.layer_moe),
                             ("layer_qk_norm", self.layer_qk_norm),
-                            ("layer_chunks", self.layer_chunks)):
+                            ("layer_chunks", self.layer_chunks),
+                            ("layer_mixers", self.layer_mixers), ("layer_mlp", self.layer_mlp)):
             if flags and len(flags) != self.num_layers:
                 raise ConfigError(f"{where}: {name} has {len(flags)} entries for "
                                   f"{self.num_layers} layers")
+        named = {m.name for m in self.mixers}
+        unknown = sorted({t for t in self.layer_mixers
+                          if t not in (ATTENTION, MLP_ONLY) and t not in named})
+        if unknown:
+            raise ConfigError(f"{where}: layer_mixers names {unknown}, which no mixer config gives")
         if any(c is not None and c < 1 for c in self.layer_chunks):
             raise ConfigError(f"{where}: attention chunks {self.layer_chunks} must be >= 1")
         if self.mla is not None and (self.num_kv_heads != self.num_heads or self.head_dim != (
@@ -293,6 +332,18 @@ class TransformerConfig:
     @property
     def rot_dim(self) -> int:
         return self.rotary_dim or self.head_dim
+
+    def mixer_of(self, layer: int) -> MixerConfig | None:
+        """The non-attention mixer of `layer`, or None for an attention layer."""
+        name = self.layer_mixers[layer] if self.layer_mixers else ATTENTION
+        return None if name in (ATTENTION, MLP_ONLY) else \
+            next(m for m in self.mixers if m.name == name)
+
+    def has_attention(self, layer: int) -> bool:
+        return not self.layer_mixers or self.layer_mixers[layer] == ATTENTION
+
+    def has_mlp(self, layer: int) -> bool:
+        return not self.layer_mlp or self.layer_mlp[layer]
 
     @property
     def v_head_dim(self) -> int:

@@ -22,6 +22,7 @@ _ACTIVATIONS = {
     "gelu_fast": Activation.GELU_TANH,
     "gelu": Activation.GELU,
     "relu": Activation.RELU,
+    "relu2": Activation.RELU2,
 }
 
 

@@ -13,16 +13,29 @@ from mi_transformer.config.axes import TransformerConfig
 from mi_transformer.config.families_gpt import (
     parse_falcon, parse_gpt2, parse_gpt_neox, parse_gptj, parse_opt, parse_phi, parse_stablelm,
 )
+from mi_transformer.config.families_hybrid import (
+    BAMBA_READS, GRANITEMOEHYBRID_HARMLESS, GRANITEMOEHYBRID_NEUTRAL, GRANITEMOEHYBRID_READS,
+    HYBRID_HARMLESS, JAMBA_READS, NEMOTRON_H_HARMLESS,
+    NEMOTRON_H_READS, parse_bamba, parse_granitemoehybrid, parse_jamba, parse_nemotron_h,
+)
 from mi_transformer.config.families_llama import (
     _GEMMA3_MM_KEYS, _GEMMA_HARMLESS, parse_cohere, parse_gemma, parse_gemma2, parse_gemma3,
     parse_gemma3_text, parse_granite, parse_helium, parse_llama, parse_mistral, parse_olmo,
     parse_olmo2, parse_phi3, parse_qwen2, parse_qwen3, parse_smollm3, parse_starcoder2,
+)
+from mi_transformer.config.families_linear import (
+    OLMO_HYBRID_HARMLESS, OLMO_HYBRID_READS, QWEN3_5_TEXT_READS, QWEN3_NEXT_READS,
+    parse_olmo_hybrid, parse_qwen3_5_text, parse_qwen3_next,
 )
 from mi_transformer.config.families_moe import (
     parse_mixtral, parse_olmoe, parse_qwen2_moe, parse_qwen3_moe,
 )
 from mi_transformer.config.families_moe2 import MOE2_FAMILIES, NEUTRAL as _MOE2_NEUTRAL
 from mi_transformer.config.families_recent import RECENT_FAMILIES
+from mi_transformer.config.families_ssm import (
+    FALCON_MAMBA_READS, MAMBA2_READS, MAMBA_READS, SSM_HARMLESS, parse_falcon_mamba,
+    parse_mamba, parse_mamba2,
+)
 from mi_transformer.config.neutral import (KV_HEADS, MLP_WIDTH, ROTARY, ROTARY_DIM,
                                            ROTARY_INTERLEAVED)
 from mi_transformer.config.reader import ConfigReader
@@ -172,6 +185,36 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
                                                       "use_bias"},
             # StarCoder2's config.json names its (only) MLP and norm kinds
             neutral={**ROTARY, "mlp_type": "default", "norm_type": "layer_norm"}),
+    # state-space families: the layers run a plugin's mixer (mi-ssm), not attention; no
+    # positions, so no rotary key is neutral
+    _family("mamba", parse_mamba, MAMBA_READS, harmless=SSM_HARMLESS,
+            note="Mamba-1 mixer (mi-ssm), no MLP", neutral={}),
+    _family("falcon_mamba", parse_falcon_mamba, FALCON_MAMBA_READS, harmless=SSM_HARMLESS,
+            note="Mamba-1 mixer with B/C/dt RMS norms (mi-ssm), no MLP", neutral={}),
+    _family("mamba2", parse_mamba2, MAMBA2_READS, harmless=SSM_HARMLESS | {"time_step_rank"},
+            note="Mamba-2 mixer (mi-ssm), no MLP", neutral={}),
+    # hybrids: a schedule of state-space mixers (mi-ssm) and attention, each with an MLP
+    _family("jamba", parse_jamba, JAMBA_READS, harmless=HYBRID_HARMLESS | SSM_HARMLESS,
+            note="Mamba-1 (gained dt/B/C norms) + attention without positions, MoE",
+            neutral={}),
+    _family("bamba", parse_bamba, BAMBA_READS, harmless=HYBRID_HARMLESS | SSM_HARMLESS,
+            note="Mamba-2 + attention with half-rotary RoPE, MLP after each"),
+    _family("granitemoehybrid", parse_granitemoehybrid, GRANITEMOEHYBRID_READS,
+            harmless=HYBRID_HARMLESS | SSM_HARMLESS | GRANITEMOEHYBRID_HARMLESS,
+            note="Granite 4.0-H: Mamba-2 + attention (RoPE or none), MoE + shared MLP, "
+                 "Granite multipliers",
+            neutral={**ROTARY, **GRANITEMOEHYBRID_NEUTRAL}),
+    _family("nemotron_h", parse_nemotron_h, NEMOTRON_H_READS,
+            harmless=HYBRID_HARMLESS | SSM_HARMLESS | NEMOTRON_H_HARMLESS,
+            note="Mamba-2 / attention / relu2 MLP layers (MoE layers refused)", neutral={}),
+    # linear-attention hybrids: gated DeltaNet layers (mi-ssm) and gated attention layers
+    _family("qwen3_next", parse_qwen3_next, _LLAMA | QWEN3_NEXT_READS, harmless=_MOE_HARMLESS,
+            note="gated DeltaNet (mi-ssm) + gated attention, MoE with a shared expert"),
+    _family("qwen3_5_text", parse_qwen3_5_text, _LLAMA | QWEN3_5_TEXT_READS,
+            note="gated DeltaNet (mi-ssm) + gated attention, dense MLP"),
+    _family("olmo_hybrid", parse_olmo_hybrid, _LLAMA | OLMO_HYBRID_READS,
+            harmless=OLMO_HYBRID_HARMLESS,
+            note="gated DeltaNet (mi-ssm, pre-norm) + OLMo2 attention (post-norm)"),
 ]}
 
 

@@ -537,7 +537,7 @@ def hf_config(header: GgufHeader) -> dict[str, Any]:
 def check_gguf_size(header: GgufHeader, cfg: dict[str, Any], dtype: torch.dtype | None = None,
                     device: torch.device | None = None) -> None:
     """The parameters the metadata implies (dense and experts), in `dtype` on `device` (None:
-    one byte each on any device here), before a per-layer table is built (an architecture's
+    only the fixed bounds of :func:`check_bounds`), before a per-layer table is built (an architecture's
     ``configure``, the config parser) or a tensor dequantised: ConfigTooLarge naming the keys."""
     def get(*keys: str) -> int:
         return next((int(cfg[k]) for k in keys if cfg.get(k) is not None), 0)

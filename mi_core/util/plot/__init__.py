@@ -13,107 +13,23 @@ from __future__ import annotations
 
 import base64
 import html
-import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-from mi_core.plugin import ConfigError, MIError
+from mi_core.plugin import MIError
+from mi_core.util.plot._base import (  # noqa: F401  (the helpers keep their old names here)
+    DPI, FORMATS, _DIV, _SEQ, _auto_size, _heatmap, _plt, _printable, _save, _shorten, _tok,
+    default_title, picture_format, save_figure,
+)
+from mi_core.util.plot.graph import plot_attribution_graph
+from mi_core.util.plot.scores import plot_head_scores, plot_sweep_aggregate
 
-DPI = 100
-#: extension -> matplotlib format
-FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
-_SEQ, _DIV = "Blues", "RdBu_r"
-
-
-def _plt() -> Any:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise MIError("plots need matplotlib: pip install 'mi-core[plot]'") from exc
-    return plt
-
-
-def picture_format(path: str | Path) -> str:
-    """The matplotlib format for `path`'s extension; ConfigError for any other."""
-    suffix = Path(path).suffix.lower()
-    if suffix not in FORMATS:
-        raise ConfigError(f"{str(path)!r}: pictures are written as {', '.join(FORMATS)} "
-                          f"(chosen by the extension), not {suffix or 'no extension'!r}; "
-                          "interactive .html pages come from mi_core.viz / --plot OUT.html")
-    return FORMATS[suffix]
-
-
-def save_figure(fig: Any, path: str | Path) -> Path:
-    """Write `fig` in the format its extension names (checked first), then close it."""
-    fmt = picture_format(path)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, format=fmt)
-    _plt().close(fig)
-    return path
-
-
-_save = save_figure
-
-
-def _printable(label: str) -> str:
-    """Tick labels: control characters escaped (fonts have no glyph for them), '$' kept
-    literal (matplotlib would start math mode)."""
-    s = label if label.isprintable() else repr(label)[1:-1]
-    return s.replace("$", r"\$")
-
-
-def _tok(token: str) -> str:
-    """A token as the CLI prints it, quoted, so ' Paris' and 'Paris' differ: "' Paris'"."""
-    return _printable(repr(token))
-
-
-def _shorten(title: str, width: int = 90, max_lines: int = 4) -> str:
-    """Long title lines (a long prompt) wrapped at `width`; at most `max_lines` lines."""
-    lines: list[str] = []
-    for line in title.split("\n"):
-        lines += textwrap.wrap(line, width) or [""]
-    if len(lines) > max_lines:
-        lines = lines[:max_lines]
-        lines[-1] = lines[-1][: width - 1] + "\u2026"
-    return "\n".join(lines)
-
-
-def _auto_size(rows: int, cols: int, cell: float = 0.32, extra_w: float = 2.6,
-               extra_h: float = 2.2, min_w: float = 5.0, min_h: float = 3.5,
-               max_side: float = 40.0, title: str = "") -> tuple[float, float]:
-    """A figure size that gives each cell about `cell` inches (room for a tick label) and
-    the title room on one line per line."""
-    min_w = max(min_w, 0.075 * max((len(x) for x in title.split("\n")), default=0) + 0.5)
-    w = min(max(min_w, cols * cell + extra_w), max_side)
-    h = min(max(min_h, rows * cell + extra_h), max_side)
-    return (w, h)
-
-
-def _heatmap(ax: Any, data: torch.Tensor, xlabels: Sequence[str], ylabels: Sequence[str],
-             cmap: str, center: bool, vmin: float | None = None,
-             vmax: float | None = None) -> Any:
-    d = data.detach().float().cpu().numpy()
-    xlabels, ylabels = [_printable(x) for x in xlabels], [_printable(y) for y in ylabels]
-    kw: dict[str, Any] = {"cmap": cmap, "aspect": "auto", "interpolation": "nearest"}
-    if center:
-        m = float(abs(d).max()) if d.size else 1.0
-        kw.update(vmin=-(m or 1.0), vmax=m or 1.0)
-    else:
-        kw.update(vmin=0.0 if vmin is None else vmin, vmax=vmax)
-    im = ax.imshow(d, **kw)
-    fs = 8 if max(len(xlabels), len(ylabels)) <= 40 else 6
-    step_x = max(1, len(xlabels) // 80)
-    step_y = max(1, len(ylabels) // 80)
-    rot = 0 if all(len(x) <= 3 for x in xlabels) else 90
-    ax.set_xticks(range(0, len(xlabels), step_x), xlabels[::step_x], rotation=rot, fontsize=fs)
-    ax.set_yticks(range(0, len(ylabels), step_y), ylabels[::step_y], fontsize=fs)
-    return im
+__all__ = ["DPI", "FORMATS", "html_report", "picture_format", "plot_attention",
+           "plot_attribution_graph", "plot_dose_response", "plot_grid", "plot_head_scores",
+           "plot_knockout", "plot_logit_lens", "plot_patching", "plot_sweep_aggregate",
+           "save_figure"]
 
 
 def plot_attention(pattern: torch.Tensor, tokens: Sequence[str], path: str | Path,
@@ -160,47 +76,82 @@ def plot_grid(grid: torch.Tensor, rows: Sequence[str], cols: Sequence[str], path
 def plot_patching(result: Any, path: str | Path, figsize: tuple[float, float] | None = None,
                   title: str | None = None) -> Path:
     """A PatchingResult as a layer x position (or head) heatmap, diverging around 0
-    (0 = corrupted behaviour, 1 = clean)."""
-    t = title or f"{result.method} patching of {result.kind}"
-    if result.clean_prompt is not None and title is None:
-        t += f"\nclean {result.clean_prompt!r} vs corrupted {result.corrupted_prompt!r}"
+    (0 = corrupted behaviour, 1 = clean); the title and colour bar name the metric and its
+    units (``result.describe()``)."""
+    t = default_title(f"{result.method} patching of {result.kind}", result, title)
+    name = getattr(result, "metric_name", None) or "metric (unnamed)"
+    units = getattr(result, "metric_units", None)
+    norm = getattr(result, "normalised", True)
     return plot_grid(result.grid, [f"L{x}" for x in result.layers], result.columns, path,
                      title=t, xlabel="head" if result.kind == "z" else "position: token",
                      ylabel="layer", figsize=figsize, signed=True,
-                     colorbar_label="(patched - corrupted) / (clean - corrupted)")
+                     colorbar_label=(f"normalised {name}{f' ({units})' if units else ''}\n"
+                                     "(patched - corrupted) / (clean - corrupted)") if norm
+                     else f"{name}{f' ({units})' if units else ''}, raw")
 
 
 def plot_logit_lens(result: Any, path: str | Path, figsize: tuple[float, float] | None = None,
                     title: str | None = None) -> Path:
     """A LogitLensResult as a table: one row per lens point (layer, or ``L3.mid``), the top-k
-    tokens written in the cells and coloured by probability (sequential, 0..1)."""
+    tokens written in the cells and coloured by probability (sequential, 0..1). Tracked
+    targets get a panel beside it: their probability at every lens point as a line, with
+    the rank (1 = top) written where it is in the top 10."""
     plt = _plt()
     pts = result.points
     k = len(pts[0].top) if pts else 0
+    targets = pts[0].targets if pts else []
     probs = torch.tensor([[t.prob for t in p.top] for p in pts]) if pts else torch.zeros(0, 0)
     if figsize is None:
-        figsize = (max(5.0, 1.35 * k + 2.6), max(3.5, 0.25 * len(pts) + 1.6))
-    fig, ax = plt.subplots(figsize=figsize)
+        figsize = (max(5.0, 1.35 * k + 2.6) + (2.8 if targets else 0.0),
+                   max(3.8, 0.25 * len(pts) + 1.9))
+    fig = plt.figure(figsize=figsize, layout="constrained")
+    grid = fig.add_gridspec(1, 2 if targets else 1,
+                            width_ratios=[1.35 * k + 1.2, 2.3][: 2 if targets else 1])
+    ax = fig.add_subplot(grid[0, 0])
     im = ax.imshow(probs.numpy(), cmap="Greens", vmin=0, vmax=1, aspect="auto",
                    interpolation="nearest")
-    fs = 8
     for r, p in enumerate(pts):
         for c, t in enumerate(p.top):
             ax.text(c, r, f"{_tok(t.token)} {t.prob:.2f}", ha="center", va="center",
-                    fontsize=fs, color="white" if t.prob > 0.6 else "black")
-    ax.set_xticks(range(k), [f"top {i + 1}" for i in range(k)], fontsize=8)
+                    fontsize=8, color="white" if t.prob > 0.6 else "black")
+    ax.set_xticks(range(k), [f"rank {i + 1}" for i in range(k)], fontsize=8)
     ax.xaxis.tick_top()
-    ax.set_yticks(range(len(pts)), [p.label for p in pts], fontsize=fs)
+    ax.set_yticks(range(len(pts)), [p.label for p in pts], fontsize=8)
     ax.set_ylabel("after layer (.mid: between attention and MLP)" if any(
         p.label.endswith(".mid") for p in pts) else "after layer")
+    if targets:
+        _lens_targets(fig.add_subplot(grid[0, 1], sharey=ax), pts)
     toks = getattr(result, "prompt_tokens", None) or []
     pos = result.position
     where = (f"after token {pos} {_tok(toks[pos])}" if 0 <= pos < len(toks)
              else f"position {pos}")
-    ax.set_title(_shorten(title or f"logit lens {where}"), fontsize=10)
-    fig.colorbar(im, ax=ax, label="probability", fraction=0.04)
-    fig.tight_layout()
+    fig.suptitle(_shorten(title or f"logit lens, next-token prediction {where}"), fontsize=10)
+    fig.colorbar(im, ax=ax, label="probability", fraction=0.04, pad=0.02,
+                 location="left" if targets else "right")
     return save_figure(fig, path)
+
+
+def _lens_targets(ax: Any, pts: Sequence[Any]) -> None:
+    """The targets' probability per lens point (a line each), ranks written (1 = top)."""
+    ys = list(range(len(pts)))
+    colours = ["tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive"]
+    for j, t0 in enumerate(pts[0].targets):
+        col = colours[j % len(colours)]
+        probs = [p.targets[j].prob for p in pts]
+        ax.plot(probs, ys, "o-", color=col, ms=3, label=f"p({_tok(t0.token)})")
+        last = None
+        for y, p in zip(ys, pts):
+            rank = p.targets[j].rank + 1
+            if rank != last and rank <= 10:
+                ax.annotate(f"#{rank}", (p.targets[j].prob, y), xytext=(4, -3),
+                            textcoords="offset points", fontsize=7, color=col)
+            last = rank
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("probability (#n: rank, 1 = top)", fontsize=8)
+    ax.tick_params(labelleft=False, labelsize=7)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title("tracked tokens", fontsize=9)
 
 
 def plot_knockout(result: Any, path: str | Path, k: int = 10,
@@ -225,26 +176,14 @@ def plot_knockout(result: Any, path: str | Path, k: int = 10,
     ax.set_xlim(0, min(1.0, top * 1.25 + 0.1))
     ax.set_xlabel("next-token probability")
     kl = result.kl_divergence()
-    t = title or "attention knockout"
-    spec = getattr(result, "spec", None)
-    sub = f"KL(baseline || knocked out) = {kl:.3f} nats; {n} most changed tokens"
-    if spec is not None:
-        heads = "all heads" if spec.heads is None else f"heads {_fmt_list(spec.heads)}"
-        layers = "all layers" if spec.layers is None else f"layers {_fmt_list(spec.layers)}"
-        sub = f"{layers}, {heads}; " + sub
-    ax.set_title(_shorten(f"{t}\n{sub}"), fontsize=9)
+    kind = "attention knockout" if getattr(result, "spec", None) is not None else "ablation"
+    t = default_title(kind, result, title)
+    sub = (f"KL(baseline || knocked out) = {kl:.3f} nats; {n} most changed tokens, "
+           "bars: probability, label: \u0394 log p (knocked out - baseline)")
+    ax.set_title(_shorten(f"{t}\n{sub}", max_lines=6), fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     return save_figure(fig, path)
-
-
-def _fmt_list(v: Sequence[int] | None) -> str:
-    if v is None:
-        return "all"
-    v = list(v)
-    if len(v) > 2 and v == list(range(v[0], v[-1] + 1)):
-        return f"{v[0]}-{v[-1]}"
-    return ",".join(map(str, v))
 
 
 def plot_dose_response(curve: Any, path: str | Path, figsize: tuple[float, float] | None = None,
@@ -255,8 +194,8 @@ def plot_dose_response(curve: Any, path: str | Path, figsize: tuple[float, float
     fig, ax = plt.subplots(figsize=figsize or (6.5, 4.8))
     xs = curve.strengths()
     lines = ax.plot(xs, curve.kls(), "o-", color="tab:blue", label="KL(baseline || steered)")
-    ax.set_xlabel("steering strength (attention scale)" if curve.kind == "attention"
-                  else "steering strength")
+    ax.set_xlabel("strength s (attention scale on the steered edges)" if curve.kind ==
+                  "attention" else "strength s (multiple of the direction added)")
     ax.set_ylabel("KL (nats)", color="tab:blue")
     ax.set_ylim(bottom=0)
     if curve.target_token is not None:
@@ -271,7 +210,8 @@ def plot_dose_response(curve: Any, path: str | Path, figsize: tuple[float, float
         ax2.set_ylim(0, 1)
     ax.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc="upper center",
               bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
-    ax.set_title(_shorten(title or f"dose-response ({curve.kind} steering)"), fontsize=10)
+    ax.set_title(_shorten(default_title(f"dose-response of {curve.kind} steering", curve, title),
+                          max_lines=6), fontsize=9)
     fig.tight_layout()
     return save_figure(fig, path)
 

@@ -1,0 +1,661 @@
+"""``HookedTransformer``: TransformerLens' model class, on the kernel's :class:`mi_core.MIModel`.
+
+``from mi_core.tl import HookedTransformer`` and ``HookedTransformer.from_pretrained(path)``
+give TransformerLens' interface with TransformerLens' defaults: weights processed at load
+(fold_ln, centring, value biases), BOS prepended to text, ``model(x)`` returning logits
+(``return_type`` "logits" / "loss" / "both" / None, ``loss_per_token``, ``stop_at_layer``,
+``start_at_layer``), lists of texts padded (``padding_side``, attention masks), the module tree
+(``model.blocks[3].attn.W_Q``, ``model.blocks[3].attn.hook_z``), persistent hooks
+(``add_hook`` / ``reset_hooks`` / ``hooks()``), ``run_with_cache`` returning an
+:class:`~mi_core.tl.ActivationCache`, and ``generate(text)`` returning text.
+
+It is a wrapper, not a subclass: ``model.mi_model`` is the :class:`~mi_core.MIModel` it runs
+(pass that to mi-core's analyses, which expect ``forward(ids, hooks) -> HookCache``), and any
+attribute the class lacks is looked up there (``model.num_layers``, ``model.backend``, the
+weight properties ``model.W_Q`` ...). Every forward goes through ``mi_model.forward`` with a
+:class:`~mi_core.HookSpec` built from the hooks on the tree's hook points; only the points
+TransformerLens would fire are hooked (``attn.hook_result`` only with ``use_attn_result``,
+the per-head inputs only with their switches, nothing outside ``start_at_layer`` /
+``stop_at_layer``), and ``blocks.{i}.ln1``'s hooks are called three times per forward, once
+for each of the query, key and value inputs, as TransformerLens' blocks do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable, NamedTuple, Optional, Sequence
+
+import torch
+
+from mi_core import (
+    CapabilityError, HookCache, HookError, HookSpec, InputError, MIError, MIModel, TokenizerError,
+)
+from mi_core.plugin import KVCachedGeneration, LayerSchedule, Readout, has_capability
+from mi_core.plugin import require_capability
+from mi_core.tl import components
+from mi_core.tl.activation_cache import ActivationCache
+from mi_core.tl.config import HookedTransformerConfig, config_of
+from mi_core.tl.hook_points import HookedRootModule, HookPoint, TLHookError, names_filter_fn
+from mi_core.tl.tl_tokens import TokensMixin
+from mi_core.tl.tokenizer import TLTokenizer
+from mi_core.tl.utils import USE_DEFAULT_VALUE, TLCapabilityError, lm_cross_entropy_loss
+
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+#: The embedding's points a forward from tokens runs.
+EMBED_POINTS = frozenset({"hook_embed", "hook_pos_embed"})
+#: Opt-in points and the config switch that makes TransformerLens fire them.
+_OPT_IN = {"attn.hook_result": "use_attn_result", "hook_attn_in": "use_attn_in",
+           "hook_q_input": "use_split_qkv_input", "hook_k_input": "use_split_qkv_input",
+           "hook_v_input": "use_split_qkv_input", "hook_mlp_in": "use_hook_mlp_in"}
+
+
+class Output(NamedTuple):
+    """``return_type="both"``: logits and loss (TransformerLens' ``Output``)."""
+
+    logits: torch.Tensor
+    loss: torch.Tensor
+
+
+class _UserHookError(MIError):
+    """Carries an exception a user's hook raised through the kernel, to be re-raised as is."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
+
+
+class _Stop(MIError):
+    """Stops the kernel's forward at ``stop_at_layer`` carrying the residual stream."""
+
+    def __init__(self, residual: torch.Tensor) -> None:
+        super().__init__("stop_at_layer")
+        self.residual = residual
+
+
+class _Request:
+    """What ``run_with_cache`` asks of the next forward: points to capture (gradients too)."""
+
+    def __init__(self, names: Sequence[str], grads: bool) -> None:
+        self.wanted, self.grads = set(names), grads
+        self.values: dict[str, torch.Tensor] = {}
+        self.grad_values: dict[str, torch.Tensor] = {}
+        self.cache: HookCache | None = None
+
+    def gradients(self) -> list[tuple[str, torch.Tensor]]:
+        """The gradients backward reached, latest point first (the order backward hooks
+        fire in a sequential model)."""
+        out = [(n, g) for n, g in self.grad_values.items() if n in self.wanted]
+        if self.cache is None:
+            return out
+        for name in reversed(list(self.values)):
+            if name.startswith("unembed."):
+                continue
+            try:
+                out.append((name, self.cache.grad(name)))
+            except HookError:  # backward never reached it (TransformerLens' hook never fires)
+                continue
+        return out
+
+
+class HookedTransformer(TokensMixin, HookedRootModule):
+    """TransformerLens' ``HookedTransformer`` over a loaded :class:`mi_core.MIModel` (see the
+    module doc). Build with :meth:`from_pretrained`, or ``HookedTransformer(mi_model)``."""
+
+    def __init__(self, model: Any, tokenizer: Any = None, move_to_device: bool = True,
+                 default_padding_side: str = "right", *, default_prepend_bos: bool = True,
+                 model_name: str = "custom") -> None:
+        if isinstance(model, (HookedTransformerConfig, dict)):
+            raise CapabilityError(
+                "HookedTransformer(cfg) builds a randomly initialised model in TransformerLens; "
+                "mi-core runs loaded checkpoints: use HookedTransformer.from_pretrained(path) "
+                "or HookedTransformer(mi.MIModel.from_pretrained(path))")
+        if not isinstance(model, MIModel):
+            raise InputError(f"HookedTransformer needs an mi_core.MIModel, got "
+                             f"{type(model).__name__}")
+        if tokenizer is not None:
+            raise CapabilityError("tokenizer=: the model's own tokenizer is used (its "
+                                  "tokenizer.json / GGUF vocabulary); passing another is not "
+                                  "supported")
+        if default_padding_side not in ("left", "right"):
+            raise InputError(f"default_padding_side must be 'left' or 'right', got "
+                             f"{default_padding_side!r}")
+        super().__init__()
+        self.mi_model = model
+        self.cfg = config_of(model, name=model_name, default_prepend_bos=default_prepend_bos)
+        self.tokenizer: TLTokenizer | None = None
+        if model.has_tokenizer:
+            self.tokenizer = TLTokenizer(model.tokenizer, default_padding_side,
+                                         name_or_path=model.source)
+            self.cfg.tokenizer_prepends_bos = True  # TransformerLens' tokenizer_with_bos
+        self._build_tree()
+
+    def _build_tree(self, reuse: dict[str, HookPoint] | None = None) -> None:
+        self._weights = components.WeightTree(self.mi_model)
+        components.build(self, self.mi_model, self.cfg, self._weights, reuse)
+        self.setup()
+        self._points = [(n, hp) for n, hp in self.hook_dict.items()]
+        self._request: _Request | None = None
+
+    # -- loading ------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, model_name: str | os.PathLike[str], fold_ln: bool = True,
+                        center_writing_weights: bool = True, center_unembed: bool = True,
+                        refactor_factored_attn_matrices: bool = False,
+                        checkpoint_index: Optional[int] = None,
+                        checkpoint_value: Optional[int] = None, hf_model: Any = None, *,
+                        device: Any = None, n_devices: int = 1, tokenizer: Any = None,
+                        move_to_device: bool = True, fold_value_biases: bool = True,
+                        default_prepend_bos: Optional[bool] = None,
+                        default_padding_side: Optional[str] = None, dtype: Any = "float32",
+                        first_n_layers: Optional[int] = None, **from_pretrained_kwargs: Any
+                        ) -> "HookedTransformer":
+        """Load a checkpoint mi-core can load (a local directory, a ``.gguf`` file, a hub id;
+        not TransformerLens' own short aliases: pass the hub id) with TransformerLens'
+        defaults: norms folded, writing weights and unembedding centred, value biases folded,
+        BOS prepended. Options TransformerLens has that cannot apply here raise a
+        :class:`mi_core.CapabilityError` naming them."""
+        unsupported = {"checkpoint_index": checkpoint_index, "checkpoint_value": checkpoint_value,
+                       "hf_model": hf_model, "first_n_layers": first_n_layers}
+        named = [k for k, v in unsupported.items() if v is not None] + (
+            ["n_devices"] if n_devices != 1 else [])
+        revision = from_pretrained_kwargs.pop("revision", None)
+        dtype = from_pretrained_kwargs.pop("torch_dtype", dtype)
+        named += sorted(from_pretrained_kwargs)
+        if named:
+            raise CapabilityError(
+                f"HookedTransformer.from_pretrained: {', '.join(named)} not supported by "
+                f"mi-core's TransformerLens layer (training checkpoints: pass revision=; "
+                f"other weights: save them as a checkpoint directory)")
+        model = MIModel.from_pretrained(os.fspath(model_name), device=_device(device), dtype=_dtype(dtype),
+                                        revision=revision)
+        out = cls(model, tokenizer, move_to_device, default_padding_side or "right",
+                  default_prepend_bos=True if default_prepend_bos is None else
+                  bool(default_prepend_bos), model_name=str(model_name))
+        out.process_weights_(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                             center_unembed=center_unembed,
+                             refactor_factored_attn_matrices=refactor_factored_attn_matrices,
+                             fold_value_biases=fold_value_biases)
+        print(f"Loaded pretrained model {model_name} into HookedTransformer")
+        return out
+
+    @classmethod
+    def from_pretrained_no_processing(cls, model_name: str | os.PathLike[str],
+                                      **kwargs: Any) -> "HookedTransformer":
+        """:meth:`from_pretrained` with every weight-processing flag off."""
+        flags = dict(fold_ln=False, center_writing_weights=False, center_unembed=False,
+                     refactor_factored_attn_matrices=False, fold_value_biases=False)
+        return cls.from_pretrained(model_name, **{**flags, **kwargs})
+
+    def process_weights_(self, fold_ln: bool = True, center_writing_weights: bool = True,
+                         center_unembed: bool = True,
+                         refactor_factored_attn_matrices: bool = False,
+                         fold_value_biases: bool = True) -> None:
+        """TransformerLens' weight processing, in place (logits unchanged); the module tree
+        is rebuilt over the new weights, its hook points and their hooks kept."""
+        from mi_core.tl.refactor import refactor_factored_attn_matrices as refactor
+
+        if refactor_factored_attn_matrices and self.cfg.positional_embedding_type == "rotary":
+            raise TLCapabilityError(
+                "refactor_factored_attn_matrices: you can't refactor the QK circuit when using "
+                "rotary embeddings (as the QK matrix depends on the position of the query and "
+                "key), as TransformerLens refuses it")
+        flags = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                     center_unembed=center_unembed, fold_value_biases=fold_value_biases)
+        if any(flags.values()):
+            self.mi_model.process_weights(**flags)
+        if refactor_factored_attn_matrices:
+            refactor(self.mi_model)
+        base = self.mi_model.cfg
+        self.cfg.normalization_type = base.normalization_type
+        self._build_tree(reuse=dict(self.hook_dict))
+
+    # -- switches (TransformerLens' set_use_*) -------------------------------------------------
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        self.cfg.use_attn_result = use_attn_result
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        self.cfg.use_split_qkv_input = use_split_qkv_input
+
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
+        if self.cfg.attn_only:
+            raise TLCapabilityError("Can't use hook_mlp_in with attn_only model")
+        self.cfg.use_hook_mlp_in = use_hook_mlp_in
+
+    def set_use_attn_in(self, use_attn_in: bool) -> None:
+        if self.cfg.n_key_value_heads is not None:
+            raise TLCapabilityError("Can't use attn_in with GroupedQueryAttention, please use "
+                                    "split_qkv_input instead (as TransformerLens)")
+        self.cfg.use_attn_in = use_attn_in
+
+    def set_ungroup_grouped_query_attention(self, ungroup: bool) -> None:
+        if ungroup:
+            raise TLCapabilityError("ungroup_grouped_query_attention is not supported: "
+                                    "hook_k / hook_v stay per KV head")
+
+    def check_hooks_to_add(self, hook_point: HookPoint, hook_point_name: str,
+                           hook: Callable[..., Any], dir: str = "fwd",
+                           is_permanent: bool = False, prepend: bool = False) -> None:
+        """TransformerLens refuses a hook at an opt-in point whose switch is off."""
+        for suffix, switch in _OPT_IN.items():
+            if hook_point_name.endswith(suffix) and not getattr(self.cfg, switch):
+                raise TLHookError(f"Cannot add hook {hook_point_name} if {switch} is False")
+
+    # -- the forward ----------------------------------------------------------------------------
+    def forward(self, input: Any, return_type: Optional[str] = "logits",
+                loss_per_token: bool = False, prepend_bos: Optional[bool] = USE_DEFAULT_VALUE,
+                padding_side: Optional[str] = USE_DEFAULT_VALUE,
+                start_at_layer: Optional[int] = None, tokens: Optional[torch.Tensor] = None,
+                shortformer_pos_embed: Optional[torch.Tensor] = None, *,
+                attention_mask: Optional[torch.Tensor] = None,
+                stop_at_layer: Optional[int] = None, past_kv_cache: Any = None) -> Any:
+        """Text, a list of texts (padded), tokens [batch, pos] (or the residual stream
+        [batch, pos, d_model] with `start_at_layer`) -> logits [batch, pos, d_vocab], the loss
+        (``return_type="loss"``; per token [batch, pos - 1] with `loss_per_token`), both, or
+        None; with `stop_at_layer` the residual stream after that many blocks."""
+        if past_kv_cache is not None or shortformer_pos_embed is not None:
+            raise CapabilityError("past_kv_cache / shortformer_pos_embed: not supported "
+                                  "(generate() keeps its own KV cache)")
+        if return_type not in ("logits", "loss", "both", None):
+            raise InputError(f"return_type must be 'logits', 'loss', 'both' or None, got "
+                             f"{return_type!r}")
+        residual = None
+        if start_at_layer is None:
+            tokens, attention_mask = self.input_to_tokens(input, prepend_bos, padding_side,
+                                                          attention_mask)
+        else:
+            residual = self._residual_input(input)
+        blocks = range(self.cfg.n_layers)[slice(start_at_layer, stop_at_layer)]
+        if residual is not None and stop_at_layer is not None and not len(blocks):
+            return residual  # no block to run, as TransformerLens
+        ids = tokens if residual is None else torch.zeros(
+            residual.shape[:2], dtype=torch.long, device=self.mi_model.device)
+        out = self._run(ids, attention_mask, blocks=blocks, residual=residual,
+                        embed=EMBED_POINTS if start_at_layer is None else frozenset(),
+                        stop=stop_at_layer is not None, logits=return_type is not None)
+        if stop_at_layer is not None or return_type == "logits":
+            return out
+        if return_type is None:
+            return None
+        if tokens is None:
+            raise InputError("tokens must be passed in if return_type is 'loss' or 'both' "
+                             "(with start_at_layer)")
+        loss = self.loss_fn(out, tokens, attention_mask, per_token=loss_per_token)
+        return loss if return_type == "loss" else Output(out, loss)
+
+    def loss_fn(self, logits: torch.Tensor, tokens: torch.Tensor,
+                attention_mask: Optional[torch.Tensor] = None,
+                per_token: bool = False) -> torch.Tensor:
+        """Next-token cross-entropy (TransformerLens' ``utils.lm_cross_entropy_loss``)."""
+        return lm_cross_entropy_loss(logits, tokens.to(logits.device), attention_mask, per_token)
+
+    def _residual_input(self, x: Any) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.cfg.d_model:
+            raise InputError(f"with start_at_layer the input must be the residual stream "
+                             f"[batch, pos, {self.cfg.d_model}], got "
+                             f"{getattr(x, 'shape', type(x).__name__)}")
+        return x.to(device=self.mi_model.device, dtype=self.mi_model.dtype)
+
+    def _fires(self, name: str, blocks: range, embed: frozenset[str], stop: bool,
+               logits: bool = True) -> bool:
+        """Whether TransformerLens runs the point `name` in this forward: blocks in `blocks`
+        (opt-in points only with their switch), the embedding's points in `embed` (none when
+        the forward starts from a residual), the final norm and unembedding unless it stops
+        early; the unembedding only when logits are asked for (``return_type`` not None)."""
+        if name.startswith("blocks."):
+            layer, _, suffix = name[7:].partition(".")
+            if int(layer) not in blocks:
+                return False
+            switch = _OPT_IN.get(suffix)
+            return switch is None or bool(getattr(self.cfg, switch))
+        if name in ("hook_embed", "hook_pos_embed"):
+            return name in embed
+        if name.startswith("unembed."):
+            return not stop and logits
+        return not stop  # ln_final.*
+
+    def _run(self, ids: torch.Tensor, mask: Optional[torch.Tensor], *,
+             blocks: Optional[range] = None, residual: Optional[torch.Tensor] = None,
+             embed: frozenset[str] = EMBED_POINTS, stop: bool = False, past: Any = None,
+             logits: bool = True) -> torch.Tensor:
+        """One kernel forward with the tree's hooks: logits, or with `stop` the residual
+        stream after the last block of `blocks` (before the first when `blocks` is empty)."""
+        self._weights.check_unedited()
+        blocks = range(self.cfg.n_layers) if blocks is None else blocks
+        request, self._request = self._request, None
+        spec, state = HookSpec(), {}
+        if residual is not None:  # start_at_layer: the first block reads the given residual
+            spec.intervene(f"blocks.{blocks[0]}.hook_resid_pre", lambda x: residual)
+        if stop and not len(blocks):  # stop_at_layer=0: the embedding, before any block's hook
+            spec.intervene("blocks.0.hook_resid_pre", _raise_stop)
+        fired = [(n, hp) for n, hp in self._points
+                 if self._fires(n, blocks, embed, stop, logits)]
+        kernel = [(n, hp) for n, hp in fired if not n.startswith("unembed.")]
+        for name, hp in kernel:
+            wanted = request is not None and name in request.wanted
+            grads = bool(hp.bwd_hooks) or (wanted and request.grads)  # type: ignore[union-attr]
+            if hp.fwd_hooks:
+                spec.intervene(name, _caller(name, hp, state, self))
+            elif grads:  # a value the forward uses, so its gradient exists (a norm's scale)
+                spec.intervene(name, _identity)
+            if hp.bwd_hooks:
+                spec.add_backward_hook(name, _bwd_caller(hp))
+            if wanted:
+                _capture(spec, name, request, stored=stop)  # type: ignore[arg-type]
+        if stop and len(blocks):
+            spec.intervene(f"blocks.{blocks[-1]}.hook_resid_post", _raise_stop)
+        unembed = self._unembed_needs(fired, request)
+        grad_store = request.grad_values if request is not None and request.grads else None
+        if unembed:
+            spec.capture("ln_final.hook_normalized")
+            if grad_store is not None or any(hp.bwd_hooks for n, hp in fired
+                                             if n.startswith("unembed.")):
+                spec.capture_grad("ln_final.hook_normalized")  # the logits' graph reaches it
+        options: dict[str, Any] = {"past": past} if past is not None else {}
+        if len(blocks) and blocks[0] > 0 and has_capability(self.mi_model.backend,
+                                                             LayerSchedule):
+            options["layer_schedule"] = list(blocks)
+        with _grad_mode():
+            try:
+                cache = self.mi_model.forward(ids, spec, attention_mask=mask, **options)
+            except _UserHookError as err:
+                raise err.original.with_traceback(err.original.__traceback__) from None
+            except _Stop as stopped:
+                return stopped.residual
+            extra: dict[str, torch.Tensor] = {}
+            out = self._unembed_hooks(cache, cache.output, extra, grad_store) if unembed \
+                else cache.output
+        if request is not None:  # in the order the points ran, as TransformerLens' cache
+            request.cache = cache
+            request.values = {n: cache[n] for n in cache.keys() if n in request.wanted}
+            request.values.update((n, v) for n, v in extra.items() if n in request.wanted)
+        return out
+
+    # -- TransformerLens 3's unembed.hook_in / hook_out ------------------------------------------
+    def _unembed_needs(self, fired: list[tuple[str, HookPoint]],
+                       request: Optional[_Request]) -> bool:
+        for name, hp in fired:
+            if name.startswith("unembed.") and (hp.fwd_hooks or hp.bwd_hooks or (
+                    request is not None and name in request.wanted)):
+                return True
+        return False
+
+    def _unembed_hooks(self, cache: HookCache, logits: torch.Tensor,
+                       values: dict[str, torch.Tensor],
+                       grads: Optional[dict[str, torch.Tensor]]) -> torch.Tensor:
+        """Run ``unembed.hook_in`` (the final norm's output, after its gain) and
+        ``unembed.hook_out`` (the logits) outside the kernel: the input is rebuilt from the
+        captured ``ln_final.hook_normalized``, and the logits recomputed from it when a hook
+        at ``hook_in`` can change it or needs its gradient (`grads`: run_with_cache's store
+        for gradients)."""
+        require_capability(self.mi_model.backend, Readout, "unembed.hook_in / unembed.hook_out")
+        be = self.mi_model.backend
+        hp_in, hp_out = self.unembed.hook_in, self.unembed.hook_out
+        normalized = cache["ln_final.hook_normalized"]
+        h = be.final_norm(normalized, scale=torch.ones_like(normalized[..., :1]))
+        if hp_in.fwd_hooks or hp_in.bwd_hooks or grads is not None:
+            h = _call_point(hp_in, h) if hp_in.fwd_hooks else h
+            _grad_hooks(h, hp_in, grads, "unembed.hook_in")
+            logits = be.unembed(h)
+        if hp_out.fwd_hooks:
+            logits = _call_point(hp_out, logits)
+        if hp_out.bwd_hooks or grads is not None:
+            logits = logits.view_as(logits) if logits.requires_grad else \
+                logits.detach().requires_grad_(True)
+            _grad_hooks(logits, hp_out, grads, "unembed.hook_out")
+        values["unembed.hook_in"], values["unembed.hook_out"] = h, logits
+        return logits
+
+    # -- caching --------------------------------------------------------------------------------
+    def run_with_cache(self, *model_args: Any, names_filter: Any = None, device: Any = None,
+                       remove_batch_dim: bool = False, incl_bwd: bool = False,
+                       reset_hooks_end: bool = True, clear_contexts: bool = False,
+                       pos_slice: Any = None, return_cache_object: bool = True,
+                       **model_kwargs: Any) -> tuple[Any, Any]:
+        """(output, ActivationCache of every point the filter selects that ran) — a dict with
+        ``return_cache_object=False``; `incl_bwd` back-propagates the (scalar) output and adds
+        ``name_grad`` entries. Captured by the kernel (no Python hook per point)."""
+        from mi_core.tl.activation_cache import Slice
+
+        keep = names_filter_fn(names_filter)
+        wanted = [n for n in self.hook_dict if keep(n)]
+        request = _Request(wanted, incl_bwd)
+        with self.hooks(reset_hooks_end=reset_hooks_end, clear_contexts=clear_contexts):
+            self._request = request
+            try:
+                out = self(*model_args, **model_kwargs)
+            finally:
+                self._request = None
+            if incl_bwd:
+                out.backward()
+        slicer = Slice(pos_slice)
+        cache: dict[str, torch.Tensor] = {}
+        entries = list(request.values.items())
+        if incl_bwd:  # in the order backward reached them, as TransformerLens' hooks fire
+            entries += [(n + "_grad", g) for n, g in request.gradients()]
+        for name, value in entries:
+            value = value.detach()
+            value = value.to(device) if device is not None else value
+            value = value[0] if remove_batch_dim else value
+            base = name[:-5] if name.endswith("_grad") else name
+            pos_dim = -3 if base.endswith(("hook_q", "hook_k", "hook_v", "hook_z",
+                                           "hook_result")) else -2
+            if pos_slice is not None and value.dim() >= -pos_dim:
+                value = slicer.apply(value, dim=pos_dim)
+            cache[name] = value
+        if not return_cache_object:
+            return out, cache
+        return out, ActivationCache(cache, self, has_batch_dim=not remove_batch_dim)
+
+    # -- weights and properties TransformerLens adds --------------------------------------------
+    @property
+    def W_E_pos(self) -> torch.Tensor:
+        """[d_vocab + n_ctx, d_model]: W_E then W_pos."""
+        return torch.cat([self.W_E, self.W_pos], dim=0)
+
+    def all_head_labels(self) -> list[str]:
+        return [f"L{i}H{h}" for i in range(self.cfg.n_layers) for h in range(self.cfg.n_heads)]
+
+    def accumulated_bias(self, layer: int, mlp_input: bool = False,
+                         include_mlp_biases: bool = True) -> torch.Tensor:
+        """The biases written to the residual stream before `layer` ([d_model])."""
+        from mi_core.tl.activation_cache import accumulated_bias
+        return accumulated_bias(self.mi_model, layer, mlp_input, include_mlp_biases)
+
+    def all_composition_scores(self, mode: str) -> torch.Tensor:
+        """TransformerLens' composition scores between every pair of heads ("Q", "K", "V"):
+        [n_layers, n_heads, n_layers, n_heads], zero where the left head is not earlier."""
+        from mi_core.tl.utils import composition_scores
+
+        left = self.OV
+        right = {"Q": self.QK, "K": self.QK.T, "V": self.OV}.get(mode)
+        if right is None:
+            raise InputError(f"mode must be 'Q', 'K' or 'V', got {mode!r}")
+        scores = composition_scores(left, right, broadcast_dims=True)
+        n = self.cfg.n_layers
+        mask = (torch.arange(n, device=scores.device)[:, None, None, None]
+                < torch.arange(n, device=scores.device)[None, None, :, None])
+        return torch.where(mask, scores, torch.zeros_like(scores))
+
+    # -- moving the model -----------------------------------------------------------------------
+    def to(self, *args: Any, **kwargs: Any) -> "HookedTransformer":  # type: ignore[override]
+        """A no-op when already there; moving or casting a loaded model is not supported."""
+        kwargs.pop("print_details", None)
+        for arg in list(args) + list(kwargs.values()):
+            if isinstance(arg, torch.dtype):
+                if arg != self.mi_model.dtype:
+                    raise CapabilityError(f"cannot cast a loaded model to {arg}: load it with "
+                                          f"HookedTransformer.from_pretrained(..., dtype=)")
+            elif arg is not None and torch.device(arg) != torch.device(self.cfg.device):
+                same = torch.device(arg).type == self.mi_model.device.type and \
+                    torch.device(arg).index in (None, self.mi_model.device.index)
+                if not same:
+                    raise CapabilityError(f"cannot move a loaded model to {arg}: load it with "
+                                          f"HookedTransformer.from_pretrained(..., device=)")
+        return self
+
+    def cuda(self, device: Any = None) -> "HookedTransformer":  # type: ignore[override]
+        return self.to("cuda" if device is None else
+                       (f"cuda:{device}" if isinstance(device, int) else device))
+
+    def cpu(self) -> "HookedTransformer":  # type: ignore[override]
+        return self.to("cpu")
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "HookedTransformer":
+        raise CapabilityError("moving or casting the weights of a loaded model is not supported "
+                              "(load it with from_pretrained(device=..., dtype=...))")
+
+    # -- attributes of the underlying MIModel ------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            inner = self.__dict__.get("mi_model")
+            if inner is None or name.startswith("__"):
+                raise
+            return getattr(inner, name)
+
+    def __repr__(self) -> str:
+        return (f"HookedTransformer(n_layers={self.cfg.n_layers}, d_model={self.cfg.d_model}, "
+                f"n_heads={self.cfg.n_heads}, source={self.mi_model.source!r})")
+
+
+# -- running the tree's hooks inside the kernel's forward --------------------------------------
+def _raise_stop(x: torch.Tensor) -> torch.Tensor:
+    raise _Stop(x)
+
+
+def _capture(spec: HookSpec, name: str, request: _Request, stored: bool) -> None:
+    """Capture `name` for run_with_cache: the kernel's captures, or (a forward that stops
+    early, whose kernel cache is never returned) callables storing into the request."""
+    if not stored:
+        spec.capture(name)
+        if request.grads:
+            spec.capture_grad(name)
+        return
+
+    def keep(x: torch.Tensor) -> torch.Tensor:
+        request.values[name] = x
+        return x
+
+    def keep_grad(grad: torch.Tensor, hook: Any) -> None:
+        request.grad_values[name] = grad
+
+    spec.intervene(name, keep)
+    if request.grads:
+        spec.add_backward_hook(name, keep_grad)
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    """Makes a backend route the point's value into the rest of the forward (a norm computes
+    with a hooked scale only when intervened on), so a gradient reaches it, as in
+    TransformerLens where every hook point is on the computation's path."""
+    return x
+
+
+def _call_point(point: HookPoint, x: torch.Tensor) -> torch.Tensor:
+    """The point's forward hooks on `x` (through the module, so any torch forward hook runs);
+    an exception of the user's is carried through the kernel unchanged."""
+    try:
+        out = point(x)
+    except MIError:
+        raise
+    except Exception as exc:
+        raise _UserHookError(exc) from exc
+    return out
+
+
+def _caller(name: str, point: HookPoint, state: dict[Any, Any],
+            model: HookedTransformer) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The kernel intervention running `point`'s hooks. ``hook_mlp_in`` gets a copy (as in
+    TransformerLens, an in-place edit there leaves ``hook_resid_mid`` as it was); ``ln1``'s
+    two points run their hooks three times, interleaved as TransformerLens' three ln1 calls."""
+    if name.endswith("hook_mlp_in"):
+        return lambda x: _call_point(point, x.clone())
+    if not (name.startswith("blocks.") and ".ln1.hook_" in name):
+        return lambda x: _call_point(point, x)
+    block = name.split(".")[1]
+    scale = model.hook_dict.get(f"blocks.{block}.ln1.hook_scale")
+    norm = model.hook_dict.get(f"blocks.{block}.ln1.hook_normalized")
+    is_scale = name.endswith("hook_scale")
+
+    def ln1(x: torch.Tensor) -> torch.Tensor:
+        copy = x.clone()
+        out = _call_point(point, x)
+        if is_scale:
+            state[block] = copy
+            if norm is None or not norm.fwd_hooks:  # hook_normalized will not repeat them
+                for _ in range(2):
+                    _call_point(point, copy.clone())
+            return out
+        saved = state.pop(block, None)
+        for _ in range(2):
+            if saved is not None and scale is not None:
+                _call_point(scale, saved.clone())
+            _call_point(point, copy.clone())
+        return out
+    return ln1
+
+
+def _bwd_caller(point: HookPoint) -> Callable[[torch.Tensor, Any], Optional[torch.Tensor]]:
+    """The kernel backward hook running `point`'s backward hooks as torch's full backward
+    hooks do: each gets the incoming gradient; the last tensor returned replaces it."""
+    def call(grad: torch.Tensor, hook: Any) -> Optional[torch.Tensor]:
+        result = None
+        for handle in list(point.bwd_hooks):
+            out = handle.user_hook(grad, hook=point)  # type: ignore[misc]
+            if isinstance(out, tuple):
+                out = out[0]
+            if out is not None:
+                result = out
+        return result
+    return call
+
+
+def _grad_hooks(x: torch.Tensor, point: HookPoint, grads: Optional[dict[str, torch.Tensor]],
+                name: str) -> None:
+    """`point`'s backward hooks (and run_with_cache's gradient store) on the tensor `x`."""
+    if not x.requires_grad:
+        return
+    if point.bwd_hooks:
+        call = _bwd_caller(point)
+        x.register_hook(lambda grad: call(grad, point))
+    if grads is not None:
+        def store(grad: torch.Tensor) -> None:
+            grads[name] = grad
+        x.register_hook(store)
+
+
+@contextlib.contextmanager
+def _grad_mode() -> Any:
+    """Under ``torch.set_grad_enabled(False)`` run the kernel with grad mode on (nothing
+    requires a gradient, so no graph is kept): its activations are then ordinary tensors, as
+    TransformerLens', not inference tensors that refuse later in-place edits."""
+    if torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+        yield
+        return
+    with torch.enable_grad():
+        yield
+
+
+def _device(device: Any) -> str | torch.device:
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def _dtype(dtype: Any) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise InputError(f"dtype must be a torch dtype or one of {sorted(_DTYPES)}, got {dtype!r}")
+
+
+def _need_past(model: HookedTransformer) -> bool:
+    return has_capability(model.mi_model.backend, KVCachedGeneration)
+
+
+__all__ = ["HookedTransformer", "Output", "TokenizerError"]

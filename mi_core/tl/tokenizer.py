@@ -1,0 +1,169 @@
+"""The tokenizer TransformerLens code reads as ``model.tokenizer``: the model's
+:class:`mi_core.MITokenizer` behind the parts of HuggingFace's tokenizer interface that
+TransformerLens and its users call (``tokenizer(texts, padding=True, return_tensors="pt")``,
+``encode``, ``decode``, ``batch_decode``, ``bos_token_id``, ``pad_token_id``,
+``padding_side``, ...).
+
+As TransformerLens' own tokenizer (``get_tokenizer_with_bos``), encoding with special tokens
+starts with the BOS token whether or not the underlying tokenizer adds one; ``HookedTransformer``
+removes it where ``prepend_bos=False`` asks. The pad token is the tokenizer's
+(``tokenizer_config.json``'s ``pad_token`` next to a ``tokenizer.json``) or, as in
+TransformerLens, the EOS token; a tokenizer without a BOS token uses EOS for it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from mi_core import HFTokenizer, InputError, MITokenizer, TokenizerError
+
+
+class TLTokenizer:
+    """A HuggingFace-style view of an :class:`mi_core.MITokenizer` (see the module doc)."""
+
+    def __init__(self, tokenizer: MITokenizer, padding_side: str = "right",
+                 name_or_path: str = "") -> None:
+        self.inner = tokenizer
+        self.name_or_path = name_or_path
+        self.padding_side = padding_side
+        eos = tokenizer.eos_token_id
+        bos = tokenizer.bos_token_id
+        if bos is None and eos is None:
+            raise TokenizerError(f"{name_or_path}: the tokenizer has neither a BOS nor an EOS "
+                                 f"token; TransformerLens' BOS handling needs one")
+        self.eos_token_id: int = eos if eos is not None else bos  # type: ignore[assignment]
+        self.bos_token_id: int = bos if bos is not None else self.eos_token_id
+        pad = _pad_id(tokenizer)
+        self.pad_token_id: int = pad if pad is not None else self.eos_token_id
+        #: whether the underlying tokenizer adds BOS by itself (decided once, as TransformerLens)
+        empty = tokenizer.encode("", add_special_tokens=True)
+        self.adds_bos = bool(empty) and empty[0] == self.bos_token_id
+
+    # -- special tokens --------------------------------------------------------------------
+    bos_token = property(lambda self: self.inner.decode([self.bos_token_id]))
+    eos_token = property(lambda self: self.inner.decode([self.eos_token_id]))
+    pad_token = property(lambda self: self.inner.decode([self.pad_token_id]))
+    vocab_size = property(lambda self: self.inner.vocab_size)
+
+    def __len__(self) -> int:
+        return int(self.inner.vocab_size)
+
+    # -- encoding --------------------------------------------------------------------------
+    def ids(self, text: str, prepend_bos: bool) -> list[int]:
+        """`text`'s ids with BOS first (`prepend_bos`) or without a BOS the tokenizer adds."""
+        if not isinstance(text, str):
+            raise InputError(f"text must be a str, got {type(text).__name__}")
+        ids = list(self.inner.encode(text, add_special_tokens=True))
+        if self.adds_bos:
+            return ids if prepend_bos else ids[1:]
+        return [self.bos_token_id] + ids if prepend_bos else ids
+
+    def pad(self, rows: Sequence[Sequence[int]], side: str | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_ids, attention_mask) [batch, longest], padded on `side` with the pad token."""
+        side = side or self.padding_side
+        if side not in ("left", "right"):
+            raise InputError(f"padding_side must be 'left' or 'right', got {side!r}")
+        n = max((len(r) for r in rows), default=0)
+        ids = torch.full((len(rows), n), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), n), dtype=torch.long)
+        for i, r in enumerate(rows):
+            where = slice(n - len(r), n) if side == "left" else slice(0, len(r))
+            ids[i, where] = torch.tensor(list(r), dtype=torch.long)
+            mask[i, where] = 1
+        return ids, mask
+
+    def __call__(self, text: str | Sequence[str], return_tensors: str | None = None,
+                 padding: bool | str = False, truncation: bool = False,
+                 max_length: int | None = None, add_special_tokens: bool = True,
+                 **unused: Any) -> dict[str, Any]:
+        """``{"input_ids": ..., "attention_mask": ...}`` as HuggingFace's tokenizer returns."""
+        texts = [text] if isinstance(text, str) else list(text)
+        rows = [self.ids(t, add_special_tokens) for t in texts]
+        if truncation and max_length is not None:
+            rows = [r[:max_length] for r in rows]
+        if return_tensors is None and not padding:
+            out = rows[0] if isinstance(text, str) else rows
+            masks = [[1] * len(r) for r in rows]
+            return {"input_ids": out, "attention_mask": masks[0] if isinstance(text, str)
+                    else masks}
+        if return_tensors not in (None, "pt"):
+            raise InputError(f"return_tensors must be 'pt' or None, got {return_tensors!r}")
+        if len({len(r) for r in rows}) > 1 and not padding:
+            raise InputError("texts of different lengths need padding=True")
+        ids, mask = self.pad(rows)
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def encode(self, text: str, add_special_tokens: bool = True,
+               return_tensors: str | None = None, **unused: Any) -> Any:
+        ids = self.ids(text, add_special_tokens)
+        return torch.tensor([ids], dtype=torch.long) if return_tensors == "pt" else ids
+
+    # -- decoding --------------------------------------------------------------------------
+    def decode(self, ids: Any, skip_special_tokens: bool = False,
+               clean_up_tokenization_spaces: bool = False, **unused: Any) -> str:
+        ids = _id_list(ids)
+        if skip_special_tokens:
+            inner = getattr(self.inner, "inner", None)  # a tokenizers.Tokenizer knows them all
+            if isinstance(self.inner, HFTokenizer) and inner is not None:
+                return inner.decode(ids, skip_special_tokens=True)  # type: ignore[attr-defined]
+            special = {self.bos_token_id, self.eos_token_id, self.pad_token_id}
+            ids = [i for i in ids if i not in special]
+        return self.inner.decode(ids)
+
+    def batch_decode(self, sequences: Any, skip_special_tokens: bool = False,
+                     clean_up_tokenization_spaces: bool = False, **unused: Any) -> list[str]:
+        return [self.decode(s, skip_special_tokens) for s in sequences]
+
+    def convert_ids_to_tokens(self, ids: Any) -> Any:
+        if isinstance(ids, int):
+            return self.inner.to_str_tokens([ids])[0]
+        return self.inner.to_str_tokens(_id_list(ids))
+
+    def get_vocab(self) -> dict[str, int]:
+        inner = getattr(self.inner, "inner", None)
+        if inner is None or not hasattr(inner, "get_vocab"):
+            raise TokenizerError(f"{self.name_or_path}: this tokenizer does not list its vocabulary")
+        return dict(inner.get_vocab(with_added_tokens=True))
+
+    vocab = property(get_vocab)
+
+    def __repr__(self) -> str:
+        return (f"TLTokenizer(name_or_path={self.name_or_path!r}, vocab_size={self.vocab_size}, "
+                f"padding_side={self.padding_side!r})")
+
+
+def _id_list(ids: Any) -> list[int]:
+    if isinstance(ids, torch.Tensor):
+        return [int(i) for i in ids.flatten().tolist()]
+    if isinstance(ids, int):
+        return [ids]
+    if hasattr(ids, "tolist"):  # numpy
+        ids = ids.tolist()
+    return [int(i) for i in (ids if isinstance(ids, (list, tuple)) else [ids])]
+
+
+def _pad_id(tokenizer: MITokenizer) -> int | None:
+    """The tokenizer's own pad id: an attribute if it has one, else ``pad_token`` of the
+    ``tokenizer_config.json`` beside a ``tokenizer.json`` (None when neither says)."""
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if isinstance(pad, int):
+        return pad
+    source = Path(str(getattr(tokenizer, "source", "")))
+    cfg = source.parent / "tokenizer_config.json"
+    if source.name != "tokenizer.json" or not cfg.is_file():
+        return None
+    try:
+        token = json.loads(cfg.read_text(encoding="utf-8")).get("pad_token")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(token, dict):
+        token = token.get("content")
+    if not isinstance(token, str):
+        return None
+    ids = tokenizer.encode(token, add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None

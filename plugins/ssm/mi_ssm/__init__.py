@@ -1,0 +1,14 @@
+"""mi-ssm: state-space and linear-attention sequence mixers (Mamba, Mamba-2) for the generic
+blocks of mi-core's backends, on the shared recurrence layer (:mod:`mi_core.recurrence`)."""
+
+from mi_ssm.common import POINTS, SsmState, causal_conv
+from mi_ssm.mamba import MambaMixer, mamba_tensors
+from mi_ssm.mamba2 import Mamba2Mixer, mamba2_tensors
+from mi_ssm.settings import Mamba2Settings, MambaSettings, mamba2_settings, mamba_settings
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Mamba2Mixer", "Mamba2Settings", "MambaMixer", "MambaSettings", "POINTS", "SsmState",
+    "causal_conv", "mamba2_settings", "mamba2_tensors", "mamba_settings", "mamba_tensors",
+]
