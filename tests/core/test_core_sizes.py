@@ -83,7 +83,7 @@ def test_the_cli_refuses_a_huge_config_with_mi_error(tmp_path, capsys,
     (d / "config.json").write_text(json.dumps({**cfg, "n_layers": 10**9}))
     code = main(["run", "--model", str(d), "--prompt", "the cat"])
     err = capsys.readouterr().err
-    assert code == 1 and err.startswith("mi: error:") and "n_layers = 1000000000" in err, err
+    assert code == 1 and "mi: error:" in err and "n_layers = 1000000000" in err, err
     assert "Traceback" not in err
 
 

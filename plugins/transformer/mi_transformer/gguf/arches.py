@@ -537,8 +537,9 @@ def hf_config(header: GgufHeader) -> dict[str, Any]:
 def check_gguf_size(header: GgufHeader, cfg: dict[str, Any], dtype: torch.dtype | None = None,
                     device: torch.device | None = None) -> None:
     """The parameters the metadata implies (dense and experts), in `dtype` on `device` (None:
-    only the fixed bounds of :func:`check_bounds`), before a per-layer table is built (an architecture's
-    ``configure``, the config parser) or a tensor dequantised: ConfigTooLarge naming the keys."""
+    only the fixed bounds of :func:`check_bounds`), before a per-layer table is built (an
+    architecture's ``configure``, the config parser) or a tensor dequantised: ConfigTooLarge
+    naming the keys."""
     def get(*keys: str) -> int:
         return next((int(cfg[k]) for k in keys if cfg.get(k) is not None), 0)
 
