@@ -26,6 +26,7 @@ from mi_core.generation import ForwardOptions, GenerationResult, generate, sampl
 from mi_core.hooks import HookCache, HookSpec
 from mi_core.inputs import check_dtype, check_ids, check_mask, resolve_device
 from mi_core.interventions import Intervention, check_broadcast
+from mi_core.loading import SKIP_MEMORY_CHECK
 from mi_core.placement import check_placement
 from mi_core.points import HookLike, HookPoint
 from mi_core.protocol import MEMBERS, MIBackend
@@ -73,7 +74,7 @@ class MIModel(metaclass=_ModelClass):
                         center_writing_weights: bool = False, center_unembed: bool = False,
                         fold_value_biases: bool = False, device_map: Any = None,
                         max_memory: Mapping[Any, int | str] | None = None,
-                        offload: str | None = None) -> "MIModel":
+                        offload: str | None = None, check_memory: bool = True) -> "MIModel":
         """Load a hub id, a local directory or a single file a plugin claims (e.g. ``.gguf``).
 
         `revision`: a hub branch, tag or commit (e.g. a training checkpoint's ``"step1000"``); hub ids only.
@@ -86,48 +87,54 @@ class MIModel(metaclass=_ModelClass):
         "8GiB"}``) and `offload` (None, "cpu": weights in CPU memory, "disk": memory-mapped
         from the safetensors files; each block moved to its device when it runs) place the
         model across devices (docs/BACKENDS.md, "Placement"); checked before anything is read.
+        `check_memory=False`: load a config whose parameters seem not to fit in memory.
         """
-        dev, dtype = resolve_device(device), check_dtype(dtype)
-        placement = check_placement(device_map, max_memory, offload, dev)
-        src = source_of(source, revision)
-        available = plugins.backends()
-        if backend is None:
-            rep = report(os.fspath(source), src, detections(src))
-            if not rep.supported:
-                if not available:
-                    raise UnsupportedModelError(
-                        f"{source}: no backend plugins are installed (install mi-core with "
-                        f"the extra of a backend plugin, e.g. pip install 'mi-core[all]')")
-                raise UnsupportedModelError(rep.summary() if rep.unimplemented else
-                                            "no plugin can load this checkpoint:\n" + rep.summary())
-            backend = rep.backend
-        if backend not in available:
-            raise UnsupportedModelError(f"backend {backend!r} is not installed; installed: "
-                                        f"{', '.join(sorted(available)) or 'none'}")
-        extra = {} if placement is None else {"placement": placement}
-        if extra and "placement" not in inspect.signature(available[backend].load).parameters:
-            # the backend's loader predates placement: refuse rather than load unplaced
-            raise CapabilityError(f"backend {backend!r} cannot place a model across devices "
-                                  f"(device_map / offload); load it on one device")
+        token = SKIP_MEMORY_CHECK.set(not check_memory)
         try:
-            be = available[backend].load(src, dev, dtype, **extra)
-        except MIError:
-            raise
-        except Exception as exc:  # never a raw ValueError / KeyError / TypeError from a load
-            raise PluginError(f"backend {backend!r} failed to load {src.path}: "
-                              f"{type(exc).__name__}: {exc}") from exc
-        missing = [m for m in MEMBERS if not hasattr(be, m)]
-        if missing:
-            raise PluginError(f"backend {backend!r} returned a {type(be).__name__} without the "
-                              f"MIBackend member(s) {', '.join(missing)}")
-        if be.tokenizer is None:
-            be.tokenizer = load_tokenizer(src.path)
-        processing = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                          center_unembed=center_unembed, fold_value_biases=fold_value_biases)
-        if any(processing.values()):
-            caps.require(be, caps.WeightProcessing, "weight processing at load (fold_ln=...)")
-            be.process_weights(**processing)
-        return cls(be, source=os.fspath(source))
+            dev, dtype = resolve_device(device), check_dtype(dtype)
+            placement = check_placement(device_map, max_memory, offload, dev)
+            src = source_of(source, revision)
+            available = plugins.backends()
+            if backend is None:
+                rep = report(os.fspath(source), src, detections(src))
+                if not rep.supported:
+                    if not available:
+                        raise UnsupportedModelError(
+                            f"{source}: no backend plugins are installed (install mi-core with "
+                            f"the extra of a backend plugin, e.g. pip install 'mi-core[all]')")
+                    raise UnsupportedModelError(
+                        rep.summary() if rep.unimplemented
+                        else "no plugin can load this checkpoint:\n" + rep.summary())
+                backend = rep.backend
+            if backend not in available:
+                raise UnsupportedModelError(f"backend {backend!r} is not installed; installed: "
+                                            f"{', '.join(sorted(available)) or 'none'}")
+            extra = {} if placement is None else {"placement": placement}
+            if extra and "placement" not in inspect.signature(available[backend].load).parameters:
+                # the backend's loader predates placement: refuse rather than load unplaced
+                raise CapabilityError(f"backend {backend!r} cannot place a model across devices "
+                                      f"(device_map / offload); load it on one device")
+            try:
+                be = available[backend].load(src, dev, dtype, **extra)
+            except MIError:
+                raise
+            except Exception as exc:  # never a raw ValueError / KeyError / TypeError from a load
+                raise PluginError(f"backend {backend!r} failed to load {src.path}: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+            missing = [m for m in MEMBERS if not hasattr(be, m)]
+            if missing:
+                raise PluginError(f"backend {backend!r} returned a {type(be).__name__} without "
+                                  f"the MIBackend member(s) {', '.join(missing)}")
+            if be.tokenizer is None:
+                be.tokenizer = load_tokenizer(src.path)
+            processing = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                              center_unembed=center_unembed, fold_value_biases=fold_value_biases)
+            if any(processing.values()):
+                caps.require(be, caps.WeightProcessing, "weight processing at load (fold_ln=...)")
+                be.process_weights(**processing)
+            return cls(be, source=os.fspath(source))
+        finally:
+            SKIP_MEMORY_CHECK.reset(token)
 
     # -- metadata -----------------------------------------------------------------------
     num_layers = property(lambda self: self.backend.num_layers)
@@ -299,6 +306,13 @@ class MIModel(metaclass=_ModelClass):
                     ) -> torch.Tensor | None:
         return check_mask(mask, ids, self.device, cached)
 
+    def check_context(self, tokens: int, what: str, allow: bool = False) -> None:
+        """InputError when `tokens` pass the context declared (ContextLength), unless `allow`."""
+        ctx = self.backend.context_length if caps.has(self.backend, caps.ContextLength) else None
+        if ctx is not None and tokens > ctx and not allow:
+            raise InputError(f"{what}: {tokens} positions, beyond the model's context of {ctx}; "
+                             f"allow_beyond_context=True to run anyway (results may degrade)")
+
     def _check_options(self, options: Mapping[str, Any]) -> None:
         """Forward options that need a capability are refused before compute without it."""
         for key, (cap, what) in _OPTION_CAPABILITIES.items():
@@ -315,16 +329,19 @@ class MIModel(metaclass=_ModelClass):
 
     # -- forward ------------------------------------------------------------------------
     def forward(self, ids: torch.Tensor, hooks: HookSpec | None = None,
-                attention_mask: torch.Tensor | None = None, **kwargs: Any) -> HookCache:
+                attention_mask: torch.Tensor | None = None, *,
+                allow_beyond_context: bool = False, **kwargs: Any) -> HookCache:
         """Run the model; `hooks` captures and intervenes. Returns a HookCache (logits always).
 
         `kwargs` are backend forward options; those needing a capability (``past``,
-        ``layer_schedule``, ``between_layers``) are checked against it before compute.
+        ``layer_schedule``, ``between_layers``) are checked against it before compute; so is
+        the context (more tokens: InputError unless `allow_beyond_context`).
         """
         hooks = hooks if hooks is not None else HookSpec()
         if not isinstance(hooks, HookSpec):
             raise HookError(f"hooks must be a HookSpec, got {type(hooks).__name__}")
         ids = self.check_ids(ids)
+        self.check_context(ids.shape[1], "ids", allow_beyond_context)
         cached = kwargs.get("past") is not None
         if kwargs:
             self._check_options(kwargs)
@@ -355,7 +372,8 @@ class MIModel(metaclass=_ModelClass):
                  stop_at_eos: bool = True, return_logits: bool = False,
                  generator: torch.Generator | None = None,
                  forward_options: ForwardOptions | None = None,
-                 prefill_options: Mapping[str, Any] | None = None) -> GenerationResult:
+                 prefill_options: Mapping[str, Any] | None = None,
+                 allow_beyond_context: bool = False) -> GenerationResult:
         """Greedy (temperature 0) or sampled generation; the one generation loop.
 
         ids [batch, prompt] (or a text; left-padded batches with `attention_mask`; right
@@ -367,12 +385,14 @@ class MIModel(metaclass=_ModelClass):
         returning them. `prefill_options`: options for the first token only, computed by one
         uncached forward of the prompt; the cached loop then starts from prompt + that token.
         After EOS a finished row is filled with EOS; the loop ends when every row is done.
+        InputError before compute past the context (unless `allow_beyond_context`) or memory.
         """
         ids = self.check_ids(self.to_tokens(ids) if isinstance(ids, str) else ids)
         return generate(self, ids, max_new_tokens, temperature=temperature, hooks=hooks,
                         attention_mask=attention_mask, stop_at_eos=stop_at_eos,
                         return_logits=return_logits, generator=generator,
-                        forward_options=forward_options, prefill_options=prefill_options)
+                        forward_options=forward_options, prefill_options=prefill_options,
+                        allow_beyond_context=allow_beyond_context)
 
     # -- conveniences plugins register --------------------------------------------------------
     def __getattr__(self, name: str) -> Any:

@@ -15,6 +15,7 @@ capability, what needed it and the backend. No analysis probes a backend with ``
 | :class:`Gradients` | ``differentiable = True`` | attribution patching, gradient captures |
 | :class:`WeightProcessing` | ``process_weights(fold_ln=, ...)`` | ``MIModel.process_weights`` |
 | :class:`LayerTypes` | ``layer_types`` (one mixer name per layer) | ``MIModel.layer_types`` |
+| :class:`ContextLength` | ``context_length``, ``cache_bytes(batch, tokens)`` | length checks |
 """
 
 from __future__ import annotations
@@ -109,11 +110,21 @@ class WeightProcessing(Protocol):
         """Rewrite the weights in place; an MIError for a step this model cannot take."""
 
 
+@runtime_checkable
+class ContextLength(Protocol):
+    """The trained context (positions; None: unknown); cache bytes after `tokens` of `batch`."""
+
+    context_length: int | None
+
+    def cache_bytes(self, batch: int, tokens: int) -> int: ...
+
+
 ALL: dict[str, type] = {
     "hook shapes": HookShapes, "KV-cached generation": KVCachedGeneration,
     "layer schedule": LayerSchedule, "state interventions": StateInterventions,
     "weight access": WeightAccess, "readout": Readout, "gradients": Gradients,
     "weight processing": WeightProcessing, "layer types": LayerTypes,
+    "context length": ContextLength,
 }
 
 

@@ -11,9 +11,11 @@ from mi_core import capabilities as caps
 from mi_core.errors import HookError, InputError
 from mi_core.hooks import HookSpec
 from mi_core.inputs import check_left_padded, check_max_new_tokens, check_temperature
+from mi_core.loading import check_memory
 
 #: The model an argument here is a :class:`mi_core.MIModel` (not imported: it imports us).
 Model = Any
+MAX_NEW_TOKENS = 2**20  #: more in one generate call needs allow_beyond_context=True
 
 #: Backend forward options for every call, or a function of the number of tokens the cache
 #: already holds (0 for the prompt) returning them.
@@ -98,7 +100,8 @@ def generate(model: Model, ids: torch.Tensor, max_new_tokens: int, *, temperatur
              hooks: HookSpec | None, attention_mask: torch.Tensor | None, stop_at_eos: bool,
              return_logits: bool, generator: torch.Generator | None,
              forward_options: ForwardOptions | None,
-             prefill_options: Mapping[str, Any] | None) -> GenerationResult:
+             prefill_options: Mapping[str, Any] | None,
+             allow_beyond_context: bool = False) -> GenerationResult:
     """:meth:`mi_core.MIModel.generate` (see there); `ids` already checked."""
     hooks = hooks if hooks is not None else HookSpec()
     if not isinstance(hooks, HookSpec):
@@ -110,6 +113,17 @@ def generate(model: Model, ids: torch.Tensor, max_new_tokens: int, *, temperatur
         check_left_padded(mask)
     options = _options(model, forward_options, prefill_options)
     cached = caps.has(model.backend, caps.KVCachedGeneration)
+    (batch, prompt), be = ids.shape, model.backend  # refused before compute: context, memory
+    what = f"max_new_tokens = {n_new} after a prompt of {prompt}"
+    model.check_context(prompt + n_new, what, allow_beyond_context)
+    if n_new > MAX_NEW_TOKENS and not allow_beyond_context:  # with no context declared too
+        raise InputError(f"{what}: more than {MAX_NEW_TOKENS} new tokens in one call; pass "
+                         f"allow_beyond_context=True to run anyway")
+    need = batch * (prompt + n_new) * 16 + batch * n_new * model.vocab_size * 4 * return_logits
+    if cached and caps.has(be, caps.ContextLength):
+        need += be.cache_bytes(batch, prompt + n_new)
+    check_memory(f"generate: {what} (batch {batch}: tokens, logits, cache)", need, model.device,
+                 error=InputError)
     model.validate(hooks, ids, stateful=cached)
     loop = _Loop(model, hooks, options, callable(forward_options), ids, mask, cached)
     tok = model.backend.tokenizer

@@ -2,19 +2,21 @@
 
 A backend calls :meth:`HookRun.apply` at every hook point of its forward pass. That one
 function is where intervention semantics live (registration order, dtype/device casting,
-broadcasting, capture-after-intervention), so every backend behaves identically.
+broadcasting, capture-after-intervention, copies for callables that edit in place), so every
+backend behaves identically (docs/PLUGINS.md says what a backend must not do: edit in place).
 """
 
 from __future__ import annotations
 
 import difflib
+import weakref
 from typing import Any, Callable, Iterable, Iterator, Union
 
 import torch
 
 from mi_core.errors import HookError, InterventionError
 from mi_core.interventions import (
-    Intervention, Knockout, apply_intervention, neg_inf_operand, prepare,
+    OUT_OF_PLACE, Intervention, Knockout, apply_intervention, neg_inf_operand, prepare,
 )
 from mi_core.points import (  # noqa: F401  (HookPoint and its helpers are re-exported here)
     KNOWN_GLOBAL_NAMES, KNOWN_LAYER_SUFFIXES, OPT_IN_SUFFIXES, PRE_SOFTMAX_SCORES, HookLike, HookPoint, LayerIndex,
@@ -185,8 +187,9 @@ class HookSpec:
                 spec.validate(n)
 
     def start(self) -> "HookRun":
-        """Begin one forward pass: returns the object the backend calls at each point."""
-        return GradHookRun(self) if self._grads else HookRun(self)
+        """Begin one forward pass (a copying run if a callable or a gradient is asked for)."""
+        edits = any(type(t[2]) not in OUT_OF_PLACE for v in self._interventions.values() for t in v)
+        return GradHookRun(self) if self._grads else EditHookRun(self) if edits else HookRun(self)
 
     def __repr__(self) -> str:
         grads = f", grads={list(self._grads)}" if self._grads else ""
@@ -225,7 +228,38 @@ class HookRun:
         return HookCache(output, self.captures, **extra)
 
 
-class GradHookRun(HookRun):
+class EditHookRun(HookRun):
+    """A run with callables, which may edit in place: such an edit changes only its point. A
+    callable gets a copy of a tensor whose storage is shared with a live tensor that was an
+    earlier point's value (a capture; ``hook_mlp_in`` is ``hook_resid_mid``) or seen by one."""
+
+    __slots__ = ("_seen",)
+
+    def __init__(self, spec: HookSpec) -> None:
+        super().__init__(spec)
+        self._seen: dict[int, list[weakref.ref[torch.Tensor]]] = {}  # storage -> tensors seen
+
+    def _edit(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        for hp, _, iv in self._ivs.get(name, ()):  # (a freed tensor's address reused: no copy)
+            if type(iv) in OUT_OF_PLACE:
+                x = apply_intervention(hp, iv, x)
+                continue  # a callable may keep what it saw or returned: both are noted
+            live = any(r() is not None for r in self._seen.get(x.untyped_storage().data_ptr(), ()))
+            x = self._note(apply_intervention(hp, iv, self._note(x.clone() if live else x)))
+        return self._note(x)
+
+    def _note(self, x: torch.Tensor) -> torch.Tensor:
+        self._seen.setdefault(x.untyped_storage().data_ptr(), []).append(weakref.ref(x))
+        return x
+
+    def apply(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        x = self._edit(name, x)
+        if name in self._caps:
+            self.captures[name] = x
+        return x
+
+
+class GradHookRun(EditHookRun):
     """A HookRun for specs with gradient captures / backward hooks (a subclass, so a plain
     run pays nothing for them). At such a point the activation gets a tensor hook: a fresh
     view (so the gradient is the one flowing through this point's consumers only, as in
@@ -243,10 +277,7 @@ class GradHookRun(HookRun):
         return name in self._caps or name in self._ivs or name in self._bwd
 
     def apply(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        items = self._ivs.get(name)
-        if items is not None:
-            for hp, _, iv in items:
-                x = apply_intervention(hp, iv, x)
+        x = self._edit(name, x)
         hooks = self._bwd.get(name)
         if hooks is not None:
             x = x.view_as(x) if x.requires_grad else x.detach().requires_grad_(True)

@@ -1,7 +1,7 @@
 """The intervention primitives and the one function that applies them.
 
 Semantics shared by every backend (:func:`apply_intervention`):
-- the operand is cast to the activation's dtype and device;
+- the operand is cast to the activation's dtype and device (one that overflows is refused);
 - it must broadcast *to* the activation's shape (it may not enlarge it);
 - the result always has the activation's shape and dtype;
 - a callable ``(tensor, hook) -> tensor`` (or ``(tensor) -> tensor``) may return ``None``
@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import attrs
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from mi_core.errors import InterventionError, MIError
 from mi_core.points import HookPoint
@@ -38,7 +39,36 @@ class Intervention:
 
 def _operand(hook: "HookPoint", kind: str, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     check_broadcast(hook, kind, tuple(t.shape), tuple(x.shape))
-    return t.to(device=x.device, dtype=x.dtype)
+    return cast(hook, kind, t, x)
+
+
+#: operand -> the (dtype, in-place version) it was found to fit: a forward checks each once
+_FITS: Any = WeakIdKeyDictionary()
+
+
+def cast(hook: "HookPoint | str", kind: str, t: torch.Tensor, x: torch.Tensor,
+         remember: bool = True) -> torch.Tensor:
+    """`t` in x's dtype and device; InterventionError when finite values become inf there
+    (beyond the dtype's range). With `remember`, a (tensor, dtype, version) is checked once."""
+    out = t.to(dtype=x.dtype)
+    if out.dtype != t.dtype and out.is_floating_point():
+        key = (out.dtype, 0 if t.is_inference() else t._version)
+        if not remember or key not in _FITS.get(t, ()):
+            lost = torch.isfinite(t) & ~torch.isfinite(out)
+            if bool(lost.any()):
+                raise InterventionError(
+                    f"{kind} at {hook}: the operand reaches {float(t[lost].abs().max()):.4g} in "
+                    f"magnitude, beyond {x.dtype} (largest finite {torch.finfo(x.dtype).max:.6g}): "
+                    f"inf once cast; scale it down or load the model in a wider dtype")
+            if remember:
+                _FITS.setdefault(t, set()).add(key)
+    return out.to(device=x.device)
+
+
+def _fits(hook: "HookPoint", kind: str, value: float, x: torch.Tensor) -> None:
+    """A number operand must be finite in the activation's dtype too."""
+    if x.is_floating_point() and abs(value) > torch.finfo(x.dtype).max:
+        cast(hook, kind, torch.tensor(value, dtype=torch.float64), x, remember=False)
 
 
 def check_broadcast(hook: "HookPoint | str", kind: str, operand: tuple[int, ...],
@@ -194,6 +224,7 @@ class Scale(Intervention):
     def __call__(self, x: torch.Tensor, hook: "HookPoint") -> torch.Tensor:
         if isinstance(self.factor, torch.Tensor):
             return x * _operand(hook, "Scale", self.factor, x)
+        _fits(hook, "Scale", self.factor, x)
         return x * self.factor
 
     def operand_shape(self) -> tuple[int, ...] | None:
@@ -224,6 +255,7 @@ class Steer(Intervention):
 
     def __call__(self, x: torch.Tensor, hook: "HookPoint") -> torch.Tensor:
         m = _operand(hook, "Steer", self.mask, x).to(torch.bool)
+        _fits(hook, "Steer", self.scale if self.value is None else self.value, x)
         if self.value is not None:
             out = torch.where(m, torch.as_tensor(self.value, dtype=x.dtype, device=x.device), x)
         else:
@@ -235,6 +267,10 @@ class Steer(Intervention):
 
     def operand_shape(self) -> tuple[int, ...]:
         return tuple(self.mask.shape)
+
+
+#: The built-in interventions: each returns a new tensor and never edits its input.
+OUT_OF_PLACE = frozenset({Replace, Add, Knockout, Scale, Zero, Steer})
 
 
 class CallableIntervention(Intervention):
@@ -329,5 +365,5 @@ def apply_intervention(hook: "HookPoint", iv: Intervention, x: torch.Tensor) -> 
             f"{_label(iv)} at {hook} changed the shape from {list(x.shape)} to "
             f"{list(out.shape)}")
     if out.dtype != x.dtype or out.device != x.device:
-        out = out.to(device=x.device, dtype=x.dtype)
+        out = cast(hook, f"the result of {_label(iv)}", out, x, remember=False)
     return out

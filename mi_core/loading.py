@@ -9,6 +9,7 @@ naming it, never a raw ValueError / KeyError / TypeError.
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import json
 import mmap
@@ -21,13 +22,51 @@ from typing import Any, Iterable, Mapping
 import torch
 from safetensors import safe_open
 
-from mi_core.errors import ConfigError, WeightLoadError
+from mi_core.errors import ConfigError, MIError, WeightLoadError
 
 #: Files a hub download of a model fetches by default; plugins add more via a hook.
 DEFAULT_HUB_PATTERNS = [
     "config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
 ]
+
+
+MEMORY_CHECK_ENV = "MI_SKIP_MEMORY_CHECK"  #: =1: no memory checks (one load: check_memory=False)
+SKIP_MEMORY_CHECK = contextvars.ContextVar("mi_skip_memory_check", default=False)
+
+
+def available_memory(device: torch.device | str = "cpu") -> int | None:
+    """Bytes still allocatable: a CUDA device's free memory and torch's unused cache, else RAM
+    (MemAvailable + SwapFree, or free pages); None where unknown (meta, xpu)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return (torch.cuda.mem_get_info(dev)[0] + torch.cuda.memory_reserved(dev)
+                - torch.cuda.memory_allocated(dev))
+    if dev.type not in ("cpu", "mps"):
+        return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            info = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f)}
+        return (info["MemAvailable"] + info.get("SwapFree", 0)) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_memory(what: str, n_bytes: int, device: torch.device | str | None = None, *,
+                 error: type[MIError] = ConfigError) -> None:
+    """`error` naming `what` when `n_bytes`, estimated before allocating, cannot fit on
+    `device` (None: on any device here; GPUs are asked only when RAM is short)."""
+    if SKIP_MEMORY_CHECK.get() or os.environ.get(MEMORY_CHECK_ENV, "") not in ("", "0"):
+        return
+    free = available_memory(device or "cpu")
+    if device is None and free is not None and n_bytes > free and torch.cuda.is_available():
+        free = max(free, *(available_memory(f"cuda:{i}") or 0
+                           for i in range(torch.cuda.device_count())))
+    if free is not None and n_bytes > free:
+        raise error(f"{what}: about {n_bytes / 2**30:,.3g} GiB, more than the "
+                    f"{free / 2**30:,.3g} GiB available on {device or 'any device here'}; "
+                    f"refused before allocating ({MEMORY_CHECK_ENV}=1, or check_memory=False "
+                    f"for from_pretrained, to try anyway)")
 
 
 def looks_like_hub_id(source: str) -> bool:

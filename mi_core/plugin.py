@@ -14,7 +14,7 @@ See docs/PLUGINS.md.
 
 from mi_core.backend import MIModel, require_points
 from mi_core.capabilities import (
-    Gradients, HookShapes, KVCachedGeneration, LayerSchedule, LayerTypes, Readout,
+    ContextLength, Gradients, HookShapes, KVCachedGeneration, LayerSchedule, LayerTypes, Readout,
     StateInterventions, WeightAccess, WeightProcessing,
 )
 from mi_core.capabilities import capabilities as capabilities_of
@@ -36,7 +36,8 @@ from mi_core.interventions import (
     Add, Intervention, Knockout, Replace, Scale, Steer, Zero, check_broadcast,
 )
 from mi_core.loading import (
-    DEFAULT_HUB_PATTERNS, PICKLE_SUFFIXES, SafetensorsCheckpoint, checked_tensor,
+    DEFAULT_HUB_PATTERNS, MEMORY_CHECK_ENV, PICKLE_SUFFIXES, SafetensorsCheckpoint,
+    available_memory, check_memory, checked_tensor,
     looks_like_hub_id, read_config, read_json, refuse_pickle, require_field, resolve_source,
     safetensors_header,
 )
@@ -61,13 +62,13 @@ from mi_core.state import StateKnockoutSpec, StateSteeringSpec
 from mi_core.tokenizer import EncodingWithOffsets, HFTokenizer, MITokenizer
 
 __all__ = [
-    "Add", "BackendSpec", "CapabilityError", "CltFeatureId", "CompatibilityReport",
+    "Add", "BackendSpec", "CapabilityError", "CltFeatureId", "CompatibilityReport", "ContextLength",
     "ConfigError", "ConfigFields", "DEFAULT_HUB_PATTERNS", "Detection", "DictionaryError",
     "DictionaryFormat", "EncodingWithOffsets", "GENERIC_AT_DEFAULT", "GENERIC_HARMLESS",
     "GLOBAL_NAMES", "GenerationResult", "Gradients", "HFTokenizer", "HookCache", "HookError",
     "HookLike", "HookPoint", "HookRun", "HookShapes", "HookSpec", "InputError", "Intervention",
     "InterventionError", "KVCachedGeneration", "Knockout", "LAYER_SUFFIXES", "LayerSchedule",
-    "LayerTypes",
+    "LayerTypes", "MEMORY_CHECK_ENV", "available_memory", "check_memory",
     "MIBackend", "MIError", "MIModel", "MITokenizer", "MetricError", "MixerSpec", "ModelSource",
     "OPT_IN_SUFFIXES", "PICKLE_SUFFIXES", "PRE_SOFTMAX_SCORES", "Placement", "PluginError",
     "Progress",

@@ -13,7 +13,7 @@ import mi_core as mi
 def test_the_transformer_declares_its_capabilities_and_no_state(llama_model) -> None:
     assert set(llama_model.capabilities()) == {
         "hook shapes", "KV-cached generation", "layer schedule", "weight access", "readout",
-        "gradients", "weight processing", "layer types"}
+        "gradients", "weight processing", "layer types", "context length"}
 
 
 @pytest.mark.parametrize("spec", [mi.StateKnockoutSpec().position(1), mi.StateSteeringSpec(0.0, [1])],

@@ -101,10 +101,12 @@ def test_ids_out_of_vocabulary_are_a_tokenizer_error(llama_model):
         llama_model.forward(torch.tensor([[1, 2, 128]]))
 
 
-def test_sequence_past_max_positions_warns(tiny, make_ids):
+def test_sequence_past_max_positions_is_refused_or_warns_when_allowed(tiny, make_ids):
     model = tiny("mistral").load()  # max_position_embeddings 64 (conftest)
+    with pytest.raises(mi.InputError, match="context of 64"):
+        model.forward(make_ids(1, 70))
     with pytest.warns(UserWarning, match="max_position_embeddings 64"):
-        out = model.forward(make_ids(1, 70)).output
+        out = model.forward(make_ids(1, 70), allow_beyond_context=True).output
     assert torch.isfinite(out).all()
 
 

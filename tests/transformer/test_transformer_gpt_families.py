@@ -126,8 +126,10 @@ def test_gpt2_checkpoint_without_the_transformer_prefix_loads_the_same(tiny, mak
 
 def test_learned_positions_do_not_extrapolate(tiny, make_ids):
     model = tiny("gpt2").load()  # n_positions 64
-    with pytest.raises(mi.MIError, match="position 65"):
+    with pytest.raises(mi.InputError, match="context of 64"):
         model.forward(make_ids(1, 65))
+    with pytest.raises(mi.MIError, match="position 65"):  # allowed past it: cannot, still
+        model.forward(make_ids(1, 65), allow_beyond_context=True)
 
 
 def test_tl_weight_names_for_learned_positions_and_unembed_bias(tiny):

@@ -28,7 +28,7 @@ def test_family_matches_transformers_logits_resid_and_patterns(tiny, make_ids, n
     hooks = mi.HookSpec().capture(mi.HookPoint.resid_pre(0)).capture("ln_final.hook_normalized")
     for i in range(L):
         hooks.capture(mi.HookPoint.resid_post(i)).capture(mi.HookPoint.attn_pattern(i))
-    cache = model.forward(ids, hooks)
+    cache = model.forward(ids, hooks, allow_beyond_context=True)  # llama_dynamic_rope: on purpose
 
     assert (cache.output - ref.logits).abs().max().item() < TOL
     # hidden_states: [embeddings, after layer 0, ..., after layer L-2, final-normed output]

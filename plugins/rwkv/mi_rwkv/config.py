@@ -15,7 +15,9 @@ from typing import Any, Mapping
 
 import attrs
 
-from mi_core.plugin import ConfigError, ConfigFields, UnsupportedModelError, is_generic_harmless
+from mi_core.plugin import (
+    ConfigError, ConfigFields, UnsupportedModelError, check_memory, is_generic_harmless,
+)
 
 #: model_type values of RWKV generations mi-rwkv does not implement, with their names.
 UNSUPPORTED_TYPES = {"rwkv": "RWKV-4 (Dove)", "rwkv4": "RWKV-4 (Dove)", "rwkv5": "RWKV-5 (Eagle)"}
@@ -129,6 +131,31 @@ class _Keys(ConfigFields):
                               "the keys it reads and those known to be harmless)")
 
 
+#: Bounds no real checkpoint comes near: past them a config is refused while parsing,
+#: whatever the memory here (which says nothing about a checkpoint detection must claim).
+MAX_PARAMS, MAX_LAYERS, MAX_SIZE = 10 * 10**12, 100_000, 2**26
+
+
+def check_size(cfg: RwkvConfig, where: str, dtype: Any = None, device: Any = None) -> None:
+    """ConfigError naming the size keys when they are past the fixed bounds above (always,
+    before any per-layer table is built) or, given `dtype` (load time, before a tensor is
+    read), unless the parameters `cfg` implies fit in `dtype` on `device`
+    (MI_SKIP_MEMORY_CHECK=1 skips that memory check)."""
+    c, inter = cfg.hidden_size, cfg.intermediate_size
+    params = cfg.vocab_size * c * (1 if cfg.tie_word_embeddings else 2) + cfg.num_layers * (
+        5 * c * c + 2 * c * inter)  # r, k, v, (g,) o and the channel mix; LoRAs left out
+    what = (f"{where}: num_hidden_layers = {cfg.num_layers}, hidden_size = {c}, "
+            f"intermediate_size = {inter}, vocab_size = {cfg.vocab_size} imply about "
+            f"{params:.3g} parameters")
+    if (cfg.num_layers > MAX_LAYERS or max(c, inter, cfg.vocab_size) > MAX_SIZE
+            or params > MAX_PARAMS):
+        raise ConfigError(f"{what} ({params / 2**30:,.3g} GiB at one byte each): past what any "
+                          f"real checkpoint comes near ({MAX_LAYERS:,} layers, sizes of "
+                          f"{MAX_SIZE:,}, {MAX_PARAMS:.3g} parameters); refused before allocating")
+    if dtype is not None:
+        check_memory(what, params * dtype.itemsize, device)
+
+
 def _shape_rank(shapes: Mapping[str, tuple[int, ...]], name: str, axis: int) -> int | None:
     shape = shapes.get(name)
     return int(shape[axis]) if shape is not None and len(shape) > axis else None
@@ -171,7 +198,7 @@ def parse_v6(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
     # The HF code hard-codes the LoRA widths: 32 / 64, or 64 / 128 at hidden size 4096.
     tm_default, td_default = (64, 128) if hidden == 4096 else (32, 64)
     a = "rwkv.blocks.0.attention."
-    return RwkvConfig(
+    cfg_v6 = RwkvConfig(
         version=6, vocab_size=k.integer("vocab_size"), hidden_size=hidden,
         num_layers=k.integer("num_hidden_layers"), head_dim=head, num_heads=hidden // head,
         intermediate_size=k.integer("intermediate_size", int((hidden * 3.5) // 32 * 32)),
@@ -182,6 +209,8 @@ def parse_v6(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
         tie_word_embeddings=k.flag("tie_word_embeddings", False),
         bos_token_id=k.token_id("bos_token_id", None), eos_token_id=k.token_id("eos_token_id", 0),
     )
+    check_size(cfg_v6, where)
+    return cfg_v6
 
 
 def _v7_heads(k: _Keys, hidden: int) -> tuple[int, int]:
@@ -218,9 +247,6 @@ def parse_v7(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
     k.only("norm_first", True, "only pre-norm RWKV-7 (a LayerNorm on the embeddings) is implemented")
     k.only("hidden_act", "sqrelu", "the channel mix is relu(x)^2 ('sqrelu') only")
     k.only("attn", None, "hybrid RWKV-7 / attention models are not supported")
-    value_dim = cfg.get("value_dim")
-    if value_dim is not None and value_dim != hidden and value_dim != [hidden] * layers:
-        raise k.fail("value_dim", f"value_dim must equal hidden_size {hidden} in every layer")
     inter = k.integer("intermediate_size", None)
     if inter is None:
         width = hidden * k.number("hidden_ratio", 4.0)
@@ -231,7 +257,7 @@ def parse_v7(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
     if head * eps == math.inf:
         raise k.fail("norm_eps", "too large (the GroupNorm eps head_dim * norm_eps overflows)")
     p = "model.layers.0.attn."
-    return RwkvConfig(
+    out = RwkvConfig(
         version=7, vocab_size=k.integer("vocab_size"), hidden_size=hidden, num_layers=layers,
         head_dim=head, num_heads=heads, intermediate_size=inter, norm_eps=eps,
         group_norm_eps=head * eps,
@@ -243,6 +269,11 @@ def parse_v7(cfg: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
         tie_word_embeddings=k.flag("tie_word_embeddings", False),
         bos_token_id=k.token_id("bos_token_id", None), eos_token_id=k.token_id("eos_token_id", 0),
     )
+    check_size(out, where)  # before value_dim, a list of num_hidden_layers entries
+    value_dim = cfg.get("value_dim")
+    if value_dim is not None and value_dim != hidden and value_dim != [hidden] * layers:
+        raise k.fail("value_dim", f"value_dim must equal hidden_size {hidden} in every layer")
+    return out
 
 
 def rwkv_version(cfg: Mapping[str, Any] | None, names: list[str] | tuple[str, ...]) -> int | None:

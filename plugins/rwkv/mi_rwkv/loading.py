@@ -12,7 +12,7 @@ from mi_core.plugin import (
     read_config, safetensors_header,
 )
 
-from mi_rwkv.config import RwkvConfig, parse_v6, parse_v7, rwkv_version
+from mi_rwkv.config import RwkvConfig, check_size, parse_v6, parse_v7, rwkv_version
 from mi_rwkv.model import RwkvBackend
 from mi_rwkv.v6 import V6Layer, v6_expected_shapes
 from mi_rwkv.v7 import V7Layer, v7_expected_shapes
@@ -110,6 +110,7 @@ def load_rwkv6(src: ModelSource, device: torch.device, dtype: torch.dtype) -> Rw
     """An HF-format RWKV-6 directory (``rwkv.blocks.{i}.attention.*``) as a backend."""
     ckpt, raw, path = _open(src, 6)
     cfg = parse_v6(raw, ckpt.shapes, str(path / "config.json"))
+    check_size(cfg, str(path / "config.json"), dtype, device)
     c, h, d = cfg.hidden_size, cfg.num_heads, cfg.head_dim
     expected = {"rwkv.embeddings.weight": (cfg.vocab_size, c), "rwkv.blocks.0.pre_ln.weight": (c,),
                 "rwkv.blocks.0.pre_ln.bias": (c,), "rwkv.ln_out.weight": (c,), "rwkv.ln_out.bias": (c,)}
@@ -140,6 +141,7 @@ def load_rwkv7(src: ModelSource, device: torch.device, dtype: torch.dtype) -> Rw
     """
     ckpt, raw, path = _open(src, 7)
     cfg = parse_v7(raw, ckpt.shapes, str(path / "config.json"))
+    check_size(cfg, str(path / "config.json"), dtype, device)
     c, h, d = cfg.hidden_size, cfg.num_heads, cfg.head_dim
     expected = {"model.embeddings.weight": (cfg.vocab_size, c), "model.layers.0.pre_norm.weight": (c,),
                 "model.layers.0.pre_norm.bias": (c,), "model.norm.weight": (c,), "model.norm.bias": (c,)}

@@ -162,7 +162,8 @@ class RwkvBackend:
 
     Built by :func:`mi_rwkv.plugin.load_rwkv6` / ``load_rwkv7``; holds plain tensors.
     Capabilities (mi_core.capabilities): hook shapes, a recurrent state (``new_past``), state
-    interventions, weight access, readout and gradients; no layer schedule.
+    interventions, weight access, readout, layer types, context length (none: a recurrent
+    model has no trained limit; its cache is the state) and gradients; no layer schedule.
     """
 
     differentiable = True
@@ -188,6 +189,7 @@ class RwkvBackend:
         self.hidden_size = config.hidden_size
         self.vocab_size = config.vocab_size
         self.max_positions: int | None = None
+        self.context_length: int | None = None  # ContextLength: recurrent, no trained limit
         self.tokenizer: Any = None
         self._names = [LayerNames(i) for i in range(config.num_layers)]
 
@@ -214,6 +216,11 @@ class RwkvBackend:
     def new_past(self, batch_size: int) -> RwkvState:
         """A zero recurrent state for `batch_size` sequences; forward(past=...) updates it in place."""
         return RwkvState.zeros(self.config, batch_size, self.device, self.dtype)
+
+    def cache_bytes(self, batch: int, tokens: int) -> int:
+        """ContextLength: the recurrent state, the same after any number of tokens."""
+        c, h, d = self.hidden_size, self.num_heads, self.config.head_dim
+        return self.num_layers * batch * (h * d * d * 4 + 2 * c * self.dtype.itemsize)
 
     # -- capabilities (mi_core.capabilities) -------------------------------------------
     def check_state_spec(self, spec: StateKnockoutSpec | StateSteeringSpec, seq: int | None,

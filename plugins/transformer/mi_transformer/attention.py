@@ -288,7 +288,9 @@ def attention(w: AttnWeights, x: torch.Tensor,
     v = v.transpose(1, 2)  # [b, g, s, d_head]
     if cache_update is not None:
         k, v = cache_update(k, v)
-    sinks = run.apply(n.sinks, w.sinks) if w.sinks is not None else None
+    # a copy where a hook sees them: an in-place edit must not rewrite the weights
+    sinks = None if w.sinks is None else run.apply(
+        n.sinks, w.sinks.clone() if run.wants(n.sinks) else w.sinks)
     if ls.softcap is not None or sinks is not None:
         explicit = True  # SDPA cannot soft-cap or add sinks: explicit even when "sdpa" is forced
     elif explicit is None:
@@ -321,9 +323,15 @@ def _qkv(w: AttnWeights, x: torch.Tensor, ls: LayerSettings, run: HookRun, n: At
     else:
         if head_inputs[1].shape[2] != num_kv_heads:  # per query head keys/values (hook_attn_in)
             groups = num_heads // num_kv_heads
-            w = attrs.evolve(w, **{n_: None if t is None else t.view(
-                num_kv_heads, -1).repeat_interleave(groups, 0).view(-1, *t.shape[1:])
-                for n_, t in (("w_k", w.w_k), ("w_v", w.w_v), ("b_k", w.b_k), ("b_v", w.b_v))})
+            rep = lambda t: None if t is None else t.reshape(  # noqa: E731  per KV head -> query
+                num_kv_heads, -1).repeat_interleave(groups, 0).reshape(-1, *t.shape[1:])
+            w = attrs.evolve(w, **{n_: rep(t) for n_, t in (
+                ("w_k", w.w_k), ("w_v", w.w_v), ("b_k", w.b_k), ("b_v", w.b_v))})
+            kn = w.k_norm
+            if kn is not None and (w.qk_norm_full or kn.weight.dim() == 2):  # gains per KV head
+                # (the RMS over heads repeated alike is theirs: only the gains are repeated)
+                w = attrs.evolve(w, k_norm=attrs.evolve(kn, weight=rep(kn.weight),
+                                                        bias=rep(kn.bias), gain=None))
             num_kv_heads = num_heads
         q, k, v = (_per_head(xi, wi, bi, n_i, head_dim) for xi, wi, bi, n_i in zip(
             head_inputs, (w.w_q, w.w_k, w.w_v), (w.b_q, w.b_k, w.b_v),

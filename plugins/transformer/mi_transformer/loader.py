@@ -15,6 +15,7 @@ from mi_core.plugin import (
 )
 
 from mi_transformer.config import parse_config
+from mi_transformer.config.size import check_loaded
 from mi_transformer.model import TransformerBackend
 from mi_transformer.placement import Layout, canonical, layout
 from mi_transformer.quant import dequantizing
@@ -41,6 +42,9 @@ def from_tensors(config: Mapping[str, Any], tensors: TensorSource | Mapping[str,
                 f"are not LLaMA-like; missing: {', '.join(chk.missing[:10]) or 'none'}; "
                 f"unexpected: {', '.join(chk.unexpected[:10]) or 'none'}")
     device = torch.device(device)
+    if not isinstance(tensors, Mapping) and placement is None:  # (tensors already in
+        check_loaded(cfg, f"{origin}/config.json", dtype, device)  # memory were paid for;
+        # a placement's sizes are checked by the placement engine)
     lay = Layout.single(canonical(device), cfg.num_layers) if placement is None else \
         layout(placement, *part_sizes(cfg, dtype))
     if lay.offload == "disk" and not isinstance(src, SafetensorsCheckpoint):
@@ -84,7 +88,7 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, *,
         raise UnsupportedModelError(f"{path}: GGUF loading needs mi_transformer.gguf and the "
                                     f"'gguf' package (pip install 'mi-transformer[gguf]'): {exc}"
                                     ) from exc
-    ck = gguf.read_gguf(path, dtype)
+    ck = gguf.read_gguf(path, dtype, device=device)
     return from_tensors(ck.config, ck.tensors, device, dtype, ck.tokenizer, origin=str(path),
                         placement=placement)
 

@@ -45,7 +45,7 @@ class TransformerBackend:
 
     name = "transformer"
     #: Capabilities (mi_core.capabilities): hook shapes, KV-cached generation, layer
-    #: schedules, weight access, readout, and gradients, declared here.
+    #: schedules, weight access, readout, layer types, context length and gradients.
     differentiable = True
 
     def __init__(self, config: TransformerConfig, weights: Weights, device: torch.device,
@@ -65,6 +65,7 @@ class TransformerBackend:
         self.d_head = config.head_dim
         self.d_mlp = config.intermediate_size
         self.max_positions = config.max_positions
+        self.context_length = config.max_positions  # ContextLength: max_position_embeddings
         self.act = ACTIVATIONS[config.activation]
         self.names = [LayerNames.of(i) for i in range(config.num_layers)]
         for i, n in enumerate(self.names):
@@ -129,6 +130,7 @@ class TransformerBackend:
         on = {ids.device: (rope, masks)}  # per device: rotary tables and masks
 
         x = self._embed(ids, positions, run)
+        hooked = not run.spec.is_empty()
         for step, layer in enumerate(schedule):
             if placed and x.device != self.layout.layers[layer]:
                 x = x.to(self.layout.layers[layer])  # the block's device (autograd follows)
@@ -143,8 +145,8 @@ class TransformerBackend:
                 update = past.updater(step) if past is not None else None
                 x = self._block(layer, x, run, r_tables[r] if r is not None else None, r_masks,
                                 explicit, update)
-            if between_layers is not None:
-                x = between_layers(step, layer, x)
+            if between_layers is not None:  # a copy: an edit in place must not reach captures
+                x = between_layers(step, layer, x.clone() if hooked else x)
         x = w.final_norm(x.to(self.layout.unembed) if placed else x, run, "ln_final.hook_scale",
                          "ln_final.hook_normalized")
         logits = self.unembed(x)
@@ -286,6 +288,12 @@ class TransformerBackend:
     def new_past(self, batch_size: int) -> KVCache:
         return KVCache(batch_size)
 
+    def cache_bytes(self, batch: int, tokens: int) -> int:
+        """ContextLength: the KV cache's keys and values after `tokens` tokens (one slot per
+        layer; a layer_schedule that repeats layers keeps more)."""
+        c = self.config
+        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * batch * tokens * self.dtype.itemsize
+
     # -- helpers of the forward -------------------------------------------------------
     def _head_inputs(self, i: int, x: torch.Tensor, run: HookRun
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -313,6 +321,8 @@ class TransformerBackend:
         if not any(has(p) for p in (n.tl_attn_in, n.q_input, n.k_input, n.v_input)):
             return None
         ln1 = self.w.layers[i].ln1
+        if ln1 is None:  # no pre-norm (OLMo2): attention reads the per-head inputs as they are
+            return ins
         return ln1(ins[0]), ln1(ins[1]), ln1(ins[2])
 
     def _inv_freq(self, rope: RopeConfig, cached: torch.Tensor, positions: torch.Tensor

@@ -8,6 +8,7 @@ from mi_core.plugin import BackendSpec, Detection, MIError, ModelSource
 from mi_core import plugin_impl
 
 from mi_transformer.config import FAMILIES, UnknownKeysError, parse_config
+from mi_transformer.config.size import ConfigTooLarge
 from mi_transformer.quant import logical_shapes
 from mi_transformer.weights import check_tensors
 
@@ -64,6 +65,8 @@ def mi_detect_backend(source: ModelSource) -> Detection:
         return Detection(BACKEND, 0.0, f"{what} not understood (they may change the numbers): "
                                        f"{', '.join(exc.keys)}",
                          config_keys=list(exc.keys), implements=known)
+    except ConfigTooLarge as exc:  # recognised, too large for this machine: loading says so
+        return Detection(BACKEND, 0.1, f"model_type {mt!r}: {exc}", implements=known)
     except MIError as exc:
         what = "a supported family but its config is invalid" if known else \
             "its config is not LLaMA-like"

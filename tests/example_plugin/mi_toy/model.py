@@ -19,8 +19,8 @@ import attrs
 import torch
 
 from mi_core.plugin import (
-    HookCache, HookPoint, HookSpec, ModelSource, SafetensorsCheckpoint, require_field,
-    standard_shape,
+    HookCache, HookPoint, HookSpec, ModelSource, SafetensorsCheckpoint, check_memory,
+    require_field, standard_shape,
 )
 
 
@@ -58,8 +58,11 @@ class ToyBackend:
     @classmethod
     def load(cls, source: ModelSource, device: torch.device, dtype: torch.dtype) -> "ToyBackend":
         cfg = ToyConfig.from_dict(source.config or {})
-        ckpt = SafetensorsCheckpoint.from_directory(source.path)
         d, v = cfg.d_model, cfg.vocab_size
+        params = 2 * v * d + cfg.n_layers * d * d  # before any table of n_layers is built
+        check_memory(f"{source.path}/config.json: n_layers = {cfg.n_layers}, d_model = {d}",
+                     params * dtype.itemsize, device)
+        ckpt = SafetensorsCheckpoint.from_directory(source.path)
         expected = {"embed": (v, d), "unembed": (d, v)}
         expected.update({f"layers.{i}.w": (d, d) for i in range(cfg.n_layers)})
         ckpt.check(expected)

@@ -15,6 +15,8 @@ Every name is importable from here; the modules, in import order (none imports a
 
 - :mod:`~mi_transformer.config.axes`: the axes (``TransformerConfig``, ``RopeConfig``,
   ``MoeConfig`` and the layout enums);
+- :mod:`~mi_transformer.config.size`: the parameters a config implies and the checks, before
+  anything is allocated, that they fit in memory (``ConfigTooLarge``);
 - :mod:`~mi_transformer.config.reader`: ``ConfigReader`` and ``UnknownKeysError``;
 - :mod:`~mi_transformer.config.neutral`: the value-aware key policy (``Derived``, the
   shared neutral tables, ``policy_violations``);

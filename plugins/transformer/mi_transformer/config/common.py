@@ -14,6 +14,7 @@ from mi_core.plugin import ConfigError
 
 from mi_transformer.config.axes import Activation, RopeConfig, RopeScaling, TransformerConfig
 from mi_transformer.config.reader import _REQUIRED, ConfigReader
+from mi_transformer.config.size import check_parsed
 
 _ACTIVATIONS = {
     "silu": Activation.SILU, "swish": Activation.SILU,
@@ -216,7 +217,7 @@ def _base(r: ConfigReader, model_type: str, eps_key: str = "rms_norm_eps",
     """The scalars every LLaMA-like config has, under their usual names."""
     hidden = r.int("hidden_size")
     heads, kv, head_dim = _heads(r, hidden, "num_attention_heads", "num_key_value_heads")
-    return dict(
+    base = dict(
         model_type=model_type,
         vocab_size=r.int("vocab_size"),
         hidden_size=hidden,
@@ -231,6 +232,9 @@ def _base(r: ConfigReader, model_type: str, eps_key: str = "rms_norm_eps",
         rotary_dim=_partial_rotary(r, head_dim),
         max_positions=r.int("max_position_embeddings", None),
     )
+    check_parsed(r, base, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                           "num_key_value_heads", "head_dim", "intermediate_size"))
+    return base
 
 
 def _all_sliding(r: ConfigReader, base: dict[str, Any]) -> TransformerConfig:

@@ -12,6 +12,7 @@ from mi_transformer.config.axes import (BlockLayout, MlpLayout, NormType, Positi
                                         RopeLayout, TransformerConfig)
 from mi_transformer.config.common import _activation, _heads, _rope
 from mi_transformer.config.reader import ConfigReader
+from mi_transformer.config.size import check_parsed, check_size
 
 
 def _one_of(r: ConfigReader, keys: tuple[str, ...], default: float, **bounds: float) -> float:
@@ -52,7 +53,11 @@ def _gpt_rope(r: ConfigReader, base: dict[str, Any], frac_keys: tuple[str, ...],
                              max_positions=max_pos, **base)
 
 
-def _learned(base: dict[str, Any], max_positions: int, offset: int = 0) -> TransformerConfig:
+def _learned(r: ConfigReader, base: dict[str, Any], key: str, offset: int = 0
+             ) -> TransformerConfig:
+    """Learned absolute positions: a [`key`, d_model] table, checked to fit before it is."""
+    max_positions = r.int(key)
+    check_size(r.src, {key: max_positions}, max_positions * base["hidden_size"])
     n = base["num_layers"]
     return TransformerConfig(positions=Positions.LEARNED, position_offset=offset,
                              max_positions=max_positions, layer_rope=(0,) * n,
@@ -66,13 +71,15 @@ def _dense(r: ConfigReader, model_type: str, *, hidden: str, heads: str, layers:
     `eps` None: the family's LayerNorms use torch's default 1e-5 whatever the config says."""
     d = r.int(hidden)
     h, k, hd = _heads(r, d, heads, kv, None)
-    return dict(model_type=model_type, vocab_size=r.int("vocab_size"), hidden_size=d,
+    base = dict(model_type=model_type, vocab_size=r.int("vocab_size"), hidden_size=d,
                 num_layers=r.int(layers), num_heads=h, num_kv_heads=k, head_dim=hd,
                 intermediate_size=r.int(inner, 4 * d if inner_default is None else inner_default),
                 norm_type=NormType.LAYER_NORM, norm_bias=True,
                 norm_eps=r.float(eps, 1e-5, gt=0) if eps else 1e-5,
                 activation=_activation(r, act, act_default),
                 tie_word_embeddings=r.bool("tie_word_embeddings", tie_default))
+    check_parsed(r, base, ("vocab_size", hidden, layers, heads, kv or "", "", inner))
+    return base
 
 
 def parse_gpt2(r: ConfigReader) -> TransformerConfig:
@@ -88,7 +95,7 @@ def parse_gpt2(r: ConfigReader) -> TransformerConfig:
     n_ctx = r.int("n_ctx", None)
     if n_ctx is not None and n_ctx > n_pos:
         raise ConfigError(f"{r.src}: n_ctx = {n_ctx} exceeds n_positions = {n_pos}")
-    return _learned(base, n_pos)
+    return _learned(r, base, "n_positions")
 
 
 def parse_gpt_neox(r: ConfigReader) -> TransformerConfig:
@@ -160,7 +167,7 @@ def parse_opt(r: ConfigReader) -> TransformerConfig:
     bias = r.bool("enable_bias", True)
     base.update(weight_names="opt", mlp_layout=MlpLayout.PLAIN, qkv_bias=bias, o_bias=bias,
                 mlp_bias=bias)
-    return _learned(base, r.int("max_position_embeddings"), offset=2)
+    return _learned(r, base, "max_position_embeddings", offset=2)
 
 
 def parse_falcon(r: ConfigReader) -> TransformerConfig:
@@ -206,4 +213,6 @@ def parse_falcon(r: ConfigReader) -> TransformerConfig:
                 weight_names="falcon_two_norms" if block is BlockLayout.PARALLEL else "falcon",
                 qkv_layout=layout, mlp_layout=MlpLayout.PLAIN, qkv_bias=bias, o_bias=bias,
                 mlp_bias=bias, block=block)
+    check_parsed(r, base, ("vocab_size", "hidden_size", "num_hidden_layers",
+                           "num_attention_heads", "num_kv_heads", "", "ffn_hidden_size"))
     return _gpt_rope(r, base, (), 1.0)

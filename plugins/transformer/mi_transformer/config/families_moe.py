@@ -11,6 +11,7 @@ from mi_transformer.config.axes import MoeConfig, TransformerConfig
 from mi_transformer.config.common import _base, _default_theta, _finish, _full, _ropes_by_type
 from mi_transformer.config.families_llama import _qwen
 from mi_transformer.config.reader import ConfigReader
+from mi_transformer.config.size import check_size
 
 
 def _moe(r: ConfigReader, experts_keys: tuple[str, ...], size_key: str,
@@ -27,8 +28,12 @@ def _moe(r: ConfigReader, experts_keys: tuple[str, ...], size_key: str,
         raise ConfigError(f"{r.src}: expert counts disagree: {given}")
     norm = True if norm_default is None else r.bool("norm_topk_prob", norm_default)
     shared_size = r.int("shared_expert_intermediate_size") if shared else 0
-    return MoeConfig(num_experts=next(iter(given.values())), top_k=r.int("num_experts_per_tok"),
-                     expert_size=r.int(size_key), norm_topk_prob=norm,
+    experts, size, hidden = next(iter(given.values())), r.int(size_key), r.int("hidden_size")
+    layers = r.int("num_hidden_layers")  # the experts, at one byte each, before any is named
+    check_size(r.src, {"num_hidden_layers": layers, next(iter(given)): experts, size_key: size},
+               layers * hidden * experts * 3 * size)
+    return MoeConfig(num_experts=experts, top_k=r.int("num_experts_per_tok"),
+                     expert_size=size, norm_topk_prob=norm,
                      shared_expert_size=shared_size, shared_expert_gate=shared, **names)
 
 

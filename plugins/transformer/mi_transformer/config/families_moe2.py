@@ -27,6 +27,7 @@ from mi_transformer.config.common import (_activation, _base, _finish, _layer_ty
                                           _partial_rotary, _ropes_by_type)
 from mi_transformer.config.neutral import ROTARY_INTERLEAVED, policy_violations
 from mi_transformer.config.reader import ConfigReader, UnknownKeysError
+from mi_transformer.config.size import check_parsed, check_size
 
 #: model_type -> {key: neutral value}: keys the forward does not read, accepted only at the
 #: value that leaves it unchanged (transformers ignores them, or they describe what this
@@ -130,6 +131,7 @@ def _deepseek_moe(r: ConfigReader, model_type: str, defaults: dict[str, Any]) ->
     experts = _agree(r, ("n_routed_experts", "num_local_experts" if v3 else "num_experts"),
                      defaults["n_routed_experts"])
     top_k = r.int("num_experts_per_tok", defaults.get("num_experts_per_tok"))
+    check_size(r.src, {"n_routed_experts": experts, "moe_intermediate_size": size}, 0)
     if v3:  # sigmoid scores, a selection bias, groups scored by their best two experts
         groups = dict(n_group=r.int("n_group", defaults["n_group"]),
                       topk_group=r.int("topk_group", defaults["topk_group"]))
@@ -160,13 +162,19 @@ def _deepseek(r: ConfigReader, model_type: str) -> TransformerConfig:
     if kv != heads:  # transformers expands every head's k / v from the latent
         raise ConfigError(f"{r.src}: num_key_value_heads = {kv} must equal num_attention_heads "
                           f"= {heads} (latent attention gives every head its own k and v)")
-    n = r.int("num_hidden_layers")
+    n, vocab, inter = r.int("num_hidden_layers"), r.int("vocab_size"), r.int("intermediate_size")
+    # before the per-layer tables below (a billion layers would exhaust memory building them)
+    check_parsed(r, dict(vocab_size=vocab, hidden_size=hidden, num_layers=n, num_heads=heads,
+                         num_kv_heads=kv, head_dim=mla.nope_dim + mla.rope_dim,
+                         intermediate_size=inter),
+                 ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "", "intermediate_size"))
     dense = r.int("first_k_dense_replace", defaults["first_k_dense_replace"], min=0)
     bias = r.bool("attention_bias", False)
     base: dict[str, Any] = dict(
-        model_type=model_type, vocab_size=r.int("vocab_size"), hidden_size=hidden, num_layers=n,
+        model_type=model_type, vocab_size=vocab, hidden_size=hidden, num_layers=n,
         num_heads=heads, num_kv_heads=kv, head_dim=mla.nope_dim + mla.rope_dim,
-        intermediate_size=r.int("intermediate_size"),
+        intermediate_size=inter,
         norm_eps=r.float("rms_norm_eps", 1e-6, gt=0),
         activation=_activation(r, "hidden_act", "silu"),
         tie_word_embeddings=r.bool("tie_word_embeddings", False),
@@ -177,6 +185,7 @@ def _deepseek(r: ConfigReader, model_type: str) -> TransformerConfig:
         else RopeLayout.HALF)
     if model_type == "deepseek_v3":  # multi-token-prediction layers: stored after the others
         extra = r.int("num_nextn_predict_layers", 0, min=0)
+        check_size(r.src, {"num_nextn_predict_layers": extra}, 0)  # a table of `extra` entries
         base["ignored_layers"] = tuple(range(n, n + extra))
     ropes = _ropes_by_type(r)
     if _partial_rotary(r, mla.rope_dim):

@@ -16,6 +16,7 @@ import torch
 
 from mi_core.plugin import ConfigError, UnsupportedModelError
 
+from mi_transformer.config.size import check_size, dense_params
 from mi_transformer.gguf.header import GgufHeader
 
 
@@ -517,6 +518,7 @@ def hf_config(header: GgufHeader) -> dict[str, Any]:
     scaling = _rope_scaling(header, m, ctx)
     if scaling is not None:
         cfg["rope_scaling"] = scaling
+    check_gguf_size(header, cfg)  # before configure's per-layer tables (block_count = 10**9)
     if arch.configure is not None:
         arch.configure(m, cfg, names)
     if all(cfg.get(k) is None for k in ("intermediate_size", "n_inner", "ffn_hidden_size")):
@@ -530,6 +532,30 @@ def hf_config(header: GgufHeader) -> dict[str, Any]:
     # a null sliding_window is kept: for EXAONE-4 / OLMo-3 it means "no sliding layers",
     # while an absent one means the class default window
     return {k: v for k, v in cfg.items() if v is not None or k == "sliding_window"}
+
+
+def check_gguf_size(header: GgufHeader, cfg: dict[str, Any], dtype: torch.dtype | None = None,
+                    device: torch.device | None = None) -> None:
+    """The parameters the metadata implies (dense and experts), in `dtype` on `device` (None:
+    only the fixed bounds of :func:`check_bounds`), before a per-layer table is built (an
+    architecture's ``configure``, the config parser) or a tensor dequantised: ConfigTooLarge
+    naming the keys."""
+    def get(*keys: str) -> int:
+        return next((int(cfg[k]) for k in keys if cfg.get(k) is not None), 0)
+
+    hidden, heads = get("hidden_size", "n_embd"), get("num_attention_heads", "n_head")
+    layers, experts = get("num_hidden_layers", "n_layer"), get("num_experts", "num_local_experts")
+    params = dense_params(get("vocab_size"), hidden, layers, heads,
+                          get("num_key_value_heads") or heads,
+                          get("head_dim") or hidden // max(heads, 1),
+                          get("intermediate_size", "n_inner")) + layers * hidden * experts * 3 * (
+        get("moe_intermediate_size", "intermediate_size"))
+    arch = header.metadata["general.architecture"]
+    keys = ("block_count", "embedding_length", "attention.head_count", "feed_forward_length",
+            "expert_count", "expert_feed_forward_length", "vocab_size")
+    sizes = {f"{arch}.{k}": header.metadata[f"{arch}.{k}"] for k in keys
+             if f"{arch}.{k}" in header.metadata}
+    check_size(f"{header.path}: GGUF metadata", sizes, params, dtype, device)
 
 
 def llama_config(header: GgufHeader) -> dict[str, Any]:

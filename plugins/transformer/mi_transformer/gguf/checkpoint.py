@@ -19,8 +19,8 @@ from mi_core.plugin import (
 
 from mi_transformer.config import QkvLayout
 from mi_transformer.gguf.arches import (
-    _LONGROPE, _ROPE_FREQS, GGUF_ARCHES, GgufArch, _Meta, gguf_arch, hf_config,
-    llama3_rope_from_factors, slot_of, unpermute_qk,
+    _LONGROPE, _ROPE_FREQS, GGUF_ARCHES, GgufArch, _Meta, check_gguf_size, gguf_arch,
+    hf_config, llama3_rope_from_factors, slot_of, unpermute_qk,
 )
 from mi_transformer.gguf.arches_recent import RECENT_GGUF_ARCHES
 from mi_transformer.gguf.header import (
@@ -88,7 +88,8 @@ class GgufCheckpoint:
         return out
 
 
-def read_gguf(path: Path, dtype: torch.dtype = torch.float32) -> GgufCheckpoint:
+def read_gguf(path: Path, dtype: torch.dtype = torch.float32, *,
+              device: torch.device | str | None = None) -> GgufCheckpoint:
     """Load a GGUF of a supported architecture (:data:`GGUF_ARCHES`): dequantised HF-named
     tensors, HF config, tokenizer.
 
@@ -96,7 +97,9 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32) -> GgufCheckpoint:
     (:func:`mi_transformer.weights.expected_shapes` of the parsed config). Raises
     UnsupportedModelError for other architectures or unknown tensors, WeightLoadError for
     truncated files, unsupported quantisations (naming tensor and type) and mis-shaped or
-    missing tensors, ConfigError for missing or malformed metadata.
+    missing tensors, ConfigError for missing or malformed metadata, ConfigTooLarge (naming
+    the metadata keys) before anything is built when the weights cannot fit in RAM in
+    `dtype` (they are dequantised there) or on `device`.
     """
 
     from mi_transformer.config import parse_config
@@ -105,6 +108,8 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32) -> GgufCheckpoint:
     header = read_gguf_header(path)
     arch = gguf_arch(header)
     cfg = hf_config(header)
+    for dev in {torch.device("cpu"), torch.device(device or "cpu")}:
+        check_gguf_size(header, cfg, dtype, dev)
     slots = arch.slots_for(cfg)
     unknown = [t.name for t in header.tensors if slot_of(t.name, arch, slots) is None
                and t.name not in _FACTOR_TENSORS]
