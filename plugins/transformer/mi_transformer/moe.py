@@ -173,8 +173,6 @@ def expected_moe_shapes(prefix: str, c: MoeConfig, d_model: int) -> dict[str, tu
     out: dict[str, tuple[int, ...]] = {r + "weight": (c.num_experts, d_model)}
     if c.router_bias:
         out[r + "bias"] = (c.num_experts,)
-    if c.selection_bias:
-        out[m + c.selection_bias] = (c.num_experts,)
     g, u, dn = c.expert_names
     if c.fused:
         out.update(fused_shapes(m, c, d_model))

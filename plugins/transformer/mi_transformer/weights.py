@@ -233,9 +233,7 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
             prefix = t.layer.format(i=i) + t.mixer + "."
             for name, shape in mixer.spec.tensors(mixer.settings).items():
                 out[prefix + name] = Entry("mixer:" + name, i, tuple(shape))
-        elif not cfg.has_attention(i):  # MLP_ONLY: no mixer's tensors
-            pass
-        else:
+        elif cfg.has_attention(i):  # (an MLP_ONLY layer has no mixer's tensors)
             _attention_extras(t, cfg, add, out, i, (qn, kn))
         layer_norms = {"ln1": t.ln1, "ln2": t.ln2} if mixer is not None and \
             cfg.mixer_pre_norms else norms  # OLMo hybrid: pre-norm mixer layers
