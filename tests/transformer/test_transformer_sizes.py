@@ -77,6 +77,18 @@ def test_the_memory_check_can_be_skipped_for_one_load(tiny, tmp_path, monkeypatc
     assert mi.MIModel.from_pretrained(d).num_layers == 3
 
 
+def test_cpu_offload_checks_that_the_weights_fit_in_cpu_memory(tiny, monkeypatch) -> None:
+    """offload="cpu" keeps every weight in CPU memory: the load-time check applies to it
+    as to a plain load (disk offload does not hold the model, so it is not refused)."""
+    import mi_core.loading
+
+    monkeypatch.setattr(mi_core.loading, "available_memory", lambda device="cpu": 10_000)
+    d = tiny("llama").path
+    with pytest.raises(ConfigTooLarge, match="GiB available"):
+        mi.MIModel.from_pretrained(d, offload="cpu")
+    assert mi.MIModel.from_pretrained(d, offload="disk").num_layers == 3
+
+
 def _tiny_gguf(path: Path, arch: str = "llama", **overrides: int) -> Path:
     gguf = pytest.importorskip("gguf")
     w = gguf.GGUFWriter(str(path), arch)

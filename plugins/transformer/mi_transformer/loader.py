@@ -42,9 +42,13 @@ def from_tensors(config: Mapping[str, Any], tensors: TensorSource | Mapping[str,
                 f"are not LLaMA-like; missing: {', '.join(chk.missing[:10]) or 'none'}; "
                 f"unexpected: {', '.join(chk.unexpected[:10]) or 'none'}")
     device = torch.device(device)
-    if not isinstance(tensors, Mapping) and placement is None:  # (tensors already in
-        check_loaded(cfg, f"{origin}/config.json", dtype, device)  # memory were paid for;
-        # a placement's sizes are checked by the placement engine)
+    if not isinstance(tensors, Mapping):  # (tensors already in memory were paid for)
+        if placement is None:
+            check_loaded(cfg, f"{origin}/config.json", dtype, device)
+        elif placement.mode == "none" and placement.offload == "cpu":
+            # every weight stays in CPU memory; "auto" / "sequential" are checked by the
+            # placement engine, disk offload holds a few blocks
+            check_loaded(cfg, f"{origin}/config.json", dtype, torch.device("cpu"))
     lay = Layout.single(canonical(device), cfg.num_layers) if placement is None else \
         layout(placement, *part_sizes(cfg, dtype))
     if lay.offload == "disk" and not isinstance(src, SafetensorsCheckpoint):
