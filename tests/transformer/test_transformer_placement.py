@@ -189,6 +189,7 @@ def test_disk_offload_holds_a_few_blocks_not_the_model(tmp_path):
     a forward leaves anonymous memory (RssAnon, in a fresh process) under 4 blocks plus
     activations and half the resident model; the same load without offload holds all 8 (the measurement can fail)."""
     import json
+    import os
     import subprocess
     import sys
 
@@ -202,8 +203,12 @@ def test_disk_offload_holds_a_few_blocks_not_the_model(tmp_path):
     block = 4 * (4 * 512 * 512 + 3 * 512 * 2048)  # bytes of one block in float32
 
     def anon_growth(kwargs: dict) -> int:
+        # one thread and one malloc arena: the measure is the weights held, not how many
+        # per-thread arenas a loaded machine makes the allocator touch
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "1"}
         out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, str(tmp_path),
-                              json.dumps(kwargs)], capture_output=True, text=True, check=True)
+                              json.dumps(kwargs)], capture_output=True, text=True, check=True,
+                             env=env)
         return int(out.stdout.split()[-1])
 
     offloaded, resident = anon_growth({"offload": "disk"}), anon_growth({})
