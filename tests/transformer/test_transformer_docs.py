@@ -39,3 +39,22 @@ def test_parsers_read_only_the_keys_their_family_declares(tiny):
         family.parse(r)
         undeclared = r.read - family.reads - {"model_type"}
         assert not undeclared, (name, sorted(undeclared))
+
+
+def test_backends_md_hook_table_matches_the_models():
+    """The "Hook points per family" block is what the families' tiny checkpoints report
+    (fix: python -m tests.support.hook_table docs/BACKENDS.md)."""
+    from tests.support import hook_table
+
+    text = DOC.read_text()
+    block = text[text.index(hook_table.BEGIN):text.index(hook_table.END) + len(hook_table.END)]
+    assert block == hook_table.hook_table_markdown(hook_table.family_rows())
+
+
+def test_every_family_has_a_row_in_the_hook_table():
+    """A new family needs a tiny checkpoint in tests/support (or a WRAPPERS entry) so that
+    its hook points are documented."""
+    from tests.support import hook_table
+
+    built = {mt for _, mt, _ in hook_table.tiny_configs()} | set(hook_table.WRAPPERS)
+    assert set(FAMILIES) <= built, sorted(set(FAMILIES) - built)
