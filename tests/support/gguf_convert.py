@@ -136,14 +136,15 @@ def _stack_experts(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def write(out: Path, arch: str, cfg: Any, sd: dict[str, torch.Tensor], *,
           block_count: int | None = None, params: Callable[[Any, dict, dict], None] | None = None,
           modify: Modify | None = None, extra: Tensors | None = None,
-          raw: dict[str, tuple[np.ndarray, Any]] | None = None) -> Path:
+          raw: dict[str, tuple[np.ndarray, Any]] | None = None, generic: bool = True) -> Path:
     """A GGUF of `arch` from the checkpoint `sd` (float tensors, HF names) and config `cfg`,
     in the converter's order (``ModelBase.write``: tensors, then metadata): every tensor
     renamed by ``TextModel.filter_tensors``, passed through `modify(name, array, hparams)`
     (returning ``[(HF-style or GGUF name, array)]``; default: unchanged) and mapped by gguf's
     tensor map, `extra` tensors under their GGUF names, `raw` GGUF name -> (bytes, ggml
-    type) as is (MXFP4 blocks); then the generic metadata, `params(writer, hparams, rope)`
-    and the tokenizer (GPT-2's byte alphabet)."""
+    type) as is (MXFP4 blocks); then the generic metadata (unless not `generic`: Mamba's
+    converters write their own), `params(writer, hparams, rope)` and the tokenizer (GPT-2's
+    byte alphabet)."""
     import gguf
 
     hp, rope = hparams(cfg)
@@ -164,7 +165,8 @@ def write(out: Path, arch: str, cfg: Any, sd: dict[str, torch.Tensor], *,
         w.add_tensor(gname, np.ascontiguousarray(arr, dtype=np.float32))
     for gname, (data, qtype) in (raw or {}).items():
         w.add_tensor(gname, data, raw_dtype=qtype)
-    _generic(w, hp, rope, n)
+    if generic:
+        _generic(w, hp, rope, n)
     if params is not None:
         params(w, hp, rope)
     w.add_tokenizer_model("gpt2")
@@ -259,6 +261,42 @@ def apertus(n_layers: int) -> tuple[Modify, Callable[[Any, dict, dict], None]]:
         w.add_xielu_beta(values["beta"])
         w.add_xielu_eps(values["eps"])
     return modify, params
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """``LlamaModel.permute``."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def olmo_params(w: Any, hp: dict, rope: dict) -> None:
+    """``OlmoModel.set_gguf_parameters``."""
+    w.add_layer_norm_eps(1e-5)
+    if hp.get("clip_qkv") is not None:
+        w.add_clamp_kqv(hp["clip_qkv"])
+
+
+def olmo_modify(name: str, a: np.ndarray, hp: dict) -> list[tuple[str, np.ndarray]]:
+    """``OlmoModel.modify_tensors``: q / k *weights* permuted."""
+    if name.endswith("q_proj.weight"):
+        a = _permute(a, hp["num_attention_heads"])
+    if name.endswith("k_proj.weight"):
+        a = _permute(a, hp["num_key_value_heads"])
+    return [(name, a)]
+
+
+def llama_modify(name: str, a: np.ndarray, hp: dict) -> list[tuple[str, np.ndarray]]:
+    """``LlamaModel.modify_tensors`` (undo_permute): q / k weights and biases permuted."""
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        a = _permute(a, hp["num_attention_heads"])
+    if name.endswith(("k_proj.weight", "k_proj.bias")):
+        a = _permute(a, hp["num_key_value_heads"])
+    return [(name, a)]
+
+
+def llama_params(w: Any, hp: dict, rope: dict) -> None:
+    """``LlamaModel.set_gguf_parameters`` (SmolLM3Model adds nothing)."""
+    _llama_params(w, hp)
 
 
 # ----------------------------------------------------------------------------------------
@@ -403,3 +441,71 @@ def llama4_modify(name: str, a: np.ndarray, hp: dict) -> list[tuple[str, np.ndar
 def skip_tied(name: str, a: np.ndarray, hp: dict) -> list[tuple[str, np.ndarray]]:
     """``HunYuanModel.modify_tensors``: the tied head not written."""
     return _skip_tied(name, a, hp)
+
+
+# ----------------------------------------------------------------------------------------
+# Mamba, Falcon-Mamba, Mamba-2
+# ----------------------------------------------------------------------------------------
+
+def mamba_params(w: Any, hp: dict, rope: dict) -> None:
+    """``MambaModel.set_gguf_parameters`` (its hparams are config.json's, not AutoConfig's)."""
+    d_model = hp["hidden_size"]
+    d_inner = hp.get("intermediate_size") or 2 * d_model
+    assert d_inner == 2 * d_model  # the converter fails early otherwise
+    w.add_context_length(2**20)
+    w.add_embedding_length(d_model)
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_block_count(hp["num_hidden_layers"])
+    w.add_ssm_conv_kernel(hp.get("conv_kernel") or 4)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(hp.get("state_size") or 16)
+    w.add_ssm_time_step_rank(hp.get("time_step_rank") or -(d_model // -16))
+    w.add_layer_norm_rms_eps(hp.get("layer_norm_epsilon") or 1e-5)
+    w.add_ssm_dt_b_c_rms(hp.get("model_type") == "falcon_mamba")
+
+
+def mamba_modify(name: str, a: np.ndarray, hp: dict) -> list[tuple[str, np.ndarray]]:
+    """``MambaModel.modify_tensors``: A = -exp(A_log), the conv squeezed."""
+    if name.endswith(".A_log"):
+        a = -np.exp(a)
+    if name.endswith("conv1d.weight"):
+        a = a.squeeze()
+    return [(name, a)]
+
+
+def mamba2_params(w: Any, hp: dict, rope: dict) -> None:
+    """``Mamba2Model.set_gguf_parameters``."""
+    d_model = hp["hidden_size"]
+    d_inner = hp.get("mamba_d_ssm") or hp.get("intermediate_size") or hp.get("d_inner") \
+        or 2 * d_model
+    head_dim = hp.get("mamba_d_head") or hp.get("head_dim") or 64
+    assert d_inner == 2 * d_model and d_inner % head_dim == 0
+    w.add_context_length(2**20)
+    w.add_embedding_length(d_model)
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_block_count(hp["num_hidden_layers"])
+    w.add_ssm_conv_kernel(hp.get("conv_kernel") or 4)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(hp.get("state_size") or 128)
+    w.add_ssm_time_step_rank(d_inner // head_dim)
+    w.add_ssm_group_count(hp.get("n_groups") or 1)
+    w.add_layer_norm_rms_eps(hp.get("layer_norm_epsilon") or 1e-5)
+
+
+def mamba2_modify(name: str, a: np.ndarray, hp: dict) -> list[tuple[str, np.ndarray]]:
+    """``Mamba2Model.modify_tensors``: dt_bias as dt_proj.bias, the conv squeezed, A and D
+    [heads, 1], the gated norm [groups, d_inner / groups], A = -exp(A_log)."""
+    if name.endswith(".dt_bias"):
+        name = name.rpartition(".dt_bias")[0] + ".dt_proj.bias"
+    if name.endswith("conv1d.weight"):
+        a = a.squeeze()
+    elif name.endswith((".A_log", ".D")):
+        a = a.reshape(*a.shape, 1)
+    elif name.endswith("mixer.norm.weight"):
+        groups = hp.get("n_groups") or 1
+        a = a.reshape(groups, a.size // groups)
+    if name.endswith(".A_log"):
+        a = -np.exp(a)
+    return [(name, a)]

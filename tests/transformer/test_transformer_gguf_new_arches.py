@@ -1,6 +1,6 @@
 """GGUF files of the architectures issue 21 adds last: ``glm4``, ``glm4moe``, ``ernie4_5-moe``,
 ``hunyuan-dense``, ``apertus``, ``gpt-oss`` (F32 and MXFP4 experts), ``deepseek2`` (V2 with
-and without a q latent, V3) and ``llama4``.
+and without a q latent, V3), ``llama4``, and OLMo's ``olmo`` and ``smollm3``.
 
 Each tiny checkpoint is written as llama.cpp's converter writes it by
 tests/support/gguf_convert.py (the converter functions and commits it follows are named
@@ -78,6 +78,11 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
         intermediate_size=32, intermediate_size_mlp=96, head_dim=16, num_local_experts=4,
         num_experts_per_tok=1, interleave_moe_layer_step=2, num_hidden_layers=4,
         rope_parameters=_SCOUT_ROPE)),
+    # OLMo: weightless LayerNorms, a clamp that clips; SmolLM3: llama.cpp's NoPE every
+    # fourth layer (its only schedule), no sliding window
+    "olmo": ("olmo", "olmo", FAMILIES["olmo"][1]),
+    "smollm3": ("smollm3", "smollm3", {"num_hidden_layers": 4, "rope_theta": 700.0,
+                                       "attention_bias": True}),
     # every layer full attention with RoPE (MobileLLM-style): the converter writes a sliding
     # window of 0, which turns llama.cpp's chunks, NoPE layers and temperature tuning off
     "llama4_full": ("llama4", "llama4_text", dict(
@@ -96,6 +101,8 @@ _CONVERTERS: dict[str, tuple[Callable[..., None] | None, Callable[..., Any] | No
     "gpt-oss": (conv.gpt_oss_params, conv.gpt_oss_modify),
     "deepseek2": (conv.deepseek2_params, conv.deepseek2_modify),
     "llama4": (conv.llama4_params, conv.llama4_modify),
+    "olmo": (conv.olmo_params, conv.olmo_modify),
+    "smollm3": (conv.llama_params, conv.llama_modify),
 }
 
 
@@ -184,7 +191,8 @@ def test_gguf_logits_equal_transformers_on_the_source_checkpoint(case, make_ids,
 
 
 @pytest.mark.parametrize("name", ["glm4_moe", "ernie4_5_moe", "apertus", "gpt_oss",
-                                  "deepseek_v2", "deepseek_v2_lite", "deepseek_v3", "llama4"])
+                                  "deepseek_v2", "deepseek_v2_lite", "deepseek_v3", "llama4",
+                                  "olmo", "smollm3"])
 def test_gguf_tensors_are_the_source_tensors(case, name):
     """F32 round trip: every tensor back bit-identical under its HF name (kv_b joined again,
     experts restacked, xIELU parameters from the metadata, the MTP layer left out)."""

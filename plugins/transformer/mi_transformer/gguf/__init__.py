@@ -22,8 +22,10 @@ What this does, in order:
 Architectures: llama, qwen2, qwen3, gemma, gemma2, gemma3, phi2, phi3, starcoder2, olmo2
 (OLMo-3 too, by its sliding-window metadata), olmoe, gpt2, gptneox, falcon, stablelm,
 command-r, granite, qwen2moe, qwen3moe; exaone4, seed_oss, ernie4_5, glm4, glm4moe,
-ernie4_5-moe, hunyuan-dense, apertus (:mod:`~mi_transformer.gguf.arches_recent`) and gpt-oss,
-deepseek2, llama4 (:mod:`~mi_transformer.gguf.arches_moe2`), registered by ``checkpoint``, in
+ernie4_5-moe, hunyuan-dense, apertus, olmo, smollm3
+(:mod:`~mi_transformer.gguf.arches_recent`), gpt-oss, deepseek2, llama4
+(:mod:`~mi_transformer.gguf.arches_moe2`) and the state-space mamba, mamba2
+(:mod:`~mi_transformer.gguf.arches_ssm`), registered by ``checkpoint``, in
 :data:`GGUF_ARCHES`; others are refused by name. Tensors a converter split, re-laid out or
 stored as metadata are mapped back as data of each architecture (``Join``, ``convert``,
 ``meta_tensors``). Metadata values of the wrong type are a ConfigError naming the key.

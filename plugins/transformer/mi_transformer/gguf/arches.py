@@ -137,6 +137,9 @@ class GgufArch:
     `meta_tensors(meta, family)`: ``{(layer, slot): tensor}`` of weights the converter wrote as
     metadata (Apertus' xIELU parameters). `latent`: the attention is MLA, whose head sizes
     `configure` reads (llama.cpp writes MLA as one shared KV head of the latent's width).
+    `own_config(meta, tensor names)`: the whole HF config, for architectures without
+    attention whose metadata shares little with the others (Mamba's ``ssm.*``). A
+    three-part name (``blk.0.ssm_a``, no ``.weight``) is looked up whole in `layer_slots`.
     """
 
     model_type: str
@@ -154,6 +157,7 @@ class GgufArch:
     meta_tensors: Callable[["_Meta", Any], dict[tuple[int | None, str], torch.Tensor]] | None \
         = None
     latent: bool = False
+    own_config: Callable[["_Meta", set[str]], dict[str, Any]] | None = None
 
     def slots_for(self, cfg: Mapping[str, Any]) -> Mapping[str, str]:
         return self.slots(cfg) if self.slots is not None else self.layer_slots
@@ -470,10 +474,9 @@ GGUF_ARCHES: dict[str, GgufArch] = {
 
 
 #: llama.cpp architectures whose transformers families load from safetensors but whose GGUF
-#: files are not mapped (hybrid state-space and linear-attention layouts, OLMo, SmolLM3)
+#: files are not mapped (the hybrid state-space and linear-attention layouts)
 SAFETENSORS_ONLY = {"jamba": "jamba", "granitehybrid": "granitemoehybrid / bamba",
-                    "nemotron_h": "nemotron_h", "qwen3next": "qwen3_next", "olmo": "olmo",
-                    "smollm3": "smollm3"}
+                    "nemotron_h": "nemotron_h", "qwen3next": "qwen3_next"}
 
 
 def gguf_arch(header: GgufHeader) -> GgufArch:
@@ -502,6 +505,8 @@ def slot_of(gguf_name: str, arch: GgufArch, slots: Mapping[str, str] | None = No
             return int(parts[1]), layer_slots[whole]
         if parts[2] in layer_slots:
             return int(parts[1]), f"{layer_slots[parts[2]]}.{parts[3]}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_slots:
+        return int(parts[1]), layer_slots[parts[2]]  # llama.cpp's suffix-less tensors (ssm_a)
     return None
 
 
@@ -519,6 +524,10 @@ def hf_config(header: GgufHeader) -> dict[str, Any]:
     name = header.metadata["general.architecture"]
     m = _Meta(header, name)
     path = header.path
+    if arch.own_config is not None:  # no attention: the family's own keys (state-space)
+        cfg = arch.own_config(m, {t.name for t in header.tensors})
+        check_gguf_size(header, cfg)
+        return cfg
     hidden = m.int("embedding_length")
     heads = m.int("attention.head_count")
     kv_heads = m.int("attention.head_count_kv", heads, allow_list=True)

@@ -1,7 +1,7 @@
 """GGUF architectures of the 2025-26 families: ``exaone4``, ``seed_oss``, ``ernie4_5`` (and
 OLMo-3, which llama.cpp writes as ``olmo2`` with sliding-window metadata: see
 ``_olmo2_extra`` in :mod:`~mi_transformer.gguf.arches`), ``glm4``, ``glm4moe``,
-``ernie4_5-moe``, ``hunyuan-dense`` and ``apertus``.
+``ernie4_5-moe``, ``hunyuan-dense``, ``apertus``, and ``smollm3`` and OLMo's ``olmo``.
 
 llama.cpp's converter (``convert_hf_to_gguf.py``: ``Exaone4Model``, ``SeedOssModel``,
 ``Ernie4_5Model``, ``Glm4Model``, ``Glm4MoeModel``, ``Ernie4_5MoeModel``, ``HunYuanModel``,
@@ -33,7 +33,7 @@ import torch
 from mi_core.plugin import ConfigError, UnsupportedModelError
 
 from mi_transformer.gguf.arches import (
-    _LLAMA_LAYER, _MOE_SLOTS, GgufArch, _Meta, sliding_layer_types,
+    _LLAMA_LAYER, _MOE_SLOTS, GgufArch, _Meta, sliding_layer_types, unpermute_qk,
 )
 
 
@@ -149,6 +149,29 @@ def _selection_rows(family: Any, t: torch.Tensor) -> torch.Tensor:
     return t.reshape(1, -1) if t.dim() == 1 else t
 
 
+def _olmo(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    """OLMo: weightless LayerNorms (eps 1e-5, not read), q/k/v clamp."""
+    cfg.pop("rms_norm_eps", None)
+    cfg.update(clip_qkv=m.float("attention.clamp_kqv", None),
+               attention_bias="blk.0.attn_q.bias" in names)
+
+
+def _smollm3(m: _Meta, cfg: dict[str, Any], names: set[str]) -> None:
+    """SmolLM3 as llama.cpp runs it: every fourth layer without RoPE
+    (``n_no_rope_layer_step = 4``, built in), no sliding window."""
+    cfg.update(no_rope_layer_interval=4, use_sliding_window=False,
+               attention_bias="blk.0.attn_q.bias" in names,
+               mlp_bias="blk.0.ffn_up.bias" in names)
+
+
+def _unpermute(heads: str) -> Any:
+    """``OlmoModel.modify_tensors`` permutes the q / k *weights* only (LlamaModel.permute),
+    not their biases: undone for exactly those."""
+    def undo(family: Any, w: torch.Tensor) -> torch.Tensor:
+        return unpermute_qk(w, getattr(family, heads))
+    return undo
+
+
 _ATTN = {k: v for k, v in _LLAMA_LAYER.items() if not k.startswith("ffn_")}
 _QK_NORMS = {"attn_q_norm": "q_norm", "attn_k_norm": "k_norm"}
 _DENSE = {"ffn_gate": "mlp_in", "ffn_up": "mlp_up", "ffn_down": "mlp_out"}
@@ -178,6 +201,14 @@ RECENT_GGUF_ARCHES: dict[str, GgufArch] = {
         convert={"exp_probs_b.bias": _selection_rows}),
     "hunyuan-dense": GgufArch("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM", {
         **_LLAMA_LAYER, **_QK_NORMS}, configure=_hunyuan_dense),
+    # OLMo (2024): no norm tensors at all; q / k weights permuted as LLaMA's
+    "olmo": GgufArch("olmo", "OlmoForCausalLM", {
+        k: v for k, v in _LLAMA_LAYER.items() if not k.endswith("_norm")}, configure=_olmo,
+        convert={"attn_q.weight": _unpermute("num_heads"),
+                 "attn_k.weight": _unpermute("num_kv_heads")}),
+    # SmolLM3: a LlamaModel (q / k rows and biases permuted)
+    "smollm3": GgufArch("smollm3", "SmolLM3ForCausalLM", _LLAMA_LAYER, permute_qk=True,
+                        configure=_smollm3),
     "apertus": GgufArch("apertus", "ApertusForCausalLM", {
         **_ATTN, **_QK_NORMS, "ffn_norm": "ln2", "ffn_up": "mlp_in", "ffn_down": "mlp_out"},
         configure=_apertus, meta_tensors=_xielu_tensors),

@@ -24,6 +24,7 @@ from mi_transformer.gguf.arches import (
 )
 from mi_transformer.gguf.arches_moe2 import MOE2_GGUF_ARCHES
 from mi_transformer.gguf.arches_recent import RECENT_GGUF_ARCHES
+from mi_transformer.gguf.arches_ssm import SSM_GGUF_ARCHES
 from mi_transformer.gguf.header import (
     GgufHeader, GgufTensorInfo, _quant_type, iter_dequantized, read_gguf_header,
 )
@@ -39,6 +40,7 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _FACTOR_TENSORS = {_ROPE_FREQS, *_LONGROPE}
 GGUF_ARCHES.update(RECENT_GGUF_ARCHES)  # the 2025-26 families (arches_recent.py)
 GGUF_ARCHES.update(MOE2_GGUF_ARCHES)  # gpt-oss, DeepSeek-V2/V3, Llama 4 (arches_moe2.py)
+GGUF_ARCHES.update(SSM_GGUF_ARCHES)  # Mamba, Falcon-Mamba, Mamba-2 (arches_ssm.py)
 
 
 @attrs.define
@@ -292,7 +294,11 @@ class _Target:
         slot = slot_of(t.name, arch, self.slots)
         fix = arch.convert.get(t.name.split(".", 2)[-1])
         if fix is not None:  # re-laid out as the family stores it
-            arr = fix(self.family, torch.from_numpy(arr)).contiguous().numpy()
+            try:
+                arr = fix(self.family, torch.from_numpy(arr)).contiguous().numpy()
+            except (ValueError, RuntimeError) as e:  # RuntimeError: a reshape that cannot be
+                raise WeightLoadError(f"{path}: tensor {t.name!r} of shape {list(arr.shape)}: "
+                                      f"{e}") from None
         if slot is not None and slot[1].startswith("join:"):
             yield from self._joined(t, torch.from_numpy(arr), slot[0], slot[1][5:])
             return

@@ -1,0 +1,126 @@
+"""GGUF files of the state-space families: llama.cpp's ``mamba`` (Mamba, Falcon-Mamba) and
+``mamba2``, whose layers run mi-ssm's mixers.
+
+Each tiny checkpoint (tests/support/ssm_tiny.py: unit scale, the settings released ones use)
+is written as llama.cpp's converter writes it by tests/support/gguf_convert.py
+(``MambaModel`` / ``Mamba2Model`` of ggml-org/llama.cpp ``conversion/mamba.py`` @ 32e9e044:
+A = -exp(A_log), the conv squeezed, Mamba-2's A / D [heads, 1], ``dt_bias`` as
+``dt_proj.bias``, its gated norm [groups, d_inner / groups]). Reference: transformers on the
+source checkpoint; F32 logits max abs diff < 1e-4. Every tensor comes back bit-identical but
+A_log, which is log(-(-exp(A_log))) in float32 (to 1e-6).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import mi_core as mi
+from mi_core.errors import ConfigError, WeightLoadError
+from mi_transformer.gguf import read_gguf
+from tests.support import gguf_convert as conv
+from tests.support.ssm_tiny import make_tiny_ssm, ssm_ids
+
+gguf = pytest.importorskip("gguf")
+pytest.importorskip("mi_ssm")
+TOL = 1e-4
+
+#: name -> (GGUF arch, params, modify)
+CASES = {"mamba": ("mamba", conv.mamba_params, conv.mamba_modify),
+         "falcon_mamba": ("mamba", conv.mamba_params, conv.mamba_modify),
+         "mamba2": ("mamba2", conv.mamba2_params, conv.mamba2_modify)}
+
+
+def _write(t: Any, name: str, out: Path) -> Path:
+    from safetensors.torch import load_file
+
+    arch, params, modify = CASES[name]
+    sd = load_file(str(t.path / "model.safetensors"))
+    return conv.write(out, arch, t.hf.config, sd, params=params, modify=modify, generic=False)
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory):
+    made: dict[str, tuple[Any, Path]] = {}
+    root = tmp_path_factory.mktemp("gguf_ssm")
+
+    def get(name: str) -> tuple[Any, Path]:
+        if name not in made:
+            t = make_tiny_ssm(root, name)
+            made[name] = (t, _write(t, name, root / f"{name}.gguf"))
+        return made[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_gguf_logits_equal_transformers_on_the_source_checkpoint(case, name):
+    t, path = case(name)
+    model = mi.MIModel.from_pretrained(path)
+    assert model.config.model_type == name
+    ids = ssm_ids(2, 20, seed=9)
+    with torch.no_grad():
+        ref = t.hf(ids).logits
+    got = model.forward(ids).output
+    assert (got - ref).abs().max().item() < TOL
+    assert got.std().item() > 0.1
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_gguf_tensors_are_the_source_tensors(case, name):
+    from safetensors.torch import load_file
+
+    t, path = case(name)
+    ckpt = read_gguf(path)
+    saved = load_file(str(t.path / "model.safetensors"))
+    assert set(ckpt.tensors) == set(saved)
+    for k, v in saved.items():
+        if k.endswith("A_log"):
+            torch.testing.assert_close(ckpt.tensors[k], v, rtol=1e-6, atol=1e-6)
+        else:
+            assert torch.equal(ckpt.tensors[k], v), k
+
+
+def test_gguf_config_is_the_source_config(case):
+    t, path = case("mamba2")
+    cfg = read_gguf(path).config
+    src = t.hf.config
+    for key in ("num_heads", "head_dim", "n_groups", "state_size", "conv_kernel", "expand",
+                "use_conv_bias", "use_bias", "vocab_size", "tie_word_embeddings"):
+        assert cfg[key] == getattr(src, key), key
+
+
+def test_cached_generation_from_the_gguf_equals_transformers(case):
+    t, path = case("mamba")
+    model = mi.MIModel.from_pretrained(path)
+    ids = ssm_ids(1, 6, seed=4)
+    with torch.no_grad():
+        theirs = t.hf.generate(ids, max_new_tokens=8, do_sample=False)[0, 6:].tolist()
+    ours = model.generate(ids, max_new_tokens=8).tokens[0, 6:].tolist()
+    eos = t.hf.config.eos_token_id
+    n = ours.index(eos) + 1 if eos in ours else len(ours)  # transformers stops at eos
+    assert ours[:n] == theirs[:n]
+
+
+def test_a_positive_ssm_a_is_a_weight_load_error_naming_it(case, tmp_path):
+    from tests.transformer.test_transformer_gguf_new_arches import _rewrite
+
+    _, path = case("mamba")
+    r = gguf.GGUFReader(str(path))
+    a = next(np.array(x.data) for x in r.tensors if x.name == "blk.1.ssm_a")
+    bad = _rewrite(path, tmp_path / "a.gguf", tensors={"blk.1.ssm_a": np.abs(a)})
+    with pytest.raises(WeightLoadError, match=r"blk\.1\.ssm_a.*negative"):
+        read_gguf(bad)
+
+
+def test_missing_ssm_metadata_is_a_config_error_naming_it(case, tmp_path):
+    from tests.transformer.test_transformer_gguf_new_arches import _rewrite
+
+    _, path = case("mamba2")
+    bad = _rewrite(path, tmp_path / "k.gguf", meta={"mamba2.ssm.state_size": (None, "")})
+    with pytest.raises(ConfigError, match=r"mamba2\.ssm\.state_size"):
+        read_gguf(bad)
