@@ -509,3 +509,38 @@ def mamba2_modify(name: str, a: np.ndarray, hp: dict) -> list[tuple[str, np.ndar
     if name.endswith(".A_log"):
         a = -np.exp(a)
     return [(name, a)]
+
+
+def jamba_params(w: Any, hp: dict, rope: dict) -> None:
+    """``JambaModel.set_gguf_parameters`` (conversion/jamba.py @ 7bca1fd9): the attention
+    layers as the per-layer KV head count (0 on Mamba layers)."""
+    d_model = hp["hidden_size"]
+    offset, period, n = hp["attn_layer_offset"], hp["attn_layer_period"], hp["num_hidden_layers"]
+    kv = [0] * offset + [hp["num_key_value_heads"] if (i - offset) % period == 0 else 0
+                         for i in range(offset, n)]
+    w.add_block_count(n)
+    w.add_context_length(hp["max_position_embeddings"])
+    w.add_embedding_length(d_model)
+    w.add_feed_forward_length(hp["intermediate_size"])
+    w.add_head_count(hp["num_attention_heads"])
+    w.add_head_count_kv(kv)
+    w.add_ssm_conv_kernel(hp.get("mamba_d_conv") or 4)
+    w.add_ssm_inner_size(hp["mamba_expand"] * d_model)
+    w.add_ssm_state_size(hp.get("mamba_d_state") or 16)
+    w.add_ssm_time_step_rank(hp.get("mamba_dt_rank") or -(d_model // -16))
+    w.add_layer_norm_rms_eps(hp.get("rms_norm_eps") or 1e-6)
+    w.add_expert_count(hp["num_experts"])
+    w.add_expert_used_count(hp["num_experts_per_tok"])
+
+
+def jamba_modify(name: str, a: np.ndarray, hp: dict) -> list[tuple[str, np.ndarray]]:
+    """``JambaModel.modify_tensors``: experts (stacked by :func:`write`) named as Qwen2-MoE's,
+    A = -exp(A_log), the conv squeezed."""
+    name = name.replace(".moe.", ".feed_forward.")
+    if ".feed_forward.experts." in name:  # "using the same merged name as qwen2moe"
+        name = name.replace(".feed_forward.experts.", ".mlp.experts.")
+    if name.endswith("conv1d.weight"):
+        a = a.squeeze()
+    if name.endswith(".A_log"):
+        a = -np.exp(a)
+    return [(name, a)]

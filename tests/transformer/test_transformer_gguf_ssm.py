@@ -1,11 +1,13 @@
-"""GGUF files of the state-space families: llama.cpp's ``mamba`` (Mamba, Falcon-Mamba) and
-``mamba2``, whose layers run mi-ssm's mixers.
+"""GGUF files of the state-space families: llama.cpp's ``mamba`` (Mamba, Falcon-Mamba),
+``mamba2`` and the hybrid ``jamba``, whose layers run mi-ssm's mixers.
 
 Each tiny checkpoint (tests/support/ssm_tiny.py: unit scale, the settings released ones use)
 is written as llama.cpp's converter writes it by tests/support/gguf_convert.py
 (``MambaModel`` / ``Mamba2Model`` of ggml-org/llama.cpp ``conversion/mamba.py`` @ 32e9e044:
 A = -exp(A_log), the conv squeezed, Mamba-2's A / D [heads, 1], ``dt_bias`` as
-``dt_proj.bias``, its gated norm [groups, d_inner / groups]). Reference: transformers on the
+``dt_proj.bias``, its gated norm [groups, d_inner / groups]; ``JambaModel`` of
+``conversion/jamba.py`` @ 7bca1fd9: the attention schedule as per-layer KV heads, experts
+stacked). Reference: transformers on the
 source checkpoint; F32 logits max abs diff < 1e-4. Every tensor comes back bit-identical but
 A_log, which is log(-(-exp(A_log))) in float32 (to 1e-6).
 """
@@ -23,6 +25,7 @@ import mi_core as mi
 from mi_core.errors import ConfigError, WeightLoadError
 from mi_transformer.gguf import read_gguf
 from tests.support import gguf_convert as conv
+from tests.support.hybrid_tiny import make_tiny_hybrid
 from tests.support.ssm_tiny import make_tiny_ssm, ssm_ids
 
 gguf = pytest.importorskip("gguf")
@@ -32,7 +35,8 @@ TOL = 1e-4
 #: name -> (GGUF arch, params, modify)
 CASES = {"mamba": ("mamba", conv.mamba_params, conv.mamba_modify),
          "falcon_mamba": ("mamba", conv.mamba_params, conv.mamba_modify),
-         "mamba2": ("mamba2", conv.mamba2_params, conv.mamba2_modify)}
+         "mamba2": ("mamba2", conv.mamba2_params, conv.mamba2_modify),
+         "jamba": ("jamba", conv.jamba_params, conv.jamba_modify)}
 
 
 def _write(t: Any, name: str, out: Path) -> Path:
@@ -50,7 +54,7 @@ def case(tmp_path_factory):
 
     def get(name: str) -> tuple[Any, Path]:
         if name not in made:
-            t = make_tiny_ssm(root, name)
+            t = (make_tiny_hybrid if name == "jamba" else make_tiny_ssm)(root, name)
             made[name] = (t, _write(t, name, root / f"{name}.gguf"))
         return made[name]
 
@@ -123,4 +127,28 @@ def test_missing_ssm_metadata_is_a_config_error_naming_it(case, tmp_path):
     _, path = case("mamba2")
     bad = _rewrite(path, tmp_path / "k.gguf", meta={"mamba2.ssm.state_size": (None, "")})
     with pytest.raises(ConfigError, match=r"mamba2\.ssm\.state_size"):
+        read_gguf(bad)
+
+
+def test_jamba_schedules_come_back_from_the_gguf(case):
+    """The same attention and expert layers (the schedule found may be another period /
+    offset giving them: layer 2 of 4 is period 3 as well as 4)."""
+    from mi_transformer.config import parse_config
+
+    t, path = case("jamba")
+    cfg = read_gguf(path).config
+    got, want = parse_config(cfg), parse_config(t.hf.config.to_dict())
+    assert got.layer_mixers == want.layer_mixers and got.layer_moe == want.layer_moe
+    for key in ("num_experts", "num_key_value_heads", "mamba_dt_rank", "mamba_expand"):
+        assert cfg[key] == getattr(t.hf.config, key), key
+
+
+def test_a_jamba_attention_schedule_that_is_not_periodic_is_refused(case, tmp_path):
+    from mi_core.errors import UnsupportedModelError
+    from tests.transformer.test_transformer_gguf_new_arches import _rewrite
+
+    _, path = case("jamba")
+    bad = _rewrite(path, tmp_path / "kv.gguf",
+                   meta={"jamba.attention.head_count_kv": ([2, 0, 2, 2], "ARRAY")})
+    with pytest.raises(UnsupportedModelError, match=r"attention layers \[0, 2, 3\]"):
         read_gguf(bad)

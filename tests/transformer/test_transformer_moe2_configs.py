@@ -310,7 +310,7 @@ def test_llama3_rope_with_equal_frequency_factors_is_transformers_step():
     assert got.isfinite().all() and not torch.equal(got, inv_freq(smooth, 16))
 
 
-@pytest.mark.parametrize("arch", ["jamba", "nemotron_h"])
+@pytest.mark.parametrize("arch", ["granitehybrid", "nemotron_h", "qwen3next"])
 def test_gguf_of_families_read_from_safetensors_only_is_refused_plainly_pointing_to_them(arch):
     """A llama.cpp GGUF architecture whose family loads from safetensors but whose GGUF is not
     mapped: the refusal says so in its first words and names the model_type that loads.

@@ -475,8 +475,8 @@ GGUF_ARCHES: dict[str, GgufArch] = {
 
 #: llama.cpp architectures whose transformers families load from safetensors but whose GGUF
 #: files are not mapped (the hybrid state-space and linear-attention layouts)
-SAFETENSORS_ONLY = {"jamba": "jamba", "granitehybrid": "granitemoehybrid / bamba",
-                    "nemotron_h": "nemotron_h", "qwen3next": "qwen3_next"}
+SAFETENSORS_ONLY = {"granitehybrid": "granitemoehybrid / bamba", "nemotron_h": "nemotron_h",
+                    "qwen3next": "qwen3_next"}
 
 
 def gguf_arch(header: GgufHeader) -> GgufArch:

@@ -26,6 +26,7 @@ selection bias as ``exp_probs_b.bias``. What else it changes, undone here:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -136,8 +137,9 @@ def _xielu_tensors(m: _Meta, family: Any) -> dict[tuple[int | None, str], torch.
             raise ConfigError(f"{m.path}: GGUF metadata lacks required key {key!r} (Apertus' "
                               f"xIELU parameters)")
         if not (isinstance(v, list) and len(v) == n and all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)):
-            raise m._bad(key, v, f"{n} numbers (one per layer)")
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                for x in v)):
+            raise m._bad(key, v, f"{n} finite numbers (one per layer)")
         for i, x in enumerate(v):
             out[(i, slot)] = torch.tensor(float(x), dtype=torch.float32).reshape(shape)
     return out
