@@ -8,10 +8,13 @@ selection bias renamed ``e_score_correction.bias``), ``llama.py`` @ 0274f0fc
 (``LlamaModel``: vocab size, rotary width, llama3 ``rope_freqs``), ``glm.py`` @ 051139f5
 (``Glm4Model``, ``Glm4MoeModel``), ``ernie.py`` @ 051139f5 (``Ernie4_5MoeModel``),
 ``hunyuan.py`` @ 051139f5 (``HunYuanModel``), ``apertus.py`` @ 2bbcf7fc (``ApertusModel``),
-``deepseek.py`` @ 01a723dc (``DeepseekV2Model``), ``gpt_oss.py`` @ 2984e6e8 / the monolithic
-``convert_hf_to_gguf.py`` @ 0024aa74 (``GptOssModel``), ``llama4.py`` @ 2bbcf7fc and the
-monolithic file's ``Llama4Model.modify_tensors`` (the gate / up split). Each function below
-names the converter method it redoes. Names come from ``gguf.get_tensor_name_map``; experts
+``deepseek.py`` @ 01a723dc (``DeepseekV2Model``), ``gpt_oss.py`` @ 2bbcf7fc
+(``GptOssModel``: nibble layout, MXFP4 repacking, the gate / up split; its yarn keys as the
+generic ``TextModel`` writes them, with ``beta_fast`` / ``beta_slow``, which that commit's own
+``set_gguf_parameters`` leaves out), ``llama4.py`` @ 2bbcf7fc and the monolithic
+``convert_hf_to_gguf.py``'s ``Llama4Model.modify_tensors`` (the gate / up split),
+``mamba.py`` @ 32e9e044, ``jamba.py`` @ 7bca1fd9. Each function below names the converter
+method it redoes. Names come from ``gguf.get_tensor_name_map``; experts
 are stacked [experts, rows, cols] per projection as the converters' expert merging does.
 """
 
