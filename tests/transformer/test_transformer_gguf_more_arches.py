@@ -270,7 +270,7 @@ def test_rotary_width_that_the_family_cannot_express_is_refused(case, tmp_path):
 
 
 def test_an_architecture_no_plugin_implements_is_refused_plainly(tmp_path):
-    w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "mamba")
+    w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "bloom")
     w.add_block_count(1)
     w.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
     w.write_header_to_file()
@@ -278,7 +278,7 @@ def test_an_architecture_no_plugin_implements_is_refused_plainly(tmp_path):
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(UnsupportedModelError,
-                       match="^no installed plugin implements GGUF architecture 'mamba'"):
+                       match="^no installed plugin implements GGUF architecture 'bloom'"):
         read_gguf(tmp_path / "x.gguf")
 
 

@@ -310,10 +310,11 @@ def test_llama3_rope_with_equal_frequency_factors_is_transformers_step():
     assert got.isfinite().all() and not torch.equal(got, inv_freq(smooth, 16))
 
 
-@pytest.mark.parametrize("arch", ["gpt-oss", "deepseek2", "llama4"])
-def test_gguf_of_these_families_is_refused_plainly_pointing_to_safetensors(arch):
-    """llama.cpp's GGUF of gpt-oss / DeepSeek / Llama 4 is not mapped: the refusal says so in
-    its first words and names the model_type that loads from safetensors."""
+@pytest.mark.parametrize("arch", ["granitehybrid", "nemotron_h", "qwen3next"])
+def test_gguf_of_families_read_from_safetensors_only_is_refused_plainly_pointing_to_them(arch):
+    """A llama.cpp GGUF architecture whose family loads from safetensors but whose GGUF is not
+    mapped: the refusal says so in its first words and names the model_type that loads.
+    (gpt-oss, DeepSeek and Llama 4 GGUFs load: test_transformer_gguf_new_arches.py.)"""
     from types import SimpleNamespace
 
     from mi_transformer.gguf.arches import gguf_arch

@@ -19,11 +19,16 @@ What this does, in order:
    the same file (byte-level BPE for ``tokenizer.ggml.model == "gpt2"``, sentencepiece BPE
    with byte fallback for ``"llama"``), so ids agree.
 
-Architectures: llama, qwen2, qwen3, gemma, gemma2, phi3, starcoder2, olmo2 (OLMo-3 too, by
-its sliding-window metadata), gpt2, qwen2moe, qwen3moe, and exaone4, seed_oss, ernie4_5
-(:mod:`~mi_transformer.gguf.arches_recent`, registered by ``checkpoint``) in
-:data:`GGUF_ARCHES`; others are refused by name. Metadata values of the wrong type
-are a ConfigError naming the key.
+Architectures: llama, qwen2, qwen3, gemma, gemma2, gemma3, phi2, phi3, starcoder2, olmo2
+(OLMo-3 too, by its sliding-window metadata), olmoe, gpt2, gptneox, falcon, stablelm,
+command-r, granite, qwen2moe, qwen3moe; exaone4, seed_oss, ernie4_5, glm4, glm4moe,
+ernie4_5-moe, hunyuan-dense, apertus, olmo, smollm3
+(:mod:`~mi_transformer.gguf.arches_recent`), gpt-oss, deepseek2, llama4
+(:mod:`~mi_transformer.gguf.arches_moe2`) and the state-space mamba, mamba2
+(:mod:`~mi_transformer.gguf.arches_ssm`), registered by ``checkpoint``, in
+:data:`GGUF_ARCHES`; others are refused by name. Tensors a converter split, re-laid out or
+stored as metadata are mapped back as data of each architecture (``Join``, ``convert``,
+``meta_tensors``). Metadata values of the wrong type are a ConfigError naming the key.
 
 The modules, in import order (none imports a later one): :mod:`~mi_transformer.gguf.header`
 (steps 1 and 2), :mod:`~mi_transformer.gguf.arches` (what each architecture changed, and its
@@ -33,8 +38,8 @@ and :func:`default_model_path`). Every name is importable from here.
 """
 
 from mi_transformer.gguf.arches import (
-    GGUF_ARCHES, GgufArch, gguf_arch, hf_config, llama3_rope_from_factors, llama_config,
-    slot_of, unpermute_qk,
+    GGUF_ARCHES, GgufArch, Join, gguf_arch, hf_config, llama3_rope_from_factors, llama_config,
+    mtp_layers, slot_of, unpermute_qk,
 )
 from mi_transformer.gguf.checkpoint import (
     SMOLLM2_FILE, GgufCheckpoint, default_model_path, read_gguf,
@@ -46,7 +51,7 @@ from mi_transformer.gguf.tokenizer import gguf_tokenizer
 
 __all__ = [
     "GGUF_ARCHES", "GGUF_MAGIC", "GgufArch", "GgufCheckpoint", "GgufHeader", "GgufTensorInfo",
-    "SMOLLM2_FILE", "default_model_path", "gguf_arch", "gguf_tokenizer", "hf_config",
-    "iter_dequantized", "llama3_rope_from_factors", "llama_config", "read_gguf",
+    "Join", "SMOLLM2_FILE", "default_model_path", "gguf_arch", "gguf_tokenizer", "hf_config",
+    "iter_dequantized", "llama3_rope_from_factors", "llama_config", "mtp_layers", "read_gguf",
     "read_gguf_header", "slot_of", "tensor_nbytes", "unpermute_qk",
 ]

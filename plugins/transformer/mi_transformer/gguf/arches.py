@@ -3,7 +3,10 @@ the family's weight table. One :class:`GgufArch` per llama.cpp architecture
 (:data:`GGUF_ARCHES`), with what llama.cpp's converter changed (LLaMA's / Granite's q/k row
 permutation, Gemma's norm gains stored as 1 + w, GPT-2's Conv1D weights stored transposed,
 rope factors stored as tensors, NeoX's and Falcon's fused q/k/v rows regrouped as
-[q | k | v], StableLM's per-head q/k norms stacked)."""
+[q | k | v], StableLM's per-head q/k norms stacked). An architecture whose converter splits,
+joins or transposes tensors says so as data: :class:`Join` (several llama.cpp tensors -> one
+of the family's), ``GgufArch.convert`` (one tensor re-laid out) and
+``GgufArch.meta_tensors`` (weights the converter stored as metadata)."""
 
 from __future__ import annotations
 
@@ -100,6 +103,17 @@ class _Meta:
 
 
 @attrs.frozen
+class Join:
+    """One tensor of the family built from several llama.cpp tensors of the same layer (what
+    the converter split): `parts` are ``module.suffix`` names in the order `fn` takes them;
+    `fn(family, tensors)` returns the family's tensor and raises ValueError (naming the
+    expected shape) on tensors of the wrong shape."""
+
+    parts: tuple[str, ...]
+    fn: Callable[[Any, list[torch.Tensor]], torch.Tensor]
+
+
+@attrs.frozen
 class GgufArch:
     """How one llama.cpp ``general.architecture`` maps onto an HF family.
 
@@ -114,6 +128,18 @@ class GgufArch:
     on the config (Falcon's two norms), else `layer_slots`. A fused ``attn_qkv`` is always
     [q | k | v] rows (llama.cpp regroups NeoX's and Falcon's); it is laid out as the family
     stores it when loaded.
+
+    A `layer_slots` key may also be a whole ``module.suffix`` name mapped to an exact slot
+    (``"attn_sinks.weight": "sinks"``), or to ``"join:<slot>"`` for a part of a
+    :data:`joins` entry. Slots may name ``{block}``, ``{router}``, ``{shared}`` and
+    ``{selection}`` (the family's MoE module names). `convert`: ``module.suffix`` ->
+    ``fn(family, tensor)``, a tensor re-laid out (Llama 4's experts stored transposed).
+    `meta_tensors(meta, family)`: ``{(layer, slot): tensor}`` of weights the converter wrote as
+    metadata (Apertus' xIELU parameters). `latent`: the attention is MLA, whose head sizes
+    `configure` reads (llama.cpp writes MLA as one shared KV head of the latent's width).
+    `own_config(meta, tensor names)`: the whole HF config, for architectures without
+    attention whose metadata shares little with the others (Mamba's ``ssm.*``). A
+    three-part name (``blk.0.ssm_a``, no ``.weight``) is looked up whole in `layer_slots`.
     """
 
     model_type: str
@@ -125,6 +151,13 @@ class GgufArch:
     transpose_linear: bool = False
     partial_rotary: bool = False
     slots: Callable[[Mapping[str, Any]], Mapping[str, str]] | None = None
+    joins: Mapping[str, Join] = attrs.field(factory=dict)
+    convert: Mapping[str, Callable[[Any, torch.Tensor], torch.Tensor]] = attrs.field(
+        factory=dict)
+    meta_tensors: Callable[["_Meta", Any], dict[tuple[int | None, str], torch.Tensor]] | None \
+        = None
+    latent: bool = False
+    own_config: Callable[["_Meta", set[str]], dict[str, Any]] | None = None
 
     def slots_for(self, cfg: Mapping[str, Any]) -> Mapping[str, str]:
         return self.slots(cfg) if self.slots is not None else self.layer_slots
@@ -215,13 +248,15 @@ def _moe_extra(norm_default: bool, shared: bool) -> Callable[[_Meta, dict[str, A
     return configure
 
 
-#: MoE tensors; {block} is the family's MoE module (mlp, Mixtral's block_sparse_moe)
-_MOE_SLOTS = {"ffn_gate_inp": "moe:{block}.gate", "ffn_gate_exps": "exps:0",
+#: MoE tensors; {block} is the family's MoE module (mlp, Mixtral's block_sparse_moe),
+#: {router} its router, {shared} its shared expert(s), {selection} its selection bias
+_MOE_SLOTS = {"ffn_gate_inp": "moe:{block}.{router}", "ffn_gate_exps": "exps:0",
               "ffn_up_exps": "exps:1", "ffn_down_exps": "exps:2",
-              "ffn_gate_shexp": "moe:{block}.shared_expert.gate_proj",
-              "ffn_up_shexp": "moe:{block}.shared_expert.up_proj",
-              "ffn_down_shexp": "moe:{block}.shared_expert.down_proj",
-              "ffn_gate_inp_shexp": "moe:{block}.shared_expert_gate"}
+              "ffn_gate_shexp": "moe:{block}.{shared}.gate_proj",
+              "ffn_up_shexp": "moe:{block}.{shared}.up_proj",
+              "ffn_down_shexp": "moe:{block}.{shared}.down_proj",
+              "ffn_gate_inp_shexp": "moe:{block}.shared_expert_gate",
+              "exp_probs_b.bias": "moe:{block}.{selection}"}
 _ATTN_SLOTS = {k: v for k, v in _LLAMA_LAYER.items() if not k.startswith("ffn_")} | {
     "ffn_norm": "ln2"}
 
@@ -439,9 +474,9 @@ GGUF_ARCHES: dict[str, GgufArch] = {
 
 
 #: llama.cpp architectures whose transformers families load from safetensors but whose GGUF
-#: tensors (llama.cpp's own splits of MLA's kv_b, MXFP4 blocks, fused experts) are not mapped
-SAFETENSORS_ONLY = {"gpt-oss": "gpt_oss", "deepseek2": "deepseek_v2 / deepseek_v3",
-                    "llama4": "llama4 / llama4_text"}
+#: files are not mapped (the hybrid state-space and linear-attention layouts)
+SAFETENSORS_ONLY = {"granitehybrid": "granitemoehybrid / bamba", "nemotron_h": "nemotron_h",
+                    "qwen3next": "qwen3_next"}
 
 
 def gguf_arch(header: GgufHeader) -> GgufArch:
@@ -464,9 +499,23 @@ def slot_of(gguf_name: str, arch: GgufArch, slots: Mapping[str, str] | None = No
     layer_slots = arch.layer_slots if slots is None else slots
     parts = gguf_name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and \
-            parts[3] in ("weight", "bias") and parts[2] in layer_slots:
-        return int(parts[1]), f"{layer_slots[parts[2]]}.{parts[3]}"
+            parts[3] in ("weight", "bias"):
+        whole = f"{parts[2]}.{parts[3]}"
+        if whole in layer_slots:  # an exact slot, or a part of a Join
+            return int(parts[1]), layer_slots[whole]
+        if parts[2] in layer_slots:
+            return int(parts[1]), f"{layer_slots[parts[2]]}.{parts[3]}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_slots:
+        return int(parts[1]), layer_slots[parts[2]]  # llama.cpp's suffix-less tensors (ssm_a)
     return None
+
+
+def mtp_layers(header: GgufHeader) -> int:
+    """The multi-token-prediction layers llama.cpp stores after the others
+    (``nextn_predict_layers``: GLM-4.5): counted in ``block_count``, not run by a causal LM
+    (transformers ignores them), so not loaded."""
+    arch = header.metadata.get("general.architecture")
+    return _Meta(header, str(arch)).int("nextn_predict_layers", 0, min=0)
 
 
 def hf_config(header: GgufHeader) -> dict[str, Any]:
@@ -475,13 +524,18 @@ def hf_config(header: GgufHeader) -> dict[str, Any]:
     name = header.metadata["general.architecture"]
     m = _Meta(header, name)
     path = header.path
+    if arch.own_config is not None:  # no attention: the family's own keys (state-space)
+        cfg = arch.own_config(m, {t.name for t in header.tensors})
+        check_gguf_size(header, cfg)
+        return cfg
     hidden = m.int("embedding_length")
     heads = m.int("attention.head_count")
     kv_heads = m.int("attention.head_count_kv", heads, allow_list=True)
     head_dim = m.int("attention.key_length", hidden // heads)
     rot = m.int("rope.dimension_count", head_dim)
     value_len = m.int("attention.value_length", head_dim)
-    if value_len != head_dim or (rot != head_dim and not arch.partial_rotary) or rot > head_dim:
+    if not arch.latent and (value_len != head_dim or (rot != head_dim and not arch.partial_rotary)
+                            or rot > head_dim):
         raise UnsupportedModelError(f"{path}: {name}.rope.dimension_count {rot} / "
                                     f"value_length {value_len} differ from head dim {head_dim} "
                                     f"(partial rotary is not supported for GGUF {name})")
@@ -502,7 +556,7 @@ def hf_config(header: GgufHeader) -> dict[str, Any]:
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": m.int("feed_forward_length", None, allow_list=True),
-        "num_hidden_layers": m.int("block_count"),
+        "num_hidden_layers": m.int("block_count") - mtp_layers(header),
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
@@ -513,7 +567,10 @@ def hf_config(header: GgufHeader) -> dict[str, Any]:
         "tie_word_embeddings": "output.weight" not in names,
         "torch_dtype": "float32",
     }
-    if rot != head_dim:  # checked against the parsed family by read_gguf
+    if cfg["num_hidden_layers"] < 1:
+        raise ConfigError(f"{path}: GGUF metadata {name}.nextn_predict_layers leaves no layer "
+                          f"of the {m.int('block_count')} (block_count)")
+    if rot != head_dim and not arch.latent:  # checked against the parsed family by read_gguf
         cfg["partial_rotary_factor"] = rot / head_dim
     scaling = _rope_scaling(header, m, ctx)
     if scaling is not None:
@@ -530,8 +587,13 @@ def hf_config(header: GgufHeader) -> dict[str, Any]:
         if v is not None:
             cfg[hf] = v
     # a null sliding_window is kept: for EXAONE-4 / OLMo-3 it means "no sliding layers",
-    # while an absent one means the class default window
-    return {k: v for k, v in cfg.items() if v is not None or k == "sliding_window"}
+    # while an absent one means the class default window; a null q_lora_rank: DeepSeek's
+    # queries from one projection (absent: the class default latent)
+    return {k: v for k, v in cfg.items() if v is not None or k in _NULL_MEANS}
+
+
+#: config keys whose null value means something other than their absence
+_NULL_MEANS = ("sliding_window", "q_lora_rank")
 
 
 def check_gguf_size(header: GgufHeader, cfg: dict[str, Any], dtype: torch.dtype | None = None,
@@ -602,8 +664,11 @@ def llama3_rope_from_factors(factors: torch.Tensor, theta: float, head_dim: int,
     wavelen = 2 * math.pi / inv
     factor = float(factors.max())
     for old in [original_ctx] if original_ctx else [8192, 4096, 2048, 16384, 32768]:
-        for low, high in ((1.0, 4.0), (1.0, 2.0), (2.0, 4.0)):
-            smooth = (old / wavelen - low) / (high - low)
+        # Llama 3.x: (1, 4); Llama 4 Scout: (1, 1), no smooth band (llama.cpp's converter
+        # never reaches its division by zero, nor does transformers' where it picks)
+        for low, high in ((1.0, 4.0), (1.0, 2.0), (2.0, 4.0), (1.0, 1.0)):
+            smooth = (old / wavelen - low) / (high - low) if high != low \
+                else torch.zeros_like(wavelen)
             mid = 1.0 / ((1 - smooth) / factor + smooth)
             low_freq = torch.where(wavelen > old / low, torch.full_like(wavelen, factor), mid)
             want = torch.where(wavelen < old / high, torch.ones_like(wavelen), low_freq)

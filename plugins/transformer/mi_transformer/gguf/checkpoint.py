@@ -20,9 +20,11 @@ from mi_core.plugin import (
 from mi_transformer.config import QkvLayout
 from mi_transformer.gguf.arches import (
     _LONGROPE, _ROPE_FREQS, GGUF_ARCHES, GgufArch, _Meta, check_gguf_size, gguf_arch,
-    hf_config, llama3_rope_from_factors, slot_of, unpermute_qk,
+    hf_config, llama3_rope_from_factors, mtp_layers, slot_of, unpermute_qk,
 )
+from mi_transformer.gguf.arches_moe2 import MOE2_GGUF_ARCHES
 from mi_transformer.gguf.arches_recent import RECENT_GGUF_ARCHES
+from mi_transformer.gguf.arches_ssm import SSM_GGUF_ARCHES
 from mi_transformer.gguf.header import (
     GgufHeader, GgufTensorInfo, _quant_type, iter_dequantized, read_gguf_header,
 )
@@ -37,6 +39,8 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: Tensors that are rope parameters, not weights: folded into the config's rope_scaling.
 _FACTOR_TENSORS = {_ROPE_FREQS, *_LONGROPE}
 GGUF_ARCHES.update(RECENT_GGUF_ARCHES)  # the 2025-26 families (arches_recent.py)
+GGUF_ARCHES.update(MOE2_GGUF_ARCHES)  # gpt-oss, DeepSeek-V2/V3, Llama 4 (arches_moe2.py)
+GGUF_ARCHES.update(SSM_GGUF_ARCHES)  # Mamba, Falcon-Mamba, Mamba-2 (arches_ssm.py)
 
 
 @attrs.define
@@ -111,6 +115,7 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32, *,
     for dev in {torch.device("cpu"), torch.device(device or "cpu")}:
         check_gguf_size(header, cfg, dtype, dev)
     slots = arch.slots_for(cfg)
+    header = _without_mtp_layers(header)
     unknown = [t.name for t in header.tensors if slot_of(t.name, arch, slots) is None
                and t.name not in _FACTOR_TENSORS]
     if unknown:
@@ -128,6 +133,14 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32, *,
                           f"dims in {family.model_type}")
     target = _Target.of(arch, family, cfg, path, slots)
     tensors, quant = _load_tensors(header, target, dtype)
+    if arch.meta_tensors is not None:  # weights the converter stored as metadata
+        meta = _Meta(header, header.metadata["general.architecture"])
+        for name, w in target.named(arch.meta_tensors(meta, family), "GGUF metadata"):
+            tensors[name], quant[name] = w.to(dtype), "metadata"
+    missing = [n for n in target.shapes if n not in tensors]
+    if missing:
+        raise WeightLoadError(f"{path}: missing tensors: {', '.join(missing[:10])}"
+                              f"{' ...' if len(missing) > 10 else ''}")
     short_md = {k: v for k, v in header.metadata.items()
                 if not (isinstance(v, list) and len(v) > 64)}
     return GgufCheckpoint(path=path, config=cfg, tensors=tensors,
@@ -144,7 +157,8 @@ def _rope_from_factors(header: GgufHeader, factor_tensors: list[GgufTensorInfo],
     if _ROPE_FREQS in arrays:
         return llama3_rope_from_factors(
             torch.from_numpy(arrays[_ROPE_FREQS]), cfg["rope_theta"], cfg["head_dim"],
-            header.metadata.get("llama.rope.scaling.original_context_length"), path)
+            header.metadata.get(f"{header.metadata['general.architecture']}"
+                                f".rope.scaling.original_context_length"), path)
     missing_f = sorted(set(_LONGROPE) - set(arrays))
     if missing_f:
         raise WeightLoadError(f"{path}: longrope needs both factor tensors; missing "
@@ -171,11 +185,26 @@ def _load_tensors(header: GgufHeader, target: _Target, dtype: torch.dtype
         for name, w in target.hf_tensors(t, arr):
             tensors[name] = w.to(dtype)
             quant[name] = _quant_type(t, path).name
-    missing = [n for n in target.shapes if n not in tensors]
-    if missing:
-        raise WeightLoadError(f"{path}: missing tensors: {', '.join(missing[:10])}"
-                              f"{' ...' if len(missing) > 10 else ''}")
+    target.check_joined()
     return tensors, quant
+
+
+def _without_mtp_layers(header: GgufHeader) -> GgufHeader:
+    """The header without the tensors of the multi-token-prediction layers llama.cpp stores
+    after the others (:func:`~mi_transformer.gguf.arches.mtp_layers`)."""
+    mtp = mtp_layers(header)
+    if not mtp:
+        return header
+    m = _Meta(header, header.metadata["general.architecture"])
+    layers = m.int("block_count") - mtp
+
+    def layer(name: str) -> int | None:
+        parts = name.split(".")
+        return int(parts[1]) if len(parts) > 2 and parts[0] == "blk" and parts[1].isdigit() \
+            else None
+
+    keep = [t for t in header.tensors if (i := layer(t.name)) is None or i < layers]
+    return attrs.evolve(header, tensors=keep)
 
 
 @attrs.frozen
@@ -191,6 +220,8 @@ class _Target:
     heads: int | None  # query heads, for undoing llama.cpp's q row permutation
     kv_heads: int | None  # key heads, for the k rows
     path: Path
+    #: (layer, joined slot) -> {part: tensor} of a Join whose parts have not all been read
+    pending: dict[tuple[int | None, str], dict[str, torch.Tensor]] = attrs.field(factory=dict)
 
     @classmethod
     def of(cls, arch: GgufArch, family: TransformerConfig, cfg: dict[str, Any], path: Path,
@@ -200,13 +231,77 @@ class _Target:
         return cls(arch, family, slots, slot_names(family), expected_shapes(family),
                    family.num_heads, family.num_kv_heads, path)
 
+    def resolve(self, slot: str) -> str:
+        """A slot with the family's MoE module names filled in ({block}, {router}, ...)."""
+        if "{" not in slot:
+            return slot
+        moe = self.family.moe
+        return slot.format(block=moe.block if moe else "mlp",
+                           router=moe.router_name if moe else "gate",
+                           shared=moe.shared_name if moe else "shared_expert",
+                           selection=moe.selection_bias if moe and moe.selection_bias
+                           else "<no selection bias>")
+
+    def named(self, tensors: Mapping[tuple[int | None, str], torch.Tensor], origin: str
+              ) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, tensor) of ``{(layer, slot): tensor}``, each checked against the family's
+        weight table."""
+        for (layer, slot), w in tensors.items():
+            name = self.names.get((layer, self.resolve(slot)))
+            if name is None:
+                raise WeightLoadError(f"{self.path}: {origin} gives {slot!r} of layer {layer}, "
+                                      f"which this {self.family.model_type} configuration "
+                                      f"does not use")
+            if tuple(w.shape) != tuple(self.shapes[name]):
+                raise WeightLoadError(f"{self.path}: {origin} gives {name} of shape "
+                                      f"{list(w.shape)}, expected {list(self.shapes[name])}")
+            yield name, w
+
+    def check_joined(self) -> None:
+        """Every tensor a Join needs was in the file (else the family's tensor is missing)."""
+        for (layer, slot), got in self.pending.items():
+            need = [p for p in self.arch.joins[slot].parts if p not in got]
+            raise WeightLoadError(f"{self.path}: missing tensors: "
+                                  f"{', '.join(f'blk.{layer}.{p}' for p in need)} (with "
+                                  f"{', '.join(f'blk.{layer}.{p}' for p in got)} they make "
+                                  f"the {self.family.model_type} tensor {self.resolve(slot)})")
+
+    def _joined(self, t: GgufTensorInfo, w: torch.Tensor, layer: int | None, slot: str
+                ) -> Iterator[tuple[str, torch.Tensor]]:
+        """One part of a Join: kept until every part is read, then joined and checked."""
+        join = self.arch.joins[slot]
+        got = self.pending.setdefault((layer, slot), {})
+        got[t.name.split(".", 2)[2]] = w
+        if len(got) < len(join.parts):
+            return
+        del self.pending[(layer, slot)]
+        parts = [got[p] for p in join.parts]
+        try:
+            joined = join.fn(self.family, parts)
+        except ValueError as e:
+            shapes = ", ".join(f"blk.{layer}.{p} {list(x.shape)}" for p, x in zip(join.parts,
+                                                                                 parts))
+            raise WeightLoadError(f"{self.path}: tensors {shapes} do not make this "
+                                  f"{self.family.model_type}'s {self.resolve(slot)}: {e}") from None
+        yield from self.named({(layer, slot): joined}, f"tensors of layer {layer}")
+
     def hf_tensors(self, t: GgufTensorInfo, arr: np.ndarray
                    ) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, tensor) for one llama.cpp tensor `arr` (float32, torch shape), checked
         against the family's shapes: one per expert for a stacked expert tensor, none for a
-        tied head stored once more."""
+        tied head stored once more or a part of a Join not yet complete."""
         arch, path = self.arch, self.path
         slot = slot_of(t.name, arch, self.slots)
+        fix = arch.convert.get(t.name.split(".", 2)[-1])
+        if fix is not None:  # re-laid out as the family stores it
+            try:
+                arr = fix(self.family, torch.from_numpy(arr)).contiguous().numpy()
+            except (ValueError, RuntimeError) as e:  # RuntimeError: a reshape that cannot be
+                raise WeightLoadError(f"{path}: tensor {t.name!r} of shape {list(arr.shape)}: "
+                                      f"{e}") from None
+        if slot is not None and slot[1].startswith("join:"):
+            yield from self._joined(t, torch.from_numpy(arr), slot[0], slot[1][5:])
+            return
         if slot is not None and slot[1].startswith("exps:"):  # experts stacked [E, ...]
             yield from self._experts(t, arr, slot)
             return
@@ -214,9 +309,8 @@ class _Target:
                 and slot not in self.names:  # stored otherwise by the family: rearranged
             yield from self._regrouped(t, torch.from_numpy(arr), slot)
             return
-        if slot is not None and "{block}" in slot[1]:
-            moe = self.family.moe
-            slot = (slot[0], slot[1].format(block=moe.block if moe else "mlp"))
+        if slot is not None:
+            slot = (slot[0], self.resolve(slot[1]))
         if slot is not None and slot[1].endswith("shared_expert_gate.weight") and arr.ndim == 1:
             arr = arr[None]  # llama.cpp stores the shared expert's gate as [d_model]
         if slot is not None and slot[1].startswith("qkv.") and \
