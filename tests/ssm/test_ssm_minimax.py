@@ -248,3 +248,13 @@ def test_decay_buffers_that_are_not_the_slopes_are_refused(tmp_path) -> None:
     save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(mi.WeightLoadError, match="layer 3: lightning attention's query_decay"):
         mi.MIModel.from_pretrained(d)
+
+
+def test_weights_a_lightning_layer_lacks_are_typed_refusals() -> None:
+    """(the MoE check used to read the attention of a layer that has none: AttributeError)"""
+    be = zm_model(NAME).backend
+    with pytest.raises(mi.WeightLoadError, match="'lightning_attention' layer without attention"):
+        be.get_weight("W_Q", 0)
+    with pytest.raises(mi.WeightLoadError, match="mixture-of-experts MLP: W_out is per expert"):
+        be.get_weight("W_out", 0)
+    assert be.get_weight("W_Q", 2).shape == (4, 32, 16)  # the attention layer's
