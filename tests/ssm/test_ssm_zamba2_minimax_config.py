@@ -114,3 +114,14 @@ def test_minimax_reads_its_residual_factors_and_sliding_window() -> None:
     windowed = _parse(_cfg("minimax", sliding_window=4))
     assert windowed.layer_windows[2] == 4
     assert _parse(_cfg("minimax", router_jitter_noise=0.1, output_router_logits=True)) == cfg
+
+
+@pytest.mark.parametrize("name", ["zamba2", "zamba2_gqa"])
+def test_the_memory_check_counts_zamba2s_weight_sets_once(name: str) -> None:
+    """The size estimate before loading (a lower bound: biases and the final norm left out)
+    counts the shared attention and MLP once per weight set, not on every layer."""
+    from mi_transformer.config.size import param_count
+
+    t = tiny_zm(name)
+    n = param_count(_parse(_cfg(name)))
+    assert 0.99 * t.hf.num_parameters() <= n <= t.hf.num_parameters()
