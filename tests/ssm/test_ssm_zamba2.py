@@ -153,7 +153,7 @@ def test_an_intervention_equals_transformers_with_a_hook_on_the_same_module(
     ids = zm_ids(1, 10, seed=6)
 
     def scale(x: torch.Tensor, hook=None) -> torch.Tensor:
-        # half the channels (all of them would be undone by the MLP's norm after o_proj)
+        # the first 8 channels (all of them: the norm after o_proj would undo the scale)
         return torch.cat([x[..., :8] * 1.7, x[..., 8:]], dim=-1)
 
     ours = model.forward(ids, mi.HookSpec().intervene(point, scale)).output
