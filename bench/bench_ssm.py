@@ -14,6 +14,12 @@ experts of 512 top-2 + a shared MLP of 1024; Nemotron-H: pattern M-M*M-, relu2 M
 gated DeltaNet 8 key / 16 value heads x 128 (Qwen3-Next's head sizes), conv 4, attention
 every 4th layer (8 heads x 128, 2 KV heads, output gate, rotary 0.25 for the Qwen ones);
 Qwen3-Next's MoE 16 experts top 4 x 256 plus a 256 shared expert, the dense MLPs 2816.
+Zamba2 (d_model 768): Mamba-2 24 heads x 64 (d_state 64, 1 group, chunk 256) on every layer,
+the shared block (12 heads x 128 on 1536 channels, RoPE, MLP 3072, two weight sets, LoRA rank
+128 on q / k / v and the MLP) on layers 2 and 5 (and every 3rd after). MiniMax (d_model 768):
+lightning attention 12 heads x 64, attention (4 KV heads) on the last of every 4 layers, MoE
+on every layer: 8 experts of 1024 top-2 (`minimax`), or one expert of 2048 (`minimax_1e`, the
+mixers without the MoE cost).
 Built with
 transformers, saved as safetensors, loaded by us from that directory. CPU, batch 2 x
 `--seq` random ids. Each row: the median of `--reps` runs taken round-robin, our empty-hook
@@ -40,7 +46,8 @@ from _timing import round_robin  # bench/ is on sys.path when run as a script
 
 BATCH = 2
 FAMILIES = ("mamba", "falcon_mamba", "mamba2", "jamba", "bamba", "granitemoehybrid",
-            "nemotron_h", "qwen3_next", "qwen3_5_text", "olmo_hybrid")
+            "nemotron_h", "qwen3_next", "qwen3_5_text", "olmo_hybrid", "zamba2", "minimax",
+            "minimax_1e")
 _ATTN = dict(num_attention_heads=12, num_key_value_heads=4)
 _M2 = dict(mamba_n_heads=24, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128,
            mamba_chunk_size=256)
@@ -57,6 +64,20 @@ HYBRIDS: dict[str, dict[str, Any]] = {
                        mamba_num_heads=24, mamba_head_dim=64, n_groups=1, ssm_state_size=128,
                        chunk_size=256, **_ATTN),
 }
+#: Zamba2 and MiniMax (issue 23, part 2): model_type, config kwargs besides the common ones
+#: (the schedules are made per layer count in _hf)
+ZM: dict[str, tuple[str, dict[str, Any]]] = {
+    "zamba2": ("zamba2", dict(num_attention_heads=12, n_mamba_heads=24, mamba_ngroups=1,
+                              mamba_d_state=64, chunk_size=256, num_mem_blocks=2,
+                              use_shared_attention_adapter=True, adapter_rank=128,
+                              use_mem_rope=True)),
+    "minimax": ("minimax", dict(num_attention_heads=12, num_key_value_heads=4, head_dim=64,
+                                intermediate_size=1024, num_local_experts=8,
+                                num_experts_per_tok=2, block_size=256)),
+    "minimax_1e": ("minimax", dict(num_attention_heads=12, num_key_value_heads=4, head_dim=64,
+                                   intermediate_size=2048, num_local_experts=1,
+                                   num_experts_per_tok=1, block_size=256)),
+}
 _LINEAR = dict(hidden_size=1024, vocab_size=8000, num_attention_heads=8, num_key_value_heads=2,
                head_dim=128, intermediate_size=2816, linear_num_key_heads=8,
                linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
@@ -67,7 +88,17 @@ def _hf(kind: str, layers: int, dtype: torch.dtype) -> Any:
     import transformers as tf
 
     common = dict(hidden_size=768, num_hidden_layers=layers, vocab_size=50280)
-    if kind in HYBRIDS:
+    if kind in ZM:
+        model_type, extra = ZM[kind]
+        extra = dict(extra)
+        if model_type == "zamba2":
+            extra["layers_block_type"] = ["hybrid" if i % 3 == 2 else "linear_attention"
+                                          for i in range(layers)]
+        else:
+            extra["layer_types"] = ["full_attention" if i % 4 == 3 else "linear_attention"
+                                    for i in range(layers)]
+        cfg = tf.AutoConfig.for_model(model_type, **common, **extra)
+    elif kind in HYBRIDS:
         extra = dict(HYBRIDS[kind])
         if kind == "granitemoehybrid":
             extra["layer_types"] = ["attention" if i == 2 else "mamba" for i in range(layers)]

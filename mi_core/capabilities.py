@@ -119,6 +119,17 @@ class ContextLength(Protocol):
     def cache_bytes(self, batch: int, tokens: int) -> int: ...
 
 
+@runtime_checkable
+class ResidualRescaling(Protocol):
+    """A property rather than a capability (not in :data:`ALL`): the residual stream is not
+    the sum of the embedding and the layers' outputs, because a sublayer rescales or replaces
+    what its branch is added to (e.g. ``x = alpha * norm(x) + beta * f(norm(x))``);
+    ``residual_rescaling`` says how. Residual decompositions refuse such a backend
+    (:func:`require_additive`)."""
+
+    residual_rescaling: str
+
+
 ALL: dict[str, type] = {
     "hook shapes": HookShapes, "KV-cached generation": KVCachedGeneration,
     "layer schedule": LayerSchedule, "state interventions": StateInterventions,
@@ -142,6 +153,15 @@ def require(backend: Any, capability: type, needed_for: str) -> None:
         raise CapabilityError(f"{needed_for} needs the {label!r} capability "
                               f"({capability.__name__}), which the {backend.name} backend does "
                               f"not declare")
+
+
+def require_additive(backend: Any, needed_for: str) -> None:
+    """CapabilityError when `backend` declares :class:`ResidualRescaling` (its residual
+    stream does not decompose into a sum of layer outputs)."""
+    if isinstance(backend, ResidualRescaling):
+        raise CapabilityError(f"{needed_for} needs a residual stream that is the sum of the "
+                              f"embedding and the layers' outputs; this {backend.name} model's "
+                              f"is not: {backend.residual_rescaling}")
 
 
 def capabilities(backend: Any) -> list[str]:

@@ -19,7 +19,7 @@ import torch
 
 from mi_core.plugin import (
     HookCache, HookPoint, HookSpec, MIError, MIModel, Readout, WeightAccess,
-    has_capability, require_points,
+    has_capability, require_additive, require_points,
 )
 from mi_core.tl.activation_cache import head_results, layer_outputs, stack_points
 from mi_core.interp._common import as_ids, norm_position, resolve_token, token_str
@@ -32,6 +32,7 @@ def decomposition_points(model: MIModel, heads: bool = False) -> list[HookPoint]
     contributes its mixer output, and its resid_mid / MLP output only where it has an MLP;
     a layer with an MLP alone (no mixer) its MLP output, an attention layer without an MLP its
     attention output."""
+    require_additive(model.backend, "a residual decomposition")  # (ResidualRescaling)
     pts = [HookPoint.resid_pre(0)]
     if model.has_hook_point(HookPoint.ln_final_scale()):  # needed by apply_ln_to_stack only
         pts.append(HookPoint.ln_final_scale())

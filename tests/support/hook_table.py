@@ -35,12 +35,13 @@ def tiny_configs() -> Iterator[tuple[str, str, dict[str, Any]]]:
     from tests.support.ssm_tiny import SSM_FAMILIES
     from tests.support.tiny_families import _COMMON, FAMILIES, GPT_FAMILIES
     from tests.support.tiny_families_moe2 import MOE2_FAMILIES
+    from tests.support.zamba2_minimax_tiny import ZM_FAMILIES
 
     for name, (mt, kw) in FAMILIES.items():  # FAMILIES includes RECENT_FAMILIES
         yield name, mt, kw if name in GPT_FAMILIES else {**_COMMON, **kw}
     for name, (mt, kw) in MOE2_FAMILIES.items():
         yield name, mt, {**_COMMON, **kw}
-    for table in (SSM_FAMILIES, HYBRID_FAMILIES, LINEAR_FAMILIES):
+    for table in (SSM_FAMILIES, HYBRID_FAMILIES, LINEAR_FAMILIES, ZM_FAMILIES):
         for name, (mt, kw) in table.items():
             yield name, mt, dict(kw)
 

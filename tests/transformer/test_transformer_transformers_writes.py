@@ -26,6 +26,7 @@ from tests.support.linear_tiny import LINEAR_FAMILIES
 from tests.support.ssm_tiny import SSM_FAMILIES
 from tests.support.tiny_families import FAMILIES, VOCAB
 from tests.support.tiny_families_moe2 import MOE2_FAMILIES
+from tests.support.zamba2_minimax_tiny import ZM_FAMILIES
 from tests.transformer.conftest import Tiny, _randomise, make_tiny
 
 TOL = 1e-4
@@ -41,9 +42,11 @@ def test_every_supported_family_is_covered():
     tests/transformer/test_transformer_moe2_configs.py and test_transformer_families_moe2.py
     (their tiny checkpoints are built there); the state-space families:
     tests/ssm/test_ssm_config.py (save_pretrained and to_dict); the hybrid and linear-attention
-    families: tests/ssm/test_ssm_hybrid_to_dict.py and their parity tests."""
+    families: tests/ssm/test_ssm_hybrid_to_dict.py and their parity tests (Zamba2, MiniMax:
+    tests/ssm/test_ssm_zamba2_minimax_config.py)."""
     moe2 = {mt for mt, _ in MOE2_FAMILIES.values()} | {"llama4"}
-    mixed = {mt for mt, _ in (*HYBRID_FAMILIES.values(), *LINEAR_FAMILIES.values())}
+    mixed = {mt for mt, _ in (*HYBRID_FAMILIES.values(), *LINEAR_FAMILIES.values(),
+                              *ZM_FAMILIES.values())}
     assert set(ONE_PER_FAMILY) | {"gemma3"} | moe2 | set(SSM_FAMILIES) | mixed == set(SUPPORTED)
 
 

@@ -12,6 +12,7 @@ from mi_core.plugin import MixerSpec, plugin_impl
 from mi_ssm.common import FACTORIES
 from mi_ssm.gated_delta import FACTORIES as GATED_DELTA_FACTORIES
 from mi_ssm.gated_delta import build_gated_delta, gated_delta_settings, gated_delta_tensors
+from mi_ssm.lightning import build_lightning, lightning_settings, lightning_tensors
 from mi_ssm.mamba import build_mamba, mamba_tensors
 from mi_ssm.mamba2 import build_mamba2, mamba2_tensors
 from mi_ssm.settings import mamba2_settings, mamba_settings
@@ -26,6 +27,8 @@ def mi_register_mixers() -> list[MixerSpec]:
                   "Mamba-2 state-space duality (a scalar decay per head, grouped B/C)"),
         MixerSpec("gated_deltanet", gated_delta_settings, gated_delta_tensors, build_gated_delta,
                   "gated DeltaNet linear attention (Qwen3-Next, Qwen3.5): a gated delta rule"),
+        MixerSpec("lightning_attention", lightning_settings, lightning_tensors, build_lightning,
+                  "lightning attention (MiniMax): linear attention with a decay per head"),
     ]
 
 
@@ -47,4 +50,5 @@ def mi_opt_in_hook_points() -> list[str]:
 @plugin_impl
 def mi_plugin_info() -> dict[str, Any]:
     return {"provides": ["mixer mamba (Mamba, Falcon-Mamba)", "mixer mamba2 (Mamba-2)",
-                          "mixer gated_deltanet (Qwen3-Next, Qwen3.5)"]}
+                          "mixer gated_deltanet (Qwen3-Next, Qwen3.5)",
+                          "mixer lightning_attention (MiniMax)"]}

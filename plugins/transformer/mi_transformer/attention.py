@@ -47,6 +47,9 @@ class AttnWeights:
     b_gate: torch.Tensor | None = None
     sinks: torch.Tensor | None = None  # [heads] sink logits (gpt-oss)
     mla: MlaWeights | None = None  # latent projections (DeepSeek-V2/V3)
+    #: low-rank adapters (A [rank, d_in], B [out, rank]) added to q, k, v: q = W_q x + B (A x)
+    #: (Zamba2's shared block, one set per use; mi_transformer.shared_block)
+    adapters: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
 
 
 @attrs.define(eq=False)
@@ -317,9 +320,15 @@ def _qkv(w: AttnWeights, x: torch.Tensor, ls: LayerSettings, run: HookRun, n: At
     num_heads, num_kv_heads, head_dim = ls.num_heads, ls.num_kv_heads, ls.head_dim
     b, s, _ = x.shape
     if head_inputs is None:
-        q = F.linear(x, w.w_q, w.b_q).view(b, s, num_heads, head_dim)
-        k = F.linear(x, w.w_k, w.b_k).view(b, s, num_kv_heads, head_dim)
-        v = F.linear(x, w.w_v, w.b_v).view(b, s, num_kv_heads, head_dim)
+        q = F.linear(x, w.w_q, w.b_q)
+        k = F.linear(x, w.w_k, w.b_k)
+        v = F.linear(x, w.w_v, w.b_v)
+        if w.adapters is not None:  # as transformers: the projection, plus B (A x)
+            q, k, v = (t + F.linear(F.linear(x, a), bb) for t, (a, bb) in zip((q, k, v),
+                                                                           w.adapters))
+        q = q.view(b, s, num_heads, head_dim)
+        k = k.view(b, s, num_kv_heads, head_dim)
+        v = v.view(b, s, num_kv_heads, head_dim)
     else:
         if head_inputs[1].shape[2] != num_kv_heads:  # per query head keys/values (hook_attn_in)
             groups = num_heads // num_kv_heads

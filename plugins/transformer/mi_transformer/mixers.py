@@ -20,6 +20,7 @@ import torch
 from mi_core.plugin import HookRun, InterventionError, StateKnockoutSpec, StateSteeringSpec
 
 from mi_transformer.attention import Masks
+from mi_transformer.shared_block import shared_block, shared_points, shared_shape
 
 #: The backend (mi_transformer.model.TransformerBackend, which imports this module: typed
 #: loosely so that no import goes back) and its KV cache.
@@ -27,20 +28,30 @@ Backend = Any
 
 
 def mixer_block(be: Backend, i: int, x: torch.Tensor, run: HookRun,
-                past: Any, step: int, masks: Masks) -> torch.Tensor:
+                past: Any, step: int, masks: Masks,
+                shared: tuple[torch.Tensor, Any, bool | None] | None = None) -> torch.Tensor:
     """Layer `i` (schedule step `step`) with a mixer: x [batch, seq, d_model] -> the same.
 
     The mixer reads its state from the cache slot of `step` (created on first use) and
     updates it in place; without a cache it starts from zeros. Padding (the mask's False
     slots) leaves the state untouched. With ``residual_fp32`` the residual stream is kept in
     F32 and the norm reads it cast to the model's dtype (transformers' Mamba blocks).
+    `shared`: (the embeddings, the layer's rotary tables, the attention path) for a layer that
+    runs a shared attention block first (Zamba2, :mod:`mi_transformer.shared_block`): its
+    output joins the mixer's norm input, its keys and values the cache slot of `step`.
     """
     c, lw, n = be.config, be.w.layers[i], be.names[i]
     mixer = lw.mixer
     x = run.apply(n.resid_pre, x)
     if mixer is None:  # a layer without a sequence mixer: x + mlp(norm(x)) (MLP_ONLY)
         return run.apply(n.resid_post, x + be._mlp(i, x, run))
-    h = lw.ln1(x.to(be.dtype), run, n.ln1_scale, n.ln1_normalized, out_name=n.mixer_in)
+    src = x
+    if shared is not None:
+        emb, rope, explicit = shared
+        src = x + shared_block(lw.shared, x, emb, run, be.shared_names[i], n, be.settings[i],
+                               rope, masks, be.act, explicit,
+                               past.updater(step) if past is not None else None)
+    h = lw.ln1(src.to(be.dtype), run, n.ln1_scale, n.ln1_normalized, out_name=n.mixer_in)
     state = None
     if past is not None:
         state = past.states.get(step)
@@ -49,11 +60,15 @@ def mixer_block(be: Backend, i: int, x: torch.Tensor, run: HookRun,
     m = mixer.forward(h, run, state=state, active=masks.new_valid(), offset=masks.offset)
     if c.residual_scale != 1.0:  # Granite 4: every branch scaled before the residual add
         m = m * c.residual_scale
+    sc = be.scales[i]
+    if sc is not None:  # MiniMax: residual * alpha + branch * beta
+        m = m * sc[1]
     m = run.apply(n.mixer_out, m)
-    x = (x.float() if c.residual_fp32 else x) + m
+    x = be._residual(i, x.float() if c.residual_fp32 else x, h, 0) + m
     if c.has_mlp(i):
         x = run.apply(n.resid_mid, x)
-        x = x + be._mlp(i, x, run)
+        h2, mo = be._mlp_io(i, x, run)
+        x = be._residual(i, x, h2, 2) + mo
     return run.apply(n.resid_post, x)
 
 
@@ -63,7 +78,10 @@ def mixer_layer_points(be: Backend, i: int) -> list[str]:
     n, mixer = be.names[i], be.w.layers[i].mixer
     if mixer is None:  # MLP_ONLY
         return [n.resid_pre] + n.mlp_points(be.config) + [n.resid_post]
-    out = [n.resid_pre, n.ln1_scale, n.ln1_normalized]
+    out = [n.resid_pre]
+    if be.w.layers[i].shared is not None:  # Zamba2: the shared block's points first
+        out += shared_points(be.shared_names[i], n.attn, n, n.rotary)
+    out += [n.ln1_scale, n.ln1_normalized]
     out += [f"blocks.{i}.{p}" for p in mixer.points] + [n.mixer_out]
     c = be.config
     if c.has_mlp(i):  # pre-norm mixer layers in a post-norm model: the MLP's points as such
@@ -94,7 +112,9 @@ def check_state_spec(be: Backend, spec: StateKnockoutSpec | StateSteeringSpec,
 def mixer_hook_shape(be: Backend, layer: int, suffix: str, batch: int,
                      seq: int) -> tuple[int, ...] | None:
     """The shape of a mixer's own point (None: not one of them)."""
-    mixer: Any = be.w.layers[layer].mixer if 0 <= layer < be.num_layers else None
+    lw: Any = be.w.layers[layer] if 0 <= layer < be.num_layers else None
+    mixer = lw.mixer if lw is not None else None
     if mixer is None or suffix not in mixer.points:
-        return None
+        return shared_shape(be.config, suffix, batch, seq) if lw is not None and \
+            lw.shared is not None else None
     return mixer.hook_shape(suffix, batch, seq)

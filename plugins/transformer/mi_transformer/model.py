@@ -31,6 +31,7 @@ from mi_transformer.moe import MoeNames, moe
 from mi_transformer.placement import Layout
 from mi_transformer.processing import process_weights
 from mi_transformer.rope import attention_scaling, cos_sin, inv_freq
+from mi_transformer.shared_block import SharedNames
 from mi_transformer.weights import LayerWeights, Weights
 
 BetweenLayers = Callable[[int, int, torch.Tensor], torch.Tensor]
@@ -76,9 +77,13 @@ class TransformerBackend:
             n.qk_norm = config.qk_norm and (not config.layer_qk_norm or config.layer_qk_norm[i])
             n.has_mlp = config.has_mlp(i)
         self.settings = [LayerSettings.of(config, i) for i in range(config.num_layers)]
+        #: each layer's residual scales (alpha / beta per sublayer, MiniMax), None: all 1
+        self.scales = [config.residual_scales(i) for i in range(config.num_layers)]
+        self.shared_names = [SharedNames.of(i) for i in range(config.num_layers)]  # (Zamba2)
         #: each layer's mixer (the LayerTypes capability): attention, or a plugin's mixer
         self.layer_types = [
-            mc.name if (mc := config.mixer_of(i)) is not None
+            ("shared_attention+" if config.shared_set(i) is not None else "") + mc.name
+            if (mc := config.mixer_of(i)) is not None
             else "mlp" if not config.has_attention(i)
             else "sliding_attention" if s.window is not None
             else "chunked_attention" if s.chunk is not None else "full_attention"
@@ -91,6 +96,13 @@ class TransformerBackend:
             # StateInterventions: declared only by models with recurrent layers (an
             # attention-only model refuses state specs with a CapabilityError)
             self.check_state_spec = functools.partial(check_state_spec, self)
+        if config.norm_residual or any(sc is not None and (sc[0] != 1 or sc[2] != 1)
+                                       for sc in self.scales):
+            # ResidualRescaling (mi_core.capabilities): decompositions refuse this model
+            self.residual_rescaling = (
+                "each sublayer's residual is its norm's output" if config.norm_residual else
+                "each sublayer's residual is scaled") + " (x = alpha * norm(x) + beta * " \
+                "f(norm(x)))"
         self.inv_freqs = [inv_freq(r, config.rot_dim).to(device) for r in config.ropes]
         self._warned_long = False
 
@@ -130,6 +142,7 @@ class TransformerBackend:
         on = {ids.device: (rope, masks)}  # per device: rotary tables and masks
 
         x = self._embed(ids, positions, run)
+        emb = {x.device: x} if c.shared_block is not None else None  # (Zamba2's block reads it)
         hooked = not run.spec.is_empty()
         for step, layer in enumerate(schedule):
             if placed and x.device != self.layout.layers[layer]:
@@ -139,7 +152,12 @@ class TransformerBackend:
                                 masks.to(x.device))
             r_tables, r_masks = on[x.device]
             if w.layers[layer].attn is None:  # a plugin's mixer or no mixer (mixers.py)
-                x = mixer_block(self, layer, x, run, past, step, r_masks)
+                shared = None
+                if emb is not None and w.layers[layer].shared is not None:  # (Zamba2)
+                    e = emb.setdefault(x.device, next(iter(emb.values())).to(x.device))
+                    r = self.settings[layer].rope
+                    shared = (e, r_tables[r] if r is not None else None, explicit)
+                x = mixer_block(self, layer, x, run, past, step, r_masks, shared)
             else:
                 r = self.settings[layer].rope
                 update = past.updater(step) if past is not None else None
@@ -177,19 +195,40 @@ class TransformerBackend:
             a = lw.ln1_post(a, run, n.ln1_post_scale, n.ln1_post_normalized)
         if c.residual_scale != 1.0:  # Granite: branch outputs scaled before the residual add
             a = a * c.residual_scale
+        sc = self.scales[i]
+        if sc is not None:  # MiniMax: residual * alpha + branch * beta
+            a = a * sc[1]
         a = run.apply(n.attn_out, a)
+        res = h if c.norm_residual else x  # MiniMax: the residual is the norm's output
+        if sc is not None:
+            res = res * sc[0]
         if not n.has_mlp:  # an attention layer without an MLP (Nemotron-H)
-            return run.apply(n.resid_post, x + a)
-        if sequential:
-            x = run.apply(n.resid_mid, x + a)
-        m = self._mlp(i, x, run, h)
-        return run.apply(n.resid_post, x + m if sequential else x + (a + m))
+            return run.apply(n.resid_post, res + a)
+        if not sequential:
+            return run.apply(n.resid_post, x + (a + self._mlp(i, x, run, h)))
+        x = run.apply(n.resid_mid, res + a)
+        h2, m = self._mlp_io(i, x, run, h)
+        return run.apply(n.resid_post, self._residual(i, x, h2, 2) + m)
+
+    def _residual(self, i: int, x: torch.Tensor, normed: torch.Tensor, alpha: int
+                  ) -> torch.Tensor:
+        """What a sublayer's branch is added to: its input x, or (``norm_residual``) its
+        norm's output, times the layer's alpha (index `alpha` of its residual scales)."""
+        res = normed if self.config.norm_residual else x
+        sc = self.scales[i]
+        return res if sc is None else res * sc[alpha]
 
     def _mlp(self, i: int, x: torch.Tensor, run: HookRun,
              shared: torch.Tensor | None = None) -> torch.Tensor:
         """The MLP half of block `i`: its input x (resid_mid, or resid_pre in a parallel
         block) -> what the MLP adds to the residual stream (``hook_mlp_out``). `shared`:
         ln1's output, which a block with one shared norm feeds the MLP too."""
+        return self._mlp_io(i, x, run, shared)[1]
+
+    def _mlp_io(self, i: int, x: torch.Tensor, run: HookRun,
+                shared: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the MLP's normalised input, at ``mlp.hook_in``; its output, at
+        ``hook_mlp_out``) for :meth:`_mlp`."""
         c, lw, n = self.config, self.w.layers[i], self.names[i]
         mlp_in = run.apply(n.tl_mlp_in, x)  # resid_mid, or resid_pre in a parallel block
         if lw.ln2 is not None:
@@ -208,7 +247,9 @@ class TransformerBackend:
             m = lw.ln2_post(m, run, n.ln2_post_scale, n.ln2_post_normalized)
         if c.residual_scale != 1.0:
             m = m * c.residual_scale
-        return run.apply(n.mlp_out, m)
+        if self.scales[i] is not None:
+            m = m * self.scales[i][3]  # type: ignore[index]
+        return h, run.apply(n.mlp_out, m)
 
     # -- embedding and rotary tables ---------------------------------------------------
     def _embed(self, ids: torch.Tensor, positions: torch.Tensor, run: HookRun) -> torch.Tensor:
@@ -439,12 +480,18 @@ class TransformerBackend:
                                   f"got {layer}")
         lw: LayerWeights = w.layers[layer]
         a, m = lw.attn, lw.mlp
+        if lw.shared is not None and (name in _ATTN_WEIGHTS or name in _MLP_WEIGHTS):
+            raise WeightLoadError(
+                f"layer {layer} runs a shared attention block on [residual | embeddings] (2 "
+                f"d_model wide, with this layer's adapters) before its mixer: {name} is not a "
+                f"weight of the residual stream; the block is backend.w.layers[{layer}].shared")
         if a is None and name in _ATTN_WEIGHTS or m is None and name in _MLP_WEIGHTS:
             part = "attention" if name in _ATTN_WEIGHTS else "an MLP"
             raise WeightLoadError(f"layer {layer} is a {self.layer_types[layer]!r} layer without "
                                   f"{part}: it has no {name}")
         h, kv, hd, d = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
-        if a.mla is not None and name in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V"):
+        if a is not None and a.mla is not None and name in ("W_Q", "W_K", "W_V", "b_Q", "b_K",
+                                                           "b_V"):
             raise WeightLoadError(
                 f"layer {layer} has multi-head latent attention: {name} is not a linear map of "
                 f"the residual stream (q, k and v pass through RMS-normed latents); the "

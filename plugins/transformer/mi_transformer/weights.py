@@ -29,6 +29,7 @@ from mi_transformer.mlp import MlpWeights, XIeLU
 from mi_transformer.moe import MoeWeights, expected_moe_shapes, float32_names, load_moe
 from mi_transformer.norm import Norm
 from mi_transformer.placement import Layout
+from mi_transformer import shared_block
 
 
 @attrs.frozen
@@ -69,6 +70,12 @@ class NameTable:
     base_prefix: str = ""
     ignore: tuple[str, ...] = (r"rotary_emb\.inv_freq$",)
     mixer: str = "mixer"  # a non-attention mixer's module (its tensors: the MixerSpec's names)
+    #: a shared attention block's module (Zamba2; mi_transformer.shared_block), in the first
+    #: layer that uses each weight set; `shared_out`: each using layer's own projection;
+    #: `shared_prefix`: where a layer with a shared block keeps its own norm and mixer
+    shared: str = ""
+    shared_out: str = ""
+    shared_prefix: str = ""
 
 
 _CAUSAL_BUFFERS = (r"\.att(n|ention)\.(bias|masked_bias)$", r"rotary_emb\.inv_freq$")
@@ -164,6 +171,13 @@ NAME_TABLES: dict[str, NameTable] = {
     "olmo_hybrid": NameTable(ln1="attention_layer_norm", ln2="feedforward_layer_norm",
                              ln1_post="feedforward_layer_norm",
                              ln2_post="post_feedforward_layernorm", mixer="linear_attn"),
+    # MiniMax: the lightning-attention mixer under self_attn. like attention
+    "minimax": NameTable(mixer="self_attn"),
+    # Zamba2: Mamba-2 layers; a layer with the shared block keeps its norm and mixer under
+    # mamba_decoder., the block under shared_transformer. (first use of each weight set)
+    "zamba2": NameTable(final_norm="model.final_layernorm", ln2="", mixer="mamba",
+                        shared="shared_transformer", shared_out="linear",
+                        shared_prefix="mamba_decoder."),
     "falcon_two_norms": NameTable(embed="transformer.word_embeddings",
                                   final_norm="transformer.ln_f", layer="transformer.h.{i}.",
                                   ln1="ln_attn", ln2="ln_mlp", qkv="self_attention.query_key_value",
@@ -229,8 +243,11 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
         qn, kn = (h, hd), (kv, hd)
     for i in range(cfg.num_layers):
         mixer = cfg.mixer_of(i)
+        own = t.shared_prefix if cfg.shared_set(i) is not None else ""  # (Zamba2)
+        if own:
+            _shared_entries(cfg, t, out, i)
         if mixer is not None:  # a plugin's mixer: its own tensors, slots "mixer:<name>"
-            prefix = t.layer.format(i=i) + t.mixer + "."
+            prefix = t.layer.format(i=i) + own + t.mixer + "."
             for name, shape in mixer.spec.tensors(mixer.settings).items():
                 out[prefix + name] = Entry("mixer:" + name, i, tuple(shape))
         elif cfg.has_attention(i):  # (an MLP_ONLY layer has no mixer's tensors)
@@ -241,7 +258,7 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
             if not cfg.has_attention(i) and mixer is None and slot in ("ln1", "ln1_post"):
                 continue  # MLP_ONLY: the layer's one norm is ln2
             if cfg.has_mlp(i) or slot in ("ln1", "ln1_post"):
-                add(i, slot, name, (d,), cfg.norm_bias)
+                add(i, slot, own + name, (d,), cfg.norm_bias)
         if not cfg.has_mlp(i):
             continue
         if cfg.moe is not None and cfg.layer_moe and cfg.layer_moe[i]:
@@ -286,6 +303,36 @@ def _attention_extras(t: NameTable, cfg: TransformerConfig, add: Callable[..., N
     elif qk_norm:
         add(i, "q_norm", t.q_norm, qk_norm_shapes[0], False)
         add(i, "k_norm", t.k_norm, qk_norm_shapes[1], False)
+
+
+def _shared_entries(cfg: TransformerConfig, t: NameTable, out: dict[str, "Entry"],
+                    i: int) -> None:
+    """Layer i's shared-block tensors: its own output projection, and at the first layer
+    of each weight set the set's tensors (slots ``shared:<name inside the module>``)."""
+    p = t.layer.format(i=i)
+    out[p + t.shared_out + ".weight"] = Entry(shared_block.OUT, i,
+                                              (cfg.hidden_size, cfg.hidden_size))
+    if cfg.shared_owner(i) == i:
+        for name, shape in shared_block.shared_tensors(cfg, i).items():
+            out[p + t.shared + "." + name] = Entry("shared:" + name, i, shape)
+
+
+def shared_duplicates(cfg: TransformerConfig, names: Sequence[str]) -> dict[str, str]:
+    """Copies of a shared block's tensors at a later layer that uses the same weight set
+    (a checkpoint may repeat them; transformers saves the first only) -> the first's name."""
+    t = NAME_TABLES[cfg.weight_names]
+    if cfg.shared_block is None:
+        return {}
+    table, out = tensor_table(cfg), {}
+    for i in range(cfg.num_layers):
+        owner = cfg.shared_owner(i)
+        if owner is None or owner == i:
+            continue
+        mine, first = (t.layer.format(i=k) + t.shared + "." for k in (i, owner))
+        for n in names:
+            if n.startswith(mine) and first + n[len(mine):] in table:
+                out[n] = first + n[len(mine):]
+    return out
 
 
 _XIELU: tuple[tuple[str, tuple[int, ...]], ...] = (
@@ -373,7 +420,8 @@ def check_tensors(cfg: TransformerConfig, shapes: Mapping[str, tuple[int, ...]])
     """Every expected tensor present with its shape; every other tensor ignorable."""
     table, alias = tensor_table(cfg), resolve_names(cfg, list(shapes))
     t = NAME_TABLES[cfg.weight_names]
-    used = set(alias.values())
+    dups = shared_duplicates(cfg, list(shapes))  # repeated shared-block tensors (Zamba2)
+    used = set(alias.values()) | set(dups)
     missing = [n for n in table if alias[n] not in shapes]
     tied_head = t.lm_head + ".weight"
     unexpected = [n for n in shapes if n not in used and not is_ignorable(cfg, n)
@@ -381,6 +429,8 @@ def check_tensors(cfg: TransformerConfig, shapes: Mapping[str, tuple[int, ...]])
     misshaped = [f"{alias[n]}: {list(shapes[alias[n]])} != expected {list(e.shape)}"
                  for n, e in table.items() if alias[n] in shapes
                  and tuple(shapes[alias[n]]) != e.shape]
+    misshaped += [f"{n}: {list(shapes[n])} != expected {list(table[first].shape)}"
+                  for n, first in dups.items() if tuple(shapes[n]) != table[first].shape]
     pat = re.compile(re.escape(t.layer).replace(re.escape("{i}"), r"(\d+)"))
     extra = sorted({int(mt.group(1)) for n in unexpected
                     if (mt := pat.match(n) or pat.match(t.base_prefix + n))
@@ -430,6 +480,8 @@ class LayerWeights:
     ln1_post: Norm | None = None
     ln2_post: Norm | None = None
     mixer: Any = None  # a non-attention mixer (mi_core.recurrence.Mixer), built by its plugin
+    #: the shared attention block run before the mixer (Zamba2), with this layer's adapters
+    shared: "shared_block.SharedBlockWeights | None" = None
 
 
 @attrs.define(eq=False)
@@ -524,6 +576,12 @@ def load_weights(cfg: TransformerConfig, src: TensorSource, device: torch.device
             raise WeightLoadError(f"{_origin(src)}: tie_word_embeddings is true but tensor "
                                   f"{head!r} differs from the embedding; set "
                                   f"tie_word_embeddings to false to use it")
+    for dup, first in shared_duplicates(cfg, src.names()).items():
+        e = table[first]  # a repeated shared-block tensor must be the first use's
+        mine = tensors[(e.layer, e.slot)]
+        if not torch.equal(src.get(dup, dtype=mine.dtype, device=mine.device), mine):
+            raise WeightLoadError(f"{_origin(src)}: {dup!r} differs from {first!r}: a shared "
+                                  f"block's weights must be the same at every layer using them")
     globals_ = _Slots(cfg, tensors, dtype, lay.unembed)
     return Weights(embed=embed, lm_head=lm_head, final_norm=globals_.norm(None, "final_norm"),
                    layers=layers, pos_embed=globals_.opt(None, "pos_embed"),
@@ -567,8 +625,9 @@ class OffloadedLayers(Sequence[LayerWeights]):
         self._last = None  # drop the previous block before assembling the next
         dev = self.layout.layers[i]
         mine: dict[tuple[int | None, str], torch.Tensor] = {}
+        owner = self.cfg.shared_owner(i) if self.cfg.shared_block is not None else None
         for key, t in self.resting.items():
-            if key[0] == i:
+            if key[0] == i or key[0] == owner and key[1].startswith("shared:"):
                 w = t.to(device=dev, dtype=self.targets[key], non_blocking=True)
                 mine[key] = w.t().contiguous() if self._conv1d and w.dim() == 2 else w
         lw = _Slots(self.cfg, mine, self.dtype, dev).layer(i)
@@ -613,13 +672,20 @@ class _Slots:
         # to look for, so then every block but the one-shared-norm kind has it
         has_ln2 = (i, "ln2.weight") in tensors or (
             not cfg.norm_affine and cfg.block is not BlockLayout.PARALLEL_SHARED_NORM)
+        shared = None
+        owner = cfg.shared_owner(i) if cfg.shared_block is not None else None
+        if owner is not None:  # the first use's tensors, on this layer's device
+            sget = lambda n: tensors[(owner, "shared:" + n)].to(self.device)  # noqa: E731
+            sopt = lambda n: None if (owner, "shared:" + n) not in tensors else sget(n)  # noqa
+            shared = shared_block.load_shared(cfg, i, sget, sopt,
+                                              tensors[(i, shared_block.OUT)])
         return LayerWeights(
             ln1=self.norm(i, "ln1") if pre and (spec is not None or attn is not None) else None,
             ln2=self.norm(i, "ln2") if pre and has_ln2 else None,
             attn=attn, mlp=mlp,
             ln1_post=self.norm(i, "ln1_post") if post else None,
             ln2_post=self.norm(i, "ln2_post") if post and mlp is not None else None,
-            mixer=mixer)
+            mixer=mixer, shared=shared)
 
     def attn(self, i: int) -> AttnWeights:
         """q/k/v [rows, d_model] as stored or as row views of the fused tensor; per-head q/k

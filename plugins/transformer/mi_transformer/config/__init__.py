@@ -36,7 +36,8 @@ Every name is importable from here; the modules, in import order (none imports a
 from mi_transformer.config.auto import AUTO_FAMILY, auto_config, parse_config
 from mi_transformer.config.axes import (
     ATTENTION, MLP_ONLY, Activation, BlockLayout, MixerConfig, MlaConfig, MlpLayout, MoeConfig,
-    NormType, Positions, QkvLayout, RopeConfig, RopeLayout, RopeScaling, TransformerConfig,
+    NormType, Positions, QkvLayout, RopeConfig, RopeLayout, RopeScaling, SharedBlockConfig,
+    TransformerConfig,
 )
 from mi_transformer.config.families_gpt import (
     parse_falcon, parse_gpt2, parse_gpt_neox, parse_gptj, parse_opt, parse_phi, parse_stablelm,
@@ -65,7 +66,8 @@ __all__ = [
     "ATTENTION", "AUTO_FAMILY", "Activation", "BlockLayout", "ConfigReader", "Derived",
     "FAMILIES", "FAMILY_PARSERS", "Family", "MixerConfig", "MlaConfig", "MlpLayout",
     "MoeConfig", "NormType", "Positions", "QkvLayout", "REFUSED", "ROTARY", "ROTARY_DIM",
-    "ROTARY_INTERLEAVED", "RopeConfig", "RopeLayout", "RopeScaling", "TransformerConfig",
+    "ROTARY_INTERLEAVED", "RopeConfig", "RopeLayout", "RopeScaling", "SharedBlockConfig",
+    "TransformerConfig",
     "UnknownKeysError", "auto_config", "family_parsers", "parse_apertus", "parse_cohere",
     "parse_config", "parse_deepseek_v2", "parse_deepseek_v3", "parse_ernie4_5",
     "parse_ernie4_5_moe", "parse_exaone4", "parse_falcon", "parse_falcon_mamba", "parse_gemma",

@@ -188,6 +188,27 @@ class MlaConfig:
 
 
 @attrs.frozen
+class SharedBlockConfig:
+    """Shared attention blocks reused across layers (Zamba2; mi_transformer.shared_block):
+    before its mixer, a layer with a use index j (``TransformerConfig.layer_shared``) runs
+    weight set ``j % num_blocks`` (attention then a gated MLP, on [residual | embeddings],
+    without residuals of their own) with use j's low-rank adapters (rank `adapter_rank`: on
+    q / k / v where `attn_adapters`, always on the MLP's gate | up) and its own output
+    projection, and adds the result to the mixer's norm input. The attention's heads and the
+    MLP width are the config's (num_heads, num_kv_heads, head_dim, intermediate_size)."""
+
+    num_blocks: int
+    uses: int  # layers that run a shared block
+    adapter_rank: int
+    attn_adapters: bool
+    mlp_bias: bool = False  # the MLP's projections have biases
+
+    def uses_of(self, block: int) -> list[int]:
+        """The use indices that run weight set `block`."""
+        return [j for j in range(self.uses) if j % self.num_blocks == block]
+
+
+@attrs.frozen
 class TransformerConfig:
     """The axes the generic forward pass reads. Per-layer tuples have `num_layers` entries."""
 
@@ -259,6 +280,18 @@ class TransformerConfig:
     # Llama 4 on its layers without RoPE: q *= log1p(floor((pos + 1) / floor)) * scale + 1
     attn_temperature: tuple[float, float] | None = None  # (floor_scale, attn_scale)
     mla: MlaConfig | None = None  # multi-head latent attention (DeepSeek-V2/V3)
+    # -- MiniMax's residual arithmetic (model._block, mixers.mixer_block) --
+    #: each sublayer's residual is its norm's output, not its input: x = alpha * norm(x) +
+    #: beta * f(norm(x)), for the mixer / attention and for the MLP (MiniMax)
+    norm_residual: bool = False
+    #: per layer (alpha_mixer, beta_mixer, alpha_mlp, beta_mlp): alpha multiplies the
+    #: residual, beta the branch before it is added (so before hook_attn_out / hook_mixer_out /
+    #: hook_mlp_out, which stay what the branch adds); () = all 1
+    layer_residual_scales: tuple[tuple[float, float, float, float], ...] = ()
+    # -- a shared attention block reused across layers (Zamba2, mi_transformer.shared_block) --
+    shared_block: SharedBlockConfig | None = None
+    #: per layer, the use index of the shared block run before its mixer (None: none); () = none
+    layer_shared: tuple[int | None, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         """Relations between axes; the parsers check the same on JSON keys first, so this
@@ -295,7 +328,9 @@ class TransformerConfig:
         for name, flags in (("layer_use_rope", self.layer_use_rope), ("layer_moe", self.layer_moe),
                             ("layer_qk_norm", self.layer_qk_norm),
                             ("layer_chunks", self.layer_chunks),
-                            ("layer_mixers", self.layer_mixers), ("layer_mlp", self.layer_mlp)):
+                            ("layer_mixers", self.layer_mixers), ("layer_mlp", self.layer_mlp),
+                            ("layer_residual_scales", self.layer_residual_scales),
+                            ("layer_shared", self.layer_shared)):
             if flags and len(flags) != self.num_layers:
                 raise ConfigError(f"{where}: {name} has {len(flags)} entries for "
                                   f"{self.num_layers} layers")
@@ -312,6 +347,17 @@ class TransformerConfig:
                               f"head_dim == nope + rope dims (rotary dims == rope dims)")
         if any(self.layer_moe) and self.moe is None:
             raise ConfigError(f"{where}: layer_moe marks MoE layers but no MoE config is given")
+        if (self.norm_residual or self.layer_residual_scales) and (
+                self.block is not BlockLayout.SEQUENTIAL or self.norm_residual and (
+                    not self.pre_norms or self.post_norms)):
+            raise ConfigError(f"{where}: norm_residual / layer_residual_scales need a sequential "
+                              f"block (norm_residual: with pre-norms only)")
+        uses = [j for j in self.layer_shared if j is not None]
+        if uses and (self.shared_block is None or uses != list(range(self.shared_block.uses))
+                     or any(j is not None and self.mixer_of(i) is None
+                            for i, j in enumerate(self.layer_shared))):
+            raise ConfigError(f"{where}: layer_shared {self.layer_shared} must number the "
+                              f"shared block's uses 0, 1, ... in order, on mixer layers")
         if not self.pre_norms and not self.post_norms:
             raise ConfigError(f"{where}: a block needs pre-norms or post-norms")
         if self.positions is Positions.LEARNED and self.max_positions is None:
@@ -344,6 +390,25 @@ class TransformerConfig:
 
     def has_mlp(self, layer: int) -> bool:
         return not self.layer_mlp or self.layer_mlp[layer]
+
+    def residual_scales(self, layer: int) -> tuple[float, float, float, float] | None:
+        """(alpha_mixer, beta_mixer, alpha_mlp, beta_mlp) of `layer`, None when all are 1."""
+        if not self.layer_residual_scales or self.layer_residual_scales[layer] == (1, 1, 1, 1):
+            return None
+        return self.layer_residual_scales[layer]
+
+    def shared_set(self, layer: int) -> int | None:
+        """The shared block's weight set `layer` runs (None: no shared block there)."""
+        j = self.layer_shared[layer] if self.layer_shared else None
+        return None if j is None or self.shared_block is None else \
+            j % self.shared_block.num_blocks
+
+    def shared_owner(self, layer: int) -> int | None:
+        """The first layer that runs `layer`'s weight set (whose checkpoint module holds the
+        set's tensors, as transformers saves them)."""
+        block = self.shared_set(layer)
+        return None if block is None else next(
+            i for i in range(self.num_layers) if self.shared_set(i) == block)
 
     @property
     def v_head_dim(self) -> int:

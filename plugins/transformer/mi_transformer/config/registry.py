@@ -27,6 +27,10 @@ from mi_transformer.config.families_linear import (
     OLMO_HYBRID_HARMLESS, OLMO_HYBRID_READS, QWEN3_5_TEXT_READS, QWEN3_NEXT_READS,
     parse_olmo_hybrid, parse_qwen3_5_text, parse_qwen3_next,
 )
+from mi_transformer.config.families_minimax import (MINIMAX_HARMLESS, MINIMAX_READS,
+                                                    parse_minimax)
+from mi_transformer.config.families_zamba2 import (ZAMBA2_HARMLESS, ZAMBA2_NEUTRAL,
+                                                   ZAMBA2_READS, parse_zamba2)
 from mi_transformer.config.families_moe import (
     parse_mixtral, parse_olmoe, parse_qwen2_moe, parse_qwen3_moe,
 )
@@ -229,6 +233,18 @@ _MOE2_INTERLEAVED = {"deepseek_v2", "deepseek_v3", "llama4_text", "llama4"}
 FAMILIES.update({mt: _family(mt, parse, reads, harmless, note, neutral={
     **(ROTARY_INTERLEAVED if mt in _MOE2_INTERLEAVED else ROTARY), **_MOE2_NEUTRAL.get(mt, {})})
     for mt, parse, reads, harmless, note in MOE2_FAMILIES})
+
+# issue 23, part 2: MiniMax (lightning attention, config/families_minimax.py) and Zamba2
+# (a shared attention block reused across Mamba-2 layers, config/families_zamba2.py)
+FAMILIES.update({f.model_type: f for f in [
+    _family("zamba2", parse_zamba2, ZAMBA2_READS, harmless=ZAMBA2_HARMLESS,
+            note="Mamba-2 (mi-ssm); shared attention + MLP blocks with per-use LoRA adapters, "
+                 "on the residual and the embeddings, before some layers' mixers",
+            neutral={**ROTARY, **ZAMBA2_NEUTRAL}),
+    _family("minimax", parse_minimax, _SHAPE_KEYS | _ROPE | MINIMAX_READS | {
+        "rms_norm_eps", "use_bidirectional_attention"}, harmless=MINIMAX_HARMLESS,
+        note="lightning attention (mi-ssm) + attention, MoE; residual = alpha * norm output"),
+]})
 
 
 def family_parsers() -> dict[str, Callable[[ConfigReader], TransformerConfig]]:

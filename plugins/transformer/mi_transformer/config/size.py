@@ -15,6 +15,8 @@ check_memory=False)`` skip that memory check, not the fixed bounds.
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, Mapping
 
 import torch
@@ -107,7 +109,26 @@ def param_count(c: TransformerConfig) -> int:
         per_layer = c.hidden_size * (m.num_experts * (3 * m.expert_size + 1)
                                      + 3 * m.shared_expert_size)
         total += sparse * (per_layer - c.hidden_size * c.intermediate_size * 3)
+    if c.shared_block is not None:  # (Zamba2) attention and MLP only in the shared weight sets
+        total = _shared_block_params(c, total - c.num_layers * (
+            2 * c.hidden_size * c.head_dim * (c.num_heads + c.num_kv_heads)
+            + c.hidden_size * c.intermediate_size * 3 + 4 * c.hidden_size))
     return total
+
+
+def _shared_block_params(c: TransformerConfig, rest: int) -> int:
+    """`rest` (the embeddings) plus every mixer layer, the shared block's weight sets and each
+    use's adapters and output projection (transformers' Zamba2 shapes)."""
+    sb = c.shared_block
+    assert sb is not None
+    d, d2, m, r = c.hidden_size, 2 * c.hidden_size, c.intermediate_size, sb.adapter_rank
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    mixers = sum(math.prod(shape) for i in range(c.num_layers)
+                 if (mc := c.mixer_of(i)) is not None
+                 for shape in mc.spec.tensors(mc.settings).values())
+    block = d2 * (q + 2 * kv) + q * d + 3 * d * m + d2 + d  # q, k, v, o, MLP, two norms
+    use = d * d + r * (d + 2 * m) + (6 * r * d2 if sb.attn_adapters else 0)
+    return rest + mixers + c.num_layers * d + sb.num_blocks * block + sb.uses * use
 
 
 def sizes_of(c: TransformerConfig) -> dict[str, Any]:
