@@ -48,9 +48,10 @@ def mixer_block(be: Backend, i: int, x: torch.Tensor, run: HookRun,
     src = x
     if shared is not None:
         emb, rope, explicit = shared
-        src = x + shared_block(lw.shared, x, emb, run, be.shared_names[i], n, be.settings[i],
-                               rope, masks, be.act, explicit,
-                               past.updater(step) if past is not None else None)
+        src = x + shared_block(lw.shared, x, emb, run, be.shared_names[i], layer_names=n,
+                               ls=be.settings[i], rope=rope, masks=masks, act=be.act,
+                               explicit=explicit,
+                               cache_update=past.updater(step) if past is not None else None)
     h = lw.ln1(src.to(be.dtype), run, n.ln1_scale, n.ln1_normalized, out_name=n.mixer_in)
     state = None
     if past is not None:

@@ -160,7 +160,7 @@ def shared_shape(cfg: TransformerConfig, suffix: str, batch: int, seq: int
 
 
 def shared_block(w: SharedBlockWeights, x: torch.Tensor, emb: torch.Tensor, run: HookRun,
-                 names: SharedNames, layer_names: Any, ls: LayerSettings,
+                 names: SharedNames, *, layer_names: Any, ls: LayerSettings,
                  rope: tuple[torch.Tensor, torch.Tensor] | None, masks: Masks,
                  act: Callable[[torch.Tensor], torch.Tensor], explicit: bool | None,
                  cache_update: Callable[..., Any] | None) -> torch.Tensor:
