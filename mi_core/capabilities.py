@@ -119,6 +119,29 @@ class ContextLength(Protocol):
     def cache_bytes(self, batch: int, tokens: int) -> int: ...
 
 
+@runtime_checkable
+class ResidualTerms(Protocol):
+    """How the layers write the residual stream. ``residual_not_a_sum`` is "" when the last
+    layer's ``hook_resid_post`` is layer 0's ``hook_resid_pre`` plus every layer's attention
+    (or mixer) and MLP output, the premise of residual decomposition and direct logit
+    attribution; otherwise it says why not (a scalar multiplies each layer's output, a branch
+    adds to it beside attention and the MLP, several residual streams mix), and those
+    analyses refuse (:func:`require_residual_sum`). A backend that does not declare it is
+    taken to write a sum."""
+
+    residual_not_a_sum: str
+
+
+def require_residual_sum(backend: Any, needed_for: str) -> None:
+    """CapabilityError when `backend` declares its final residual is not a sum of the layers'
+    outputs (:class:`ResidualTerms`), naming what needed it and why."""
+    why = backend.residual_not_a_sum if isinstance(backend, ResidualTerms) else ""
+    if why:
+        raise CapabilityError(f"{needed_for} needs the final residual to be the embedding plus "
+                              f"each layer's attention and MLP outputs, which it is not in "
+                              f"this {backend.name} model: {why}")
+
+
 ALL: dict[str, type] = {
     "hook shapes": HookShapes, "KV-cached generation": KVCachedGeneration,
     "layer schedule": LayerSchedule, "state interventions": StateInterventions,
