@@ -22,7 +22,9 @@ What this does, in order:
 Architectures: llama, qwen2, qwen3, gemma, gemma2, phi3, starcoder2, olmo2 (OLMo-3 too, by
 its sliding-window metadata), gpt2, qwen2moe, qwen3moe, and exaone4, seed_oss, ernie4_5
 (:mod:`~mi_transformer.gguf.arches_recent`, registered by ``checkpoint``) in
-:data:`GGUF_ARCHES`; others are refused by name. Metadata values of the wrong type
+:data:`GGUF_ARCHES`; gemma3n and gemma4 (:mod:`~mi_transformer.gguf.arches_gemma`, which
+``checkpoint.read_gguf`` hands them to: their metadata and tensors are mapped their own way);
+others are refused by name. Metadata values of the wrong type
 are a ConfigError naming the key.
 
 The modules, in import order (none imports a later one): :mod:`~mi_transformer.gguf.header`

@@ -22,6 +22,7 @@ from mi_transformer.gguf.arches import (
     _LONGROPE, _ROPE_FREQS, GGUF_ARCHES, GgufArch, _Meta, check_gguf_size, gguf_arch,
     hf_config, llama3_rope_from_factors, slot_of, unpermute_qk,
 )
+from mi_transformer.gguf.arches_gemma import GEMMA_GGUF, read_gemma_gguf
 from mi_transformer.gguf.arches_recent import RECENT_GGUF_ARCHES
 from mi_transformer.gguf.header import (
     GgufHeader, GgufTensorInfo, _quant_type, iter_dequantized, read_gguf_header,
@@ -106,6 +107,13 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32, *,
 
     path = Path(path)
     header = read_gguf_header(path)
+    short_md = {k: v for k, v in header.metadata.items()
+                if not (isinstance(v, list) and len(v) > 64)}
+    if header.metadata.get("general.architecture") in GEMMA_GGUF:  # gguf/arches_gemma.py
+        cfg, tensors, quant = read_gemma_gguf(header, dtype, device)
+        return GgufCheckpoint(path=path, config=cfg, tensors=tensors,
+                              tokenizer=gguf_tokenizer(header), metadata=short_md,
+                              quant_types=quant)
     arch = gguf_arch(header)
     cfg = hf_config(header)
     for dev in {torch.device("cpu"), torch.device(device or "cpu")}:
@@ -128,8 +136,6 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32, *,
                           f"dims in {family.model_type}")
     target = _Target.of(arch, family, cfg, path, slots)
     tensors, quant = _load_tensors(header, target, dtype)
-    short_md = {k: v for k, v in header.metadata.items()
-                if not (isinstance(v, list) and len(v) > 64)}
     return GgufCheckpoint(path=path, config=cfg, tensors=tensors,
                           tokenizer=gguf_tokenizer(header), metadata=short_md, quant_types=quant)
 
