@@ -7,7 +7,8 @@ keys and values of the last earlier layer of their type, a head size and KV-head
 layer type, proportional RoPE on the full layers (half the frequencies, low bases the prompts
 reach), keys used as values, a double-wide MLP on the shared layers, per-layer inputs, the
 mixture of experts beside the dense MLP, a final soft-cap; Gemma-3n: three AltUp streams
-(one variant whose active stream is not the first), Laurel, activation sparsity on two layers
+(one variant whose active stream is not the first; coefficients beyond `altup_coef_clip`,
+which transformers applies only while training), Laurel, activation sparsity on two layers
 (0.95 and 0.5), an MLP width per layer and a per-layer-input table smaller than the vocabulary
 (ids past it read row 0). Weights unit-scale as tests/transformer/conftest.py's ``make_tiny``;
 the buffers transformers leaves at one or zero (``layer_scalar``) and the AltUp output scale
@@ -57,7 +58,7 @@ GEMMA_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         sliding_window=WINDOW, layer_types=_TYPES4, rope_parameters=_ROPE3N,
         hidden_size_per_layer_input=8, vocab_size_per_layer_input=100, num_kv_shared_layers=2,
         laurel_rank=4, altup_num_inputs=3, activation_sparsity_pattern=[0.95, 0.5, 0.0, 0.0],
-        final_logit_softcapping=5.0)),
+        final_logit_softcapping=5.0, altup_coef_clip=0.05)),
     # the active stream second (its per-layer-input branch then lands on it, as transformers)
     "gemma3n_active1": ("gemma3n_text", dict(
         num_hidden_layers=3, head_dim=16, intermediate_size=96, sliding_window=WINDOW,

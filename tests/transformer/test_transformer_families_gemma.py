@@ -127,6 +127,10 @@ def test_layers_say_their_geometry_and_which_keys_they_share(ours):
     assert m.layer_head_dim == (16, 24, 24) and m.moe.beside_mlp
     n = ours("gemma3n_text").config
     assert n.layer_sparsity == (0.95, 0.5, 0.0, 0.0) and n.altup.num_inputs == 3
+    # coefficients past altup_coef_clip (0.05): transformers clips them only while training,
+    # so parity (above) shows they are used unclipped at inference, as here
+    coefs = ours("gemma3n_text").backend.w.layers[0].altup.prediction_coefs
+    assert n.altup.coef_clip == 0.05 and coefs.abs().max().item() > 0.05
     assert n.layer_mlp_size == (96, 96, 128, 128) and n.laurel_rank == 4
 
 
