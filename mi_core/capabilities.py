@@ -120,14 +120,26 @@ class ContextLength(Protocol):
 
 
 @runtime_checkable
-class ResidualRescaling(Protocol):
-    """A property rather than a capability (not in :data:`ALL`): the residual stream is not
-    the sum of the embedding and the layers' outputs, because a sublayer rescales or replaces
-    what its branch is added to (e.g. ``x = alpha * norm(x) + beta * f(norm(x))``);
-    ``residual_rescaling`` says how. Residual decompositions refuse such a backend
-    (:func:`require_additive`)."""
+class ResidualTerms(Protocol):
+    """How the layers write the residual stream. ``residual_not_a_sum`` is "" when the last
+    layer's ``hook_resid_post`` is layer 0's ``hook_resid_pre`` plus every layer's attention
+    (or mixer) and MLP output, the premise of residual decomposition and direct logit
+    attribution; otherwise it says why not (a scalar multiplies each layer's output, a branch
+    adds to it beside attention and the MLP, several residual streams mix), and those
+    analyses refuse (:func:`require_residual_sum`). A backend that does not declare it is
+    taken to write a sum."""
 
-    residual_rescaling: str
+    residual_not_a_sum: str
+
+
+def require_residual_sum(backend: Any, needed_for: str) -> None:
+    """CapabilityError when `backend` declares its final residual is not a sum of the layers'
+    outputs (:class:`ResidualTerms`), naming what needed it and why."""
+    why = backend.residual_not_a_sum if isinstance(backend, ResidualTerms) else ""
+    if why:
+        raise CapabilityError(f"{needed_for} needs the final residual to be the embedding plus "
+                              f"each layer's attention and MLP outputs, which it is not in "
+                              f"this {backend.name} model: {why}")
 
 
 ALL: dict[str, type] = {
@@ -153,15 +165,6 @@ def require(backend: Any, capability: type, needed_for: str) -> None:
         raise CapabilityError(f"{needed_for} needs the {label!r} capability "
                               f"({capability.__name__}), which the {backend.name} backend does "
                               f"not declare")
-
-
-def require_additive(backend: Any, needed_for: str) -> None:
-    """CapabilityError when `backend` declares :class:`ResidualRescaling` (its residual
-    stream does not decompose into a sum of layer outputs)."""
-    if isinstance(backend, ResidualRescaling):
-        raise CapabilityError(f"{needed_for} needs a residual stream that is the sum of the "
-                              f"embedding and the layers' outputs; this {backend.name} model's "
-                              f"is not: {backend.residual_rescaling}")
 
 
 def capabilities(backend: Any) -> list[str]:

@@ -19,7 +19,7 @@ import torch
 
 from mi_core.plugin import (
     HookCache, HookPoint, HookSpec, MIError, MIModel, Readout, WeightAccess,
-    has_capability, require_additive, require_points,
+    has_capability, require_points, require_residual_sum,
 )
 from mi_core.tl.activation_cache import head_results, layer_outputs, stack_points
 from mi_core.interp._common import as_ids, norm_position, resolve_token, token_str
@@ -31,8 +31,9 @@ def decomposition_points(model: MIModel, heads: bool = False) -> list[HookPoint]
     A layer whose mixer is not attention (``hook_mixer_out`` instead of ``hook_attn_out``)
     contributes its mixer output, and its resid_mid / MLP output only where it has an MLP;
     a layer with an MLP alone (no mixer) its MLP output, an attention layer without an MLP its
-    attention output."""
-    require_additive(model.backend, "a residual decomposition")  # (ResidualRescaling)
+    attention output. A model whose residual stream is not such a sum (a scalar per layer,
+    several streams; ``ResidualTerms``) is refused with a CapabilityError saying why."""
+    require_residual_sum(model.backend, "residual decomposition")
     pts = [HookPoint.resid_pre(0)]
     if model.has_hook_point(HookPoint.ln_final_scale()):  # needed by apply_ln_to_stack only
         pts.append(HookPoint.ln_final_scale())

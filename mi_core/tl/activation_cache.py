@@ -24,7 +24,7 @@ from typing import Any, Callable, Union
 import torch
 
 from mi_core import HookCache, HookError, HookPoint, MIError, MIModel
-from mi_core.plugin import hook_name, require_additive
+from mi_core.plugin import hook_name, require_residual_sum
 
 SliceInput = Union[None, int, tuple, slice, list, torch.Tensor, "Slice"]
 
@@ -291,7 +291,8 @@ class ActivationCache(HookCache):
         ``"{l}_attn_out"`` and ``"{l}_mlp_out"`` (`mode` "all" / "attn" / "mlp")."""
         if mode not in ("all", "attn", "mlp"):
             raise MIError(f"decompose_resid: mode must be 'all', 'attn' or 'mlp', got {mode!r}")
-        require_additive(self._need_model().backend, "decompose_resid")
+        if self.model is not None:
+            require_residual_sum(getattr(self.model, "backend", None), "decompose_resid")
         ps = _slice(pos_slice)
         layer = self._layer(layer)
         incl_attn, incl_mlp = mode != "mlp", mode != "attn" and not self._attn_only()
@@ -462,7 +463,7 @@ class ActivationCache(HookCache):
         """Every head, every neuron (or MLP layer), embed (pos_embed) and the accumulated
         biases ("bias") feeding `layer`, in TransformerLens' order."""
         model = self._need_model()
-        require_additive(model.backend, "get_full_resid_decomposition")
+        require_residual_sum(getattr(model, "backend", None), "get_full_resid_decomposition")
         layer = self._layer(layer)
         ps = _slice(pos_slice)
         proj, squeeze = _projection_2d(project_output_onto)

@@ -362,7 +362,12 @@ def _d_mlp(model: Any) -> int:
 
 
 def _stacked(model: Any, name: str) -> torch.Tensor:
-    return torch.stack([model.tl_weight(name, i) for i in range(model.num_layers)])
+    ws = [model.tl_weight(name, i) for i in range(model.num_layers)]
+    shapes = sorted({tuple(w.shape) for w in ws})
+    if len(shapes) > 1:  # a head size or MLP width per layer
+        raise MIError(f"{name}: the layers' weights have different shapes {shapes}, so they "
+                      f"do not stack into one tensor; use model.tl_weight({name!r}, layer)")
+    return torch.stack(ws)
 
 
 def _ids(model: Any, x: torch.Tensor | str) -> torch.Tensor:

@@ -92,7 +92,7 @@ def test_decomposition_sums_zamba2s_mixer_outputs_and_refuses_minimax() -> None:
     final = cache[mi.HookPoint.resid_post(model.num_layers - 1)]
     assert (stack.sum(0) - final).abs().max().item() < 1e-4
     minimax = zm_model("minimax")
-    with pytest.raises(mi.CapabilityError, match="residual stream that is the sum"):
+    with pytest.raises(mi.CapabilityError, match="final residual to be the embedding plus"):
         run_for_decomposition(minimax, zm_ids(1, 9))
     _, tl_cache = minimax.run_with_cache(zm_ids(1, 5))
     with pytest.raises(mi.CapabilityError, match="norm's output"):

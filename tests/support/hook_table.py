@@ -23,7 +23,8 @@ END = "<!-- hook-table:end -->"
 
 _LAYER = re.compile(r"^blocks\.(\d+)\.")
 #: multimodal checkpoints whose language model is loaded: the points of their text type
-WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
+WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text", "gemma4": "gemma4_text",
+            "gemma3n": "gemma3n_text"}
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
 
 
@@ -34,13 +35,15 @@ def tiny_configs() -> Iterator[tuple[str, str, dict[str, Any]]]:
     from tests.support.linear_tiny import LINEAR_FAMILIES
     from tests.support.ssm_tiny import SSM_FAMILIES
     from tests.support.tiny_families import _COMMON, FAMILIES, GPT_FAMILIES
+    from tests.support.tiny_families_gemma import GEMMA_FAMILIES
     from tests.support.tiny_families_moe2 import MOE2_FAMILIES
     from tests.support.zamba2_minimax_tiny import ZM_FAMILIES
 
     for name, (mt, kw) in FAMILIES.items():  # FAMILIES includes RECENT_FAMILIES
         yield name, mt, kw if name in GPT_FAMILIES else {**_COMMON, **kw}
-    for name, (mt, kw) in MOE2_FAMILIES.items():
-        yield name, mt, {**_COMMON, **kw}
+    for table in (MOE2_FAMILIES, GEMMA_FAMILIES):  # on tiny_families' common sizes
+        for name, (mt, kw) in table.items():
+            yield name, mt, {**_COMMON, **kw}
     for table in (SSM_FAMILIES, HYBRID_FAMILIES, LINEAR_FAMILIES, ZM_FAMILIES):
         for name, (mt, kw) in table.items():
             yield name, mt, dict(kw)

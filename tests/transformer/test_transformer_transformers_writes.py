@@ -25,6 +25,7 @@ from tests.support.hybrid_tiny import HYBRID_FAMILIES
 from tests.support.linear_tiny import LINEAR_FAMILIES
 from tests.support.ssm_tiny import SSM_FAMILIES
 from tests.support.tiny_families import FAMILIES, VOCAB
+from tests.support.tiny_families_gemma import GEMMA_FAMILIES
 from tests.support.tiny_families_moe2 import MOE2_FAMILIES
 from tests.support.zamba2_minimax_tiny import ZM_FAMILIES
 from tests.transformer.conftest import Tiny, _randomise, make_tiny
@@ -43,8 +44,10 @@ def test_every_supported_family_is_covered():
     (their tiny checkpoints are built there); the state-space families:
     tests/ssm/test_ssm_config.py (save_pretrained and to_dict); the hybrid and linear-attention
     families: tests/ssm/test_ssm_hybrid_to_dict.py and their parity tests (Zamba2, MiniMax:
-    tests/ssm/test_ssm_zamba2_minimax_config.py)."""
+    tests/ssm/test_ssm_zamba2_minimax_config.py); Gemma-4 and Gemma-3n (text and
+    multimodal): tests/transformer/test_transformer_families_gemma.py."""
     moe2 = {mt for mt, _ in MOE2_FAMILIES.values()} | {"llama4"}
+    moe2 |= {mt for mt, _ in GEMMA_FAMILIES.values()} | {"gemma4", "gemma3n"}
     mixed = {mt for mt, _ in (*HYBRID_FAMILIES.values(), *LINEAR_FAMILIES.values(),
                               *ZM_FAMILIES.values())}
     assert set(ONE_PER_FAMILY) | {"gemma3"} | moe2 | set(SSM_FAMILIES) | mixed == set(SUPPORTED)

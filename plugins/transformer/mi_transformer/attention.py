@@ -16,7 +16,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from mi_core.plugin import HookRun
+from mi_core.plugin import HookRun, MIError
 
 from mi_transformer.config import Positions, RopeLayout, TransformerConfig
 from mi_transformer.mla import MlaWeights, mla_qkv
@@ -29,11 +29,13 @@ NEG_INF = float("-inf")
 @attrs.define(eq=False)
 class AttnWeights:
     """Projections in torch.nn.Linear layout; fused checkpoints give row-views (no copy).
-    With latent attention (`mla`) q, k and v come from the latent projections instead."""
+    With latent attention (`mla`) q, k and v come from the latent projections instead. A
+    layer that shares an earlier layer's keys and values has neither `w_k` nor `w_v`; one
+    whose values are its keys (Gemma-4's ``attention_k_eq_v``) has no `w_v`."""
 
     w_q: torch.Tensor | None  # [heads * d_head, d_model]; None with MLA
-    w_k: torch.Tensor | None  # [kv_heads * d_head, d_model]
-    w_v: torch.Tensor | None  # [kv_heads * d_head, d_model]
+    w_k: torch.Tensor | None  # [kv_heads * d_head, d_model]; None: keys shared (or MLA)
+    w_v: torch.Tensor | None  # [kv_heads * d_head, d_model]; None: shared, values = keys
     w_o: torch.Tensor  # [d_model, heads * d_head]
     b_q: torch.Tensor | None = None
     b_k: torch.Tensor | None = None
@@ -50,6 +52,7 @@ class AttnWeights:
     #: low-rank adapters (A [rank, d_in], B [out, rank]) added to q, k, v: q = W_q x + B (A x)
     #: (Zamba2's shared block, one set per use; mi_transformer.shared_block)
     adapters: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
+    v_norm: Norm | None = None  # RMS norm of each head's values, no gain (Gemma-3n/4)
 
 
 @attrs.define(eq=False)
@@ -189,19 +192,21 @@ class LayerSettings:
     chunk: int | None = None  # chunked local attention (Llama 4)
     rope_tail: int = 0  # rotate the trailing dims of each head, not the leading ones (MLA)
     temperature: tuple[float, float] | None = None  # Llama 4's query scale (NoPE layers)
+    shared_kv: bool = False  # keys / values are an earlier layer's (Gemma-3n/4)
 
     @classmethod
     def of(cls, c: TransformerConfig, i: int) -> "LayerSettings":
         scale = c.attn_scale / (i + 1) if c.attn_scale_by_layer else c.attn_scale
         rope = c.layer_rope[i] if c.positions is Positions.ROPE and (
             not c.layer_use_rope or c.layer_use_rope[i]) else None  # NoPE layers
-        return cls(num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+        return cls(num_heads=c.num_heads, num_kv_heads=c.kv_heads_of(i), head_dim=c.head_dim_of(i),
                    scale=scale, softcap=c.attn_softcap, window=c.layer_windows[i], rope=rope,
                    interleaved=c.rope_layout is RopeLayout.INTERLEAVED,
                    qk_norm_after_rope=c.qk_norm_after_rope,
                    chunk=c.layer_chunks[i] if c.layer_chunks else None,
                    rope_tail=c.mla.rope_dim if c.mla is not None else 0,
-                   temperature=c.attn_temperature if rope is None else None)
+                   temperature=c.attn_temperature if rope is None else None,
+                   shared_kv=c.shares_kv(i))
 
 
 def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
@@ -260,7 +265,9 @@ def attention(w: AttnWeights, x: torch.Tensor,
               n: AttnNames, ls: LayerSettings, *, explicit: bool | None,
               cache_update: Callable[[torch.Tensor, torch.Tensor],
                                      tuple[torch.Tensor, torch.Tensor]] | None = None,
-              head_inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+              head_inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+              shared: tuple[torch.Tensor, torch.Tensor] | None = None,
+              keep: Callable[[torch.Tensor, torch.Tensor], None] | None = None
               ) -> torch.Tensor:
     """x [batch, seq, d_model] (already normalised) -> attention output [batch, seq, d_model].
 
@@ -270,7 +277,10 @@ def attention(w: AttnWeights, x: torch.Tensor,
     call's rotated keys and values [batch, kv_heads, seq, d_head] to the cache and returns
     the full ones. `head_inputs`: normalised per-head inputs of q, k and v ([batch, seq,
     heads or kv_heads, d_model], from ``hook_q_input`` / ``hook_k_input`` /
-    ``hook_v_input``) used instead of x.
+    ``hook_v_input``) used instead of x. `shared`: the rotated keys and values [batch,
+    kv_heads, cached + seq, d_head] of the earlier layer whose keys this layer shares (it
+    computes only queries: no k / v points); `keep(k, v)` receives this layer's full keys and
+    values (after the cache) for the layers that share them.
     """
     if w.mla is not None:  # latent attention: q, k, v per head from the latents
         q, k, v = mla_qkv(w.mla, x, ls.num_heads, run, n.q_latent, n.kv_latent)
@@ -278,19 +288,31 @@ def attention(w: AttnWeights, x: torch.Tensor,
     else:
         q, k, v, num_kv_heads = _qkv(w, x, ls, run, n, head_inputs, not ls.qk_norm_after_rope)
     q = run.apply(n.q, q)  # [b, s, heads, d_head], before RoPE
-    k = run.apply(n.k, k)
-    v = run.apply(n.v, v)
+    if k is not None:
+        k = run.apply(n.k, k)
+        v = run.apply(n.v, v)
     if ls.qk_norm_after_rope:  # Hunyuan, Llama 4: the q/k norms read the rotated q / k
         q = _rotate(q, rope, ls, run, n.rot_q, w.q_norm, n.q_scale)
-        k = _rotate(k, rope, ls, run, n.rot_k, w.k_norm, n.k_scale)
+        if k is not None:
+            k = _rotate(k, rope, ls, run, n.rot_k, w.k_norm, n.k_scale)
     else:
         q = _rotate(q, rope, ls, run, n.rot_q)
-        k = _rotate(k, rope, ls, run, n.rot_k)
+        if k is not None:
+            k = _rotate(k, rope, ls, run, n.rot_k)
     if ls.temperature is not None:  # Llama 4's NoPE layers: queries scaled by position
         q = (q * masks.temperature(*ls.temperature)).to(q.dtype)
-    v = v.transpose(1, 2)  # [b, g, s, d_head]
-    if cache_update is not None:
-        k, v = cache_update(k, v)
+    if k is None:  # keys and values of an earlier layer (already rotated and cached)
+        if shared is None:
+            raise MIError("a layer that shares keys and values ran before the layer whose "
+                          "keys it reads (layer_schedule)")
+        k, v = shared  # (per query head when the source layer's hook_attn_in was edited)
+        num_kv_heads = k.shape[1]
+    else:
+        v = v.transpose(1, 2)  # [b, g, s, d_head]
+        if cache_update is not None:
+            k, v = cache_update(k, v)
+    if keep is not None:
+        keep(k, v)
     # a copy where a hook sees them: an in-place edit must not rewrite the weights
     sinks = None if w.sinks is None else run.apply(
         n.sinks, w.sinks.clone() if run.wants(n.sinks) else w.sinks)
@@ -313,17 +335,25 @@ def attention(w: AttnWeights, x: torch.Tensor,
 
 def _qkv(w: AttnWeights, x: torch.Tensor, ls: LayerSettings, run: HookRun, n: AttnNames,
          head_inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
-         qk_norms: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """Projections of x [b, s, d_model] (or of per-head inputs), q/k norms and clipping ->
-    q [b, s, heads, d_head], k, v [b, s, kv, d_head] and kv, the number of key/value heads
-    (all heads when per-query-head inputs of k and v are given)."""
+         qk_norms: bool = True
+         ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:
+    """Projections of x [b, s, d_model] (or of per-head inputs), q/k norms, clipping and the
+    value norm -> q [b, s, heads, d_head], k, v [b, s, kv, d_head] (None for a layer that
+    shares an earlier layer's) and kv, the number of key/value heads (all heads when
+    per-query-head inputs of k and v are given)."""
     num_heads, num_kv_heads, head_dim = ls.num_heads, ls.num_kv_heads, ls.head_dim
     b, s, _ = x.shape
+    if w.w_k is None:  # the keys and values are an earlier layer's: queries only
+        q = F.linear(x, w.w_q, w.b_q).view(b, s, num_heads, head_dim)
+        if qk_norms and w.q_norm is not None:
+            q = w.q_norm(q, run, n.q_scale)
+        return q, None, None, num_kv_heads
     if head_inputs is None:
         q = F.linear(x, w.w_q, w.b_q)
         k = F.linear(x, w.w_k, w.b_k)
-        v = F.linear(x, w.w_v, w.b_v)
-        if w.adapters is not None:  # as transformers: the projection, plus B (A x)
+        # values = the key projection before its norm (Gemma-4's attention_k_eq_v)
+        v = F.linear(x, w.w_v, w.b_v) if w.w_v is not None else k
+        if w.adapters is not None:  # as transformers: the projection, plus B (A x) (Zamba2)
             q, k, v = (t + F.linear(F.linear(x, a), bb) for t, (a, bb) in zip((q, k, v),
                                                                            w.adapters))
         q = q.view(b, s, num_heads, head_dim)
@@ -354,6 +384,8 @@ def _qkv(w: AttnWeights, x: torch.Tensor, ls: LayerSettings, run: HookRun, n: At
             k = w.k_norm(k, run, n.k_scale)
     if w.clip is not None:
         q, k, v = (t.clamp(-w.clip, w.clip) for t in (q, k, v))
+    if w.v_norm is not None:
+        v = w.v_norm(v)
     return q, k, v, num_kv_heads
 
 

@@ -62,16 +62,29 @@ class MlpWeights:
     act: Callable[[torch.Tensor], torch.Tensor] | None = None  # a learned activation (xIELU)
 
 
+def gaussian_topk(x: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """Gemma-3n's activation sparsity (transformers' ``Gemma3nTextMLP._gaussian_topk``): per
+    token, the values below mean + std * Phi^-1(sparsity) are cut, relu(x - cutoff), so about
+    that share of the neurons is zero when x is Gaussian. x [..., d_mlp] -> the same."""
+    target = torch.tensor(sparsity, dtype=torch.float32, device=x.device)
+    multiplier = torch.distributions.normal.Normal(0, 1).icdf(target).type(x.dtype)
+    cutoff = x.mean(dim=-1, keepdim=True) + x.std(dim=-1, keepdim=True, unbiased=False) \
+        * multiplier
+    return F.relu(x - cutoff)
+
+
 def mlp(w: MlpWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor],
-        run: HookRun, pre_name: str, post_name: str, pre_linear_name: str = "") -> torch.Tensor:
+        run: HookRun, pre_name: str, post_name: str, pre_linear_name: str = "",
+        sparsity: float = 0.0) -> torch.Tensor:
     """x [batch, seq, d_model] -> [batch, seq, d_model].
 
     ``mlp.hook_pre`` is the gate pre-activation (gated) or c_fc output (plain);
     ``mlp.hook_post`` is act(gate) * up (gated) or act(pre) (plain), both [batch, seq, d_mlp];
     ``mlp.hook_pre_linear`` (gated only, TransformerLens' name) the up projection's output.
+    `sparsity` > 0 (Gemma-3n): the activation reads :func:`gaussian_topk` of ``hook_pre``.
     """
     pre = run.apply(pre_name, F.linear(x, w.w_in, w.b_in))
-    post = (w.act or act)(pre)
+    post = (w.act or act)(gaussian_topk(pre, sparsity) if sparsity > 0 else pre)
     if w.w_up is not None:
         up = F.linear(x, w.w_up, w.b_up)
         post = post * (run.apply(pre_linear_name, up) if pre_linear_name else up)

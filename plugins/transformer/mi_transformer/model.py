@@ -21,6 +21,7 @@ from mi_core.plugin import (
     standard_shape,
 )
 
+from mi_transformer import altup, per_layer
 from mi_transformer.attention import AttnNames, LayerSettings, Masks, attention
 from mi_transformer.config import (BlockLayout, MlpLayout, Positions, RopeConfig, RopeLayout,
                                    TransformerConfig)
@@ -76,6 +77,20 @@ class TransformerBackend:
                 not config.layer_use_rope or config.layer_use_rope[i])
             n.qk_norm = config.qk_norm and (not config.layer_qk_norm or config.layer_qk_norm[i])
             n.has_mlp = config.has_mlp(i)
+            n.has_kv = not config.shares_kv(i)  # a layer sharing keys has no k / v points
+            # per-head inputs need the layer's own k and v projections of ln1's output
+            n.head_inputs = config.mla is None and n.has_kv and not config.k_eq_v_of(i)
+            n.moe_beside = n.moe is not None and config.moe is not None and \
+                config.moe.beside_mlp
+            n.laurel = config.laurel_rank > 0
+            n.ple = config.per_layer_input is not None
+            n.altup = config.altup is not None
+        #: ResidualTerms (mi_core.capabilities): why the final residual is not the embedding
+        #: plus the layers' attention / MLP outputs ("" when it is), for the decompositions
+        self.residual_not_a_sum = altup.residual_not_a_sum(config)
+        #: layers whose keys and values later layers read (kept for them during a forward)
+        self._kv_sources = {config.kv_source_of(i) for i in range(config.num_layers)
+                            if config.shares_kv(i)}
         self.settings = [LayerSettings.of(config, i) for i in range(config.num_layers)]
         #: each layer's residual scales (alpha / beta per sublayer, MiniMax), None: all 1
         self.scales = [config.residual_scales(i) for i in range(config.num_layers)]
@@ -98,12 +113,12 @@ class TransformerBackend:
             self.check_state_spec = functools.partial(check_state_spec, self)
         if config.norm_residual or any(sc is not None and (sc[0] != 1 or sc[2] != 1)
                                        for sc in self.scales):
-            # ResidualRescaling (mi_core.capabilities): decompositions refuse this model
-            self.residual_rescaling = (
+            # MiniMax: the residual stream is not a sum of the layers' outputs either
+            self.residual_not_a_sum = (
                 "each sublayer's residual is its norm's output" if config.norm_residual else
                 "each sublayer's residual is scaled") + " (x = alpha * norm(x) + beta * " \
                 "f(norm(x)))"
-        self.inv_freqs = [inv_freq(r, config.rot_dim).to(device) for r in config.ropes]
+        self.inv_freqs = [inv_freq(r, config.rope_dim_of(r)).to(device) for r in config.ropes]
         self._warned_long = False
 
     # -- forward -----------------------------------------------------------------------
@@ -143,10 +158,19 @@ class TransformerBackend:
 
         x = self._embed(ids, positions, run)
         emb = {x.device: x} if c.shared_block is not None else None  # (Zamba2's block reads it)
+        # per-layer input embeddings [b, s, L, p] (Gemma-3n / Gemma-4), from the ids and the
+        # scaled token embedding (hook_embed, as intervened on)
+        ple = per_layer.per_layer_inputs(w.per_layer, c, ids, x) \
+            if w.per_layer is not None else None
+        streams = altup.streams_in(x, w.altup_in) if c.altup is not None else None
+        kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # keys other layers share
         hooked = not run.spec.is_empty()
         for step, layer in enumerate(schedule):
-            if placed and x.device != self.layout.layers[layer]:
-                x = x.to(self.layout.layers[layer])  # the block's device (autograd follows)
+            dev = self.layout.layers[layer]
+            if placed and x.device != dev:
+                x = x.to(dev)  # the block's device (autograd follows)
+                streams = streams.to(dev) if streams is not None else None
+                ple = ple.to(dev) if ple is not None else None
             if x.device not in on:
                 on[x.device] = ([(c_.to(x.device), s_.to(x.device)) for c_, s_ in rope],
                                 masks.to(x.device))
@@ -159,12 +183,19 @@ class TransformerBackend:
                     shared = (e, r_tables[r] if r is not None else None, explicit)
                 x = mixer_block(self, layer, x, run, past, step, r_masks, shared)
             else:
-                r = self.settings[layer].rope
-                update = past.updater(step) if past is not None else None
-                x = self._block(layer, x, run, r_tables[r] if r is not None else None, r_masks,
-                                explicit, update)
+                ctx = self._layer_call(layer, step, past, kv, r_tables, r_masks, explicit, ple)
+                if streams is not None:
+                    streams = altup.altup_block(self, layer, streams, run, ctx)
+                    x = streams[c.altup.active]
+                else:
+                    x = self._block(layer, x, run, ctx)
             if between_layers is not None:  # a copy: an edit in place must not reach captures
                 x = between_layers(step, layer, x.clone() if hooked else x)
+                if streams is not None:  # the active stream, written back into the stack
+                    streams = altup.with_stream(streams, c.altup.active, x)
+        if streams is not None:  # AltUp's readout: the streams' average
+            x = run.apply("altup.hook_out", altup.streams_out(
+                streams.to(self.layout.unembed) if placed else streams, w.altup_out))
         x = w.final_norm(x.to(self.layout.unembed) if placed else x, run, "ln_final.hook_scale",
                          "ln_final.hook_normalized")
         logits = self.unembed(x)
@@ -173,24 +204,39 @@ class TransformerBackend:
         # logits come back where the ids went in (accelerate's io_same_device)
         return run.finish(logits.to(ids.device) if placed else logits, past=past)
 
-    def _block(self, i: int, x: torch.Tensor, run: HookRun,
-               rope: tuple[torch.Tensor, torch.Tensor] | None, masks: Masks,
-               explicit: bool | None, cache_update: Callable[..., Any] | None) -> torch.Tensor:
-        """One block, x [batch, seq, d_model] -> [batch, seq, d_model].
+    def _block(self, i: int, x: torch.Tensor, run: HookRun, ctx: "_LayerCall") -> torch.Tensor:
+        """One block, x [batch, seq, d_model] -> [batch, seq, d_model]: the sublayers
+        (:meth:`_sublayers`), then, where the config has them, the per-layer-input branch
+        added after the MLP and the layer's scalar multiplying the result (Gemma-4)."""
+        lw, n = self.w.layers[i], self.names[i]
+        x = run.apply(n.resid_pre, x)
+        y = self._sublayers(i, x, run, ctx)
+        if lw.ple is not None:
+            y = y + per_layer.branch(lw.ple, y, ctx.ple, i, self.act, run, n.ple_in, n.ple_out)
+        if lw.scalar is not None:
+            y = y * lw.scalar
+        return run.apply(n.resid_post, y)
+
+    def _sublayers(self, i: int, x: torch.Tensor, run: HookRun, ctx: "_LayerCall"
+                   ) -> torch.Tensor:
+        """Attention and MLP on x [batch, seq, d_model] (the block's input after
+        ``hook_resid_pre``) -> their result before ``hook_resid_post``.
 
         Sequential: x += attn(ln1(x)); x += mlp(ln2(x)). Parallel: x += attn(ln1(x)) +
         mlp(ln2(x)), both branches reading the block's input (ln2 is ln1 when the block
-        shares one norm). Post-norms (Gemma 2/3) normalise each branch's output.
+        shares one norm). Post-norms (Gemma 2/3) normalise each branch's output. With Laurel
+        (Gemma-3n) the residual after attention is (x + attn_out + laurel(ln1(x))) / sqrt 2.
         """
         c, lw, n = self.config, self.w.layers[i], self.names[i]
         sequential = c.block is BlockLayout.SEQUENTIAL
-        x = run.apply(n.resid_pre, x)
         if lw.ln1 is not None:
             h = lw.ln1(x, run, n.ln1_scale, n.ln1_normalized, out_name=n.attn_in)
         else:  # no pre-norm (OLMo2): attention reads the residual stream itself
             h = run.apply(n.attn_in, x)
-        a = attention(lw.attn, h, rope, masks, run, n.attn, self.settings[i], explicit=explicit,
-                      cache_update=cache_update, head_inputs=self._head_inputs(i, x, run))
+        a = attention(lw.attn, h, ctx.rope, ctx.masks, run, n.attn, self.settings[i],
+                      explicit=ctx.explicit, cache_update=ctx.cache_update,
+                      head_inputs=self._head_inputs(i, x, run), shared=ctx.shared,
+                      keep=ctx.keep)
         if lw.ln1_post is not None:
             a = lw.ln1_post(a, run, n.ln1_post_scale, n.ln1_post_normalized)
         if c.residual_scale != 1.0:  # Granite: branch outputs scaled before the residual add
@@ -203,12 +249,16 @@ class TransformerBackend:
         if sc is not None:
             res = res * sc[0]
         if not n.has_mlp:  # an attention layer without an MLP (Nemotron-H)
-            return run.apply(n.resid_post, res + a)
-        if not sequential:
-            return run.apply(n.resid_post, x + (a + self._mlp(i, x, run, h)))
-        x = run.apply(n.resid_mid, res + a)
+            return res + a
+        if lw.laurel is not None:  # Gemma-3n: Laurel beside attention, the sum over sqrt 2
+            mid = altup.laurel_residual(x, a, run.apply(n.laurel_out, lw.laurel(h)))
+            x = run.apply(n.resid_mid, mid)
+        elif not sequential:
+            return x + (a + self._mlp(i, x, run, h))
+        else:
+            x = run.apply(n.resid_mid, res + a)
         h2, m = self._mlp_io(i, x, run, h)
-        return run.apply(n.resid_post, self._residual(i, x, h2, 2) + m)
+        return self._residual(i, x, h2, 2) + m
 
     def _residual(self, i: int, x: torch.Tensor, normed: torch.Tensor, alpha: int
                   ) -> torch.Tensor:
@@ -217,6 +267,39 @@ class TransformerBackend:
         res = normed if self.config.norm_residual else x
         sc = self.scales[i]
         return res if sc is None else res * sc[alpha]
+
+    def _layer_call(self, layer: int, step: int, past: "KVCache | None",
+                    kv: dict[int, tuple[torch.Tensor, torch.Tensor]],
+                    tables: list[tuple[torch.Tensor, torch.Tensor]], masks: Masks,
+                    explicit: bool | None, ple: torch.Tensor | None) -> "_LayerCall":
+        """What attention block `layer` (schedule step `step`) needs from this call: its
+        rotary table and masks, its KV-cache slot (none for a layer sharing an earlier
+        layer's keys), the keys it shares (`kv`: the source layers' of this call, filled as
+        they run) and the per-layer inputs."""
+        c, r = self.config, self.settings[layer].rope
+        device = masks.device
+        return _LayerCall(
+            rope=tables[r] if r is not None else None, masks=masks, explicit=explicit, ple=ple,
+            cache_update=past.updater(step) if past is not None and not c.shares_kv(layer)
+            else None,
+            shared=self._shared_kv(layer, kv, device),
+            keep=(lambda k_, v_: kv.__setitem__(layer, (k_, v_)))
+            if layer in self._kv_sources else None)
+
+    def _shared_kv(self, layer: int, kv: dict[int, tuple[torch.Tensor, torch.Tensor]],
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The keys and values `layer` shares with an earlier layer (None: its own), on
+        `device`; an MIError if that layer has not run in this call."""
+        c = self.config
+        if not c.shares_kv(layer):
+            return None
+        src = c.kv_source_of(layer)
+        if src not in kv:
+            raise MIError(f"layer {layer} attends with the keys and values of layer {src}, "
+                          f"which has not run before it in this call (layer_schedule)")
+        k, v = kv[src]
+        return (k.to(device), v.to(device)) if k.device != device else (k, v)
+
 
     def _mlp(self, i: int, x: torch.Tensor, run: HookRun,
              shared: torch.Tensor | None = None) -> torch.Tensor:
@@ -239,10 +322,16 @@ class TransformerBackend:
             h = lw.ln1(mlp_in) if run.spec.has_intervention_at(n.tl_mlp_in) or shared is None \
                 else shared
             h = run.apply(n.mlp_in, h)
-        if n.moe is not None:
+        if n.moe is not None and lw.moe is None:
             m = moe(lw.mlp, h, self.act, run, n.moe)  # type: ignore[arg-type]
         else:
-            m = mlp(lw.mlp, h, self.act, run, n.mlp_pre, n.mlp_post, n.mlp_pre_linear)
+            m = mlp(lw.mlp, h, self.act, run, n.mlp_pre, n.mlp_post, n.mlp_pre_linear,
+                    sparsity=c.layer_sparsity[i] if c.layer_sparsity else 0.0)
+        if lw.moe is not None:  # Gemma-4: experts beside the dense MLP, each post-normed
+            dense = run.apply(n.dense_out, lw.ln2_post_dense(m))
+            experts_in = run.apply(n.moe_in, lw.ln2_moe(mlp_in))
+            routed = moe(lw.moe, experts_in, self.act, run, n.moe, router_in=mlp_in)
+            m = dense + run.apply(n.moe_out, lw.ln2_post_moe(routed))
         if lw.ln2_post is not None:
             m = lw.ln2_post(m, run, n.ln2_post_scale, n.ln2_post_normalized)
         if c.residual_scale != 1.0:
@@ -291,6 +380,7 @@ class TransformerBackend:
         for i, n in enumerate(self.names):
             names += n.in_order(c) if self.w.layers[i].attn is not None else \
                 mixer_layer_points(self, i)
+        names += ["altup.hook_out"] if c.altup is not None else []
         names += ["ln_final.hook_scale", "ln_final.hook_normalized"]
         return [HookPoint.parse(n) for n in names]
 
@@ -303,10 +393,16 @@ class TransformerBackend:
         if hp.layer is not None and (own := mixer_hook_shape(self, hp.layer, suffix, batch,
                                                               seq)) is not None:
             return own
+        layer = hp.layer if hp.layer is not None and 0 <= hp.layer < c.num_layers else 0
+        hd, kv = c.head_dim_of(layer), c.kv_heads_of(layer)  # per layer (Gemma-4)
+        extra = per_layer.hook_shape(c, suffix, batch, seq) or \
+            altup.hook_shape(c, suffix, batch, seq)
+        if extra is not None:
+            return extra
         if suffix == "attn.hook_gate" and c.attn_output_gate:
             return (batch, seq, c.num_heads, c.head_dim)
         if suffix in ("attn.q_ln.hook_scale", "attn.k_ln.hook_scale"):
-            heads = c.num_heads if suffix.startswith("attn.q") else c.num_kv_heads
+            heads = c.num_heads if suffix.startswith("attn.q") else kv
             return (batch, seq, 1) if c.qk_norm_full else (batch, seq, heads, 1)
         if c.moe is not None and suffix in ("mlp.hook_router_logits", "mlp.hook_expert_weights",
                                             "mlp.hook_expert_indices"):
@@ -315,8 +411,7 @@ class TransformerBackend:
         if extra is not None:
             return extra
         shape = standard_shape(hp, batch, seq, d_model=c.hidden_size, n_heads=c.num_heads,
-                               n_kv_heads=c.num_kv_heads, d_head=c.head_dim,
-                               d_mlp=c.intermediate_size)
+                               n_kv_heads=kv, d_head=hd, d_mlp=c.mlp_size_of(layer))
         if shape is not None:
             return shape
         return (batch, seq, 1) if suffix.endswith("hook_scale") else (batch, seq, c.hidden_size)
@@ -332,8 +427,10 @@ class TransformerBackend:
     def cache_bytes(self, batch: int, tokens: int) -> int:
         """ContextLength: the KV cache's keys and values after `tokens` tokens (one slot per
         layer; a layer_schedule that repeats layers keeps more)."""
-        c = self.config
-        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * batch * tokens * self.dtype.itemsize
+        c = self.config  # (a layer sharing an earlier layer's keys keeps none of its own)
+        per_token = sum(c.kv_heads_of(i) * c.head_dim_of(i) for i in range(c.num_layers)
+                        if not c.shares_kv(i))
+        return 2 * per_token * batch * tokens * self.dtype.itemsize
 
     # -- helpers of the forward -------------------------------------------------------
     def _head_inputs(self, i: int, x: torch.Tensor, run: HookRun
@@ -345,18 +442,19 @@ class TransformerBackend:
         unchanged. An intervention there makes q/k/v read ln1 of each head's own input.
         """
         n = self.names[i]
-        if self.config.mla is not None or not (
+        if not n.head_inputs or not (
                 run.wants(n.tl_attn_in) or run.wants(n.q_input) or run.wants(n.k_input)
-                or run.wants(n.v_input)):  # MLA has no per-head inputs (not hook points)
+                or run.wants(n.v_input)):  # MLA / shared keys: no per-head inputs (no points)
             return None
         c, has = self.config, run.spec.has_intervention_at
+        kv = c.kv_heads_of(i)
         # copies, not expanded views: a hook may write into its tensor in place
         rep = lambda t, heads: t.unsqueeze(2).expand(-1, -1, heads, -1).clone()  # noqa: E731
         attn_in = run.apply(n.tl_attn_in, rep(x, c.num_heads))
         # As TransformerLens: a changed hook_attn_in gives every query head its own keys and
         # values (GQA weights repeated per query head); otherwise k/v inputs are per KV head.
-        kv_of = (lambda: attn_in.clone()) if c.num_kv_heads == c.num_heads or has(
-            n.tl_attn_in) else (lambda: rep(x, c.num_kv_heads))
+        kv_of = (lambda: attn_in.clone()) if kv == c.num_heads or has(
+            n.tl_attn_in) else (lambda: rep(x, kv))
         ins = (run.apply(n.q_input, attn_in), run.apply(n.k_input, kv_of()),
                run.apply(n.v_input, kv_of()))
         if not any(has(p) for p in (n.tl_attn_in, n.q_input, n.k_input, n.v_input)):
@@ -371,7 +469,7 @@ class TransformerBackend:
         if not rope.position_dependent:  # dynamic NTK, longrope
             return cached
         longest = int(positions.max()) + 1  # one sync, only for dynamic-NTK models
-        return inv_freq(rope, self.config.rot_dim, longest).to(self.device)
+        return inv_freq(rope, self.config.rope_dim_of(rope), longest).to(self.device)
 
     def _check_schedule(self, schedule: tuple[int, ...], past: KVCache | None) -> None:
         bad = [i for i in schedule if not 0 <= i < self.num_layers]
@@ -489,21 +587,29 @@ class TransformerBackend:
             part = "attention" if name in _ATTN_WEIGHTS else "an MLP"
             raise WeightLoadError(f"layer {layer} is a {self.layer_types[layer]!r} layer without "
                                   f"{part}: it has no {name}")
-        h, kv, hd, d = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
-        if a is not None and a.mla is not None and name in ("W_Q", "W_K", "W_V", "b_Q", "b_K",
-                                                           "b_V"):
+        h, kv, hd, d = c.num_heads, c.kv_heads_of(layer), c.head_dim_of(layer), c.hidden_size
+        if c.shares_kv(layer) and name in ("W_K", "W_V", "b_K", "b_V"):
+            src = c.kv_source_of(layer)
+            raise WeightLoadError(
+                f"layer {layer} attends with the keys and values of layer {src} (shared KV): "
+                f"it has no {name} of its own; its keys are layer {src}'s ({name} at layer "
+                f"{src}, applied to layer {src}'s input)")
+        if a is not None and a.mla is not None and name in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V"):
             raise WeightLoadError(
                 f"layer {layer} has multi-head latent attention: {name} is not a linear map of "
                 f"the residual stream (q, k and v pass through RMS-normed latents); the "
                 f"projections are backend.w.layers[{layer}].attn.mla (kv_a, kv_b, q / q_a, q_b)")
         heads = lambda t, n: t.view(n, hd, d).transpose(1, 2)  # noqa: E731  [n, d_model, d_head]
+        b_v = (a.b_v if a.w_v is not None or a.w_k is None else a.b_k) if a is not None else None
         getters: dict[str, Callable[[], torch.Tensor | None]] = {
             "W_Q": lambda: heads(a.w_q, h), "W_K": lambda: heads(a.w_k, kv),
-            "W_V": lambda: heads(a.w_v, kv),
-            "W_O": lambda: a.w_o.view(d, h, c.v_head_dim).permute(1, 2, 0),
+            # values = the key projection where the layer has no v_proj (attention_k_eq_v)
+            "W_V": lambda: heads(a.w_v if a.w_v is not None else a.w_k, kv),
+            "W_O": lambda: a.w_o.view(d, h, c.v_head_dim if c.mla is not None else hd
+                                      ).permute(1, 2, 0),
             "b_Q": lambda: None if a.b_q is None else a.b_q.view(h, hd),
             "b_K": lambda: None if a.b_k is None else a.b_k.view(kv, hd),
-            "b_V": lambda: None if a.b_v is None else a.b_v.view(kv, hd),
+            "b_V": lambda: None if b_v is None else b_v.view(kv, hd),
             "b_O": lambda: a.b_o,
             "W_in": lambda: m.w_in.T, "b_in": lambda: m.b_in,
             "W_gate": lambda: m.w_in.T if m.w_up is not None else None,
@@ -571,6 +677,24 @@ class LayerNames:
     mixer_out: str = ""  # hook_mixer_out: what a plugin mixer adds to the residual stream
     qk_norm: bool = False  # this layer has q/k norms (q_ln / k_ln points)
     has_mlp: bool = True  # False: the layer ends after attention (no MLP points)
+    # -- Gemma-4 / Gemma-3n --
+    has_kv: bool = True  # False: keys and values shared from an earlier layer (no k / v points)
+    head_inputs: bool = True  # hook_attn_in / hook_q_input / ... (not with shared k or k = v)
+    moe_beside: bool = False  # an MoE beside the dense MLP (both sets of points)
+    laurel: bool = False
+    ple: bool = False  # the per-layer-input branch
+    altup: bool = False  # AltUp's stream points
+    ple_in: str = ""  # hook_per_layer_input [b, s, p]
+    ple_out: str = ""  # hook_per_layer_out [b, s, d_model]
+    laurel_out: str = ""  # laurel.hook_out
+    streams_pre: str = ""  # altup.hook_streams_pre [b, s, n, d_model]
+    predictions: str = ""  # altup.hook_predictions
+    activated: str = ""  # altup.hook_activated [b, s, d_model]
+    corrected: str = ""  # altup.hook_corrected
+    streams_post: str = ""  # altup.hook_streams_post
+    dense_out: str = ""  # mlp.hook_dense_out: the dense MLP's post-normed output (beside MoE)
+    moe_in: str = ""  # mlp.hook_moe_in: the experts' (normed) input
+    moe_out: str = ""  # mlp.hook_moe_out: the experts' post-normed output
 
     @classmethod
     def of(cls, i: int) -> "LayerNames":
@@ -596,31 +720,39 @@ class LayerNames:
             mlp_out=p + "hook_mlp_out", resid_post=p + "hook_resid_post",
             attn_in=a + "hook_in", mlp_in=p + "mlp.hook_in", tl_attn_in=p + "hook_attn_in",
             q_input=p + "hook_q_input", k_input=p + "hook_k_input", v_input=p + "hook_v_input",
-            tl_mlp_in=p + "hook_mlp_in", mlp_pre_linear=p + "mlp.hook_pre_linear")
+            tl_mlp_in=p + "hook_mlp_in", mlp_pre_linear=p + "mlp.hook_pre_linear",
+            ple_in=p + "hook_per_layer_input", ple_out=p + "hook_per_layer_out",
+            laurel_out=p + "laurel.hook_out", streams_pre=p + "altup.hook_streams_pre",
+            predictions=p + "altup.hook_predictions", activated=p + "altup.hook_activated",
+            corrected=p + "altup.hook_corrected", streams_post=p + "altup.hook_streams_post",
+            dense_out=p + "mlp.hook_dense_out", moe_in=p + "mlp.hook_moe_in",
+            moe_out=p + "mlp.hook_moe_out")
 
     def in_order(self, c: TransformerConfig) -> list[str]:
         """This layer's points in execution order, only those the family has a value for:
         no ``hook_rot_*`` without rotary, no ``hook_resid_mid`` in a parallel block, no
         ``ln2`` points when the block shares one norm."""
         a = self.attn
-        out = [self.resid_pre]
-        if c.mla is None:  # latent attention has no per-head inputs
+        out = [self.streams_pre] if self.altup else []
+        out += [self.resid_pre] + ([self.predictions] if self.altup else [])
+        if self.head_inputs:  # latent attention, shared keys or keys as values: none
             out += [self.tl_attn_in, self.q_input, self.k_input, self.v_input]
         out += [self.ln1_scale, self.ln1_normalized] if c.pre_norms else []
         out += [self.attn_in]
         if c.mla is not None:
             out += [a.q_latent] if c.mla.q_lora_rank is not None else []
             out += [a.kv_latent]
+        kv = self.has_kv  # a layer that shares an earlier layer's keys: no k / v points
         if c.qk_norm_after_rope:  # the q/k norms read the rotated q / k (Llama 4)
-            out += [a.q, a.k, a.v]
+            out += [a.q, a.k, a.v] if kv else [a.q]
             out += [a.q_scale] if self.qk_norm else []
             out += [a.rot_q] if self.rotary else []
-            out += [a.k_scale] if self.qk_norm else []
-            out += [a.rot_k] if self.rotary else []
+            out += [a.k_scale] if self.qk_norm and kv else []
+            out += [a.rot_k] if self.rotary and kv else []
         else:
-            out += [a.q_scale, a.k_scale] if self.qk_norm else []
-            out += [a.q, a.k, a.v]
-            out += [a.rot_q, a.rot_k] if self.rotary else []
+            out += ([a.q_scale, a.k_scale] if kv else [a.q_scale]) if self.qk_norm else []
+            out += [a.q, a.k, a.v] if kv else [a.q]
+            out += ([a.rot_q, a.rot_k] if kv else [a.rot_q]) if self.rotary else []
         out += [a.sinks] if c.attn_sinks else []
         out += [a.scores, a.pattern, a.z] + ([a.gate] if c.attn_output_gate else [])
         out += [a.result]
@@ -628,8 +760,14 @@ class LayerNames:
         out += [self.attn_out]
         if not self.has_mlp:
             return out + [self.resid_post]
-        out += [self.resid_mid] if c.block is BlockLayout.SEQUENTIAL else []
-        return out + self.mlp_points(c) + [self.resid_post]
+        out += [self.laurel_out] if self.laurel else []
+        out += [self.resid_mid] if c.block is BlockLayout.SEQUENTIAL or self.laurel else []
+        out += self.mlp_points(c)
+        if self.altup:
+            out += [self.activated, self.corrected]
+        out += [self.ple_in, self.ple_out] if self.ple else []
+        out += [self.streams_post] if self.altup else []
+        return out + [self.resid_post]
 
     def mlp_points(self, c: TransformerConfig) -> list[str]:
         """The MLP half's points in execution order, ``hook_mlp_in`` to ``hook_mlp_out``."""
@@ -637,14 +775,31 @@ class LayerNames:
         if c.block is not BlockLayout.PARALLEL_SHARED_NORM and c.pre_norms:
             out += [self.ln2_scale, self.ln2_normalized]
         out += [self.mlp_in]
-        if self.moe is not None:
+        if self.moe is not None and not self.moe_beside:
             out += self.moe.in_order(bool(c.moe and c.moe.shared_expert_size))
         else:
             out += [self.mlp_pre]
             out += [self.mlp_pre_linear] if c.mlp_layout is not MlpLayout.PLAIN else []
             out += [self.mlp_post]
+        if self.moe is not None and self.moe_beside:  # Gemma-4: the experts beside the MLP
+            out += [self.dense_out, self.moe_in]
+            out += self.moe.in_order(bool(c.moe and c.moe.shared_expert_size))
+            out += [self.moe_out]
         out += [self.ln2_post_scale, self.ln2_post_normalized] if c.post_norms else []
         return out + [self.mlp_out]
+
+
+@attrs.define(eq=False)
+class _LayerCall:
+    """What one attention block needs from its forward call besides the residual stream."""
+
+    rope: tuple[torch.Tensor, torch.Tensor] | None  # the layer's (cos, sin), None: no rotary
+    masks: Masks
+    explicit: bool | None
+    cache_update: Callable[..., Any] | None
+    ple: torch.Tensor | None = None  # every layer's per-layer input [b, s, L, p]
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None  # an earlier layer's keys / values
+    keep: Callable[[torch.Tensor, torch.Tensor], None] | None = None  # keep this layer's
 
 
 class KVCache:

@@ -91,6 +91,9 @@ class MoeWeights:
     shared_gate: torch.Tensor | None = None  # [1, d_model]
     selection_bias: torch.Tensor | None = None  # [n_experts]: choice only (GLM-4.5, V3)
     router_bias: torch.Tensor | None = None  # [n_experts] (gpt-oss)
+    eps: float = 1e-6  # the router input norm's epsilon (Gemma-4: rms_norm_eps)
+    router_scale: torch.Tensor | None = None  # [d_model]: the router's input scale (Gemma-4)
+    per_expert_scale: torch.Tensor | None = None  # [n_experts]: times the top-k weights
 
 
 def route(w: MoeWeights, x: torch.Tensor, run: HookRun, names: MoeNames
@@ -101,9 +104,15 @@ def route(w: MoeWeights, x: torch.Tensor, run: HookRun, names: MoeNames
     the other routers in :func:`mi_transformer.routing.scores_and_choice`.
     """
     c = w.config
+    if w.router_scale is not None:  # Gemma-4: rms(x) (no gain) * scale * d_model^-0.5
+        xf = x.float()
+        x_in = (xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + w.eps, -0.5)).type_as(x)
+        x_in = x_in * w.router_scale * x.shape[-1] ** -0.5
+    else:
+        x_in = x
     # float32 routers (the biased / sigmoid ones, loaded so) compute in float32, as transformers
     logits = run.apply(names.router_logits,
-                       F.linear(x.to(w.router.dtype), w.router, w.router_bias))
+                       F.linear(x_in.to(w.router.dtype), w.router, w.router_bias))
     if not c.plain_routing:  # sigmoid / biased / grouped / scaled (mi_transformer.routing)
         top_w, top_i = scores_and_choice(c, logits, w.selection_bias)
     else:
@@ -111,6 +120,8 @@ def route(w: MoeWeights, x: torch.Tensor, run: HookRun, names: MoeNames
         top_w, top_i = torch.topk(probs, c.top_k, dim=-1)
         if c.norm_topk_prob:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+    if w.per_expert_scale is not None:  # Gemma-4: each chosen expert's weight scaled
+        top_w = top_w * w.per_expert_scale[top_i]
     top_w = run.apply(names.expert_weights, top_w.to(x.dtype))
     top_i = run.apply(names.expert_indices, top_i)
     if run.spec.has_intervention_at(names.expert_indices):
@@ -128,11 +139,12 @@ def _check_indices(idx: torch.Tensor, c: MoeConfig, name: str, lead: tuple[int, 
 
 
 def moe(w: MoeWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor],
-        run: HookRun, names: MoeNames) -> torch.Tensor:
-    """x [batch, seq, d_model] (normalised) -> the MLP output [batch, seq, d_model]."""
+        run: HookRun, names: MoeNames, router_in: torch.Tensor | None = None) -> torch.Tensor:
+    """x [batch, seq, d_model] (normalised) -> the MLP output [batch, seq, d_model].
+    `router_in`: what the router reads when it is not x (Gemma-4: the residual stream)."""
     c = w.config
     b, s, d = x.shape
-    top_w, top_i = route(w, x, run, names)
+    top_w, top_i = route(w, x if router_in is None else router_in, run, names)
     flat = x.reshape(-1, d)
     flat_w = top_w.reshape(-1)  # [tokens * top_k]
     flat_i = top_i.reshape(-1).long()
@@ -168,18 +180,25 @@ def moe(w: MoeWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tens
 
 def expected_moe_shapes(prefix: str, c: MoeConfig, d_model: int) -> dict[str, tuple[int, ...]]:
     """Checkpoint tensor name -> shape for one MoE layer under `prefix` (``model.layers.{i}.``)."""
-    m = prefix + c.block + "."
+    m = prefix + c.block + "." if c.block else prefix
     r = f"{m}{c.router_name}."
     out: dict[str, tuple[int, ...]] = {r + "weight": (c.num_experts, d_model)}
     if c.router_bias:
         out[r + "bias"] = (c.num_experts,)
+    if c.router_input_scale:  # Gemma-4: router.scale beside router.proj
+        rm = r[:-len(c.router_name.rsplit(".", 1)[-1]) - 1]
+        out[rm + "scale"] = (d_model,)
+        out[rm + "per_expert_scale"] = (c.num_experts,)
     g, u, dn = c.expert_names
-    if c.fused:
+    if c.fused_linear:  # Gemma-4: [E, 2 d_expert, d_model] rows [gate | up], no ".weight"
+        out[m + "experts.gate_up_proj"] = (c.num_experts, 2 * c.expert_size, d_model)
+        out[m + "experts.down_proj"] = (c.num_experts, d_model, c.expert_size)
+    elif c.fused:
         out.update(fused_shapes(m, c, d_model))
     elif c.fused_experts:  # Granite 4: [n, 2 * d_expert, d_model] rows [gate | up]
         out[m + g + ".weight"] = (c.num_experts, 2 * c.expert_size, d_model)
         out[m + dn + ".weight"] = (c.num_experts, d_model, c.expert_size)
-    for e in range(0 if c.fused or c.fused_experts else c.num_experts):
+    for e in range(0 if c.fused or c.fused_experts or c.fused_linear else c.num_experts):
         ep = f"{m}experts.{e}."
         out[ep + g + ".weight"] = (c.expert_size, d_model)
         out[ep + u + ".weight"] = (c.expert_size, d_model)
@@ -206,18 +225,23 @@ def float32_names(c: MoeConfig) -> set[str]:
     them in float32, and a rounded bias can change which experts run)."""
     if c.plain_routing and not c.router_float32:
         return set()
-    r = f"{c.block}.{c.router_name}."
+    r = f"{c.router_module}."
     return {r + "weight"} | ({f"{c.block}.{c.selection_bias}"} if c.selection_bias else set())
 
 
-def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor]) -> MoeWeights:
+def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor], eps: float = 1e-6
+             ) -> MoeWeights:
     """One layer's MoeWeights; `get(name)` returns a loaded tensor (shapes already checked
     against :func:`expected_moe_shapes`). Fused tensors are split into views."""
-    m = prefix + c.block + "."
+    m = prefix + c.block + "." if c.block else prefix
     r = f"{m}{c.router_name}."
     g, u, dn = c.expert_names
     experts: list[ExpertWeights] | list[FusedExpert]
-    if c.fused:
+    rm = r[:-len(c.router_name.rsplit(".", 1)[-1]) - 1]  # the router module (Gemma-4)
+    if c.fused_linear:  # views [d_model, 2 d_expert] / [d_expert, d_model] of the stacks
+        gate_up, down = get(m + "experts.gate_up_proj"), get(m + "experts.down_proj")
+        experts = [FusedExpert(gate_up[e].T, down[e].T, False) for e in range(c.num_experts)]
+    elif c.fused:
         experts = load_fused(m, c, get)
     elif c.fused_experts:  # split into views of the two stacked tensors
         gate_up, down = get(m + g + ".weight"), get(m + dn + ".weight")
@@ -240,4 +264,7 @@ def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor]) -> M
                       if c.shared_expert_gate else None,
                       selection_bias=get(m + c.selection_bias).reshape(-1)
                       if c.selection_bias else None,
-                      router_bias=get(r + "bias") if c.router_bias else None)
+                      router_bias=get(r + "bias") if c.router_bias else None, eps=eps,
+                      router_scale=get(rm + "scale") if c.router_input_scale else None,
+                      per_expert_scale=get(rm + "per_expert_scale")
+                      if c.router_input_scale else None)

@@ -14,9 +14,12 @@
 - ``fold_value_biases``: b_O += sum_h b_V[h] @ W_O[h] and b_V = 0 (attention rows sum to 1).
 
 Refused with an ``MIError`` where the numbers would change: ``fold_ln`` /
-``center_writing_weights`` on mixture-of-experts models and on latent attention (MLA: the
-folded gain would have to go through the latent norms), ``fold_value_biases`` with attention
-sinks (gpt-oss: a row's pattern sums to less than 1, so b_V does not move into b_O).
+``center_writing_weights`` on mixture-of-experts models, on latent attention (MLA: the
+folded gain would have to go through the latent norms) and with Laurel blocks (Gemma-3n: they
+add ln1's output itself to the residual), ``fold_value_biases`` with attention sinks (gpt-oss:
+a row's pattern sums to less than 1, so b_V does not move into b_O) and with value norms
+(Gemma-3n / Gemma-4: the values are RMS-normed per head). Gemma-4's MoE beside the dense MLP
+is refused as an MoE.
 
 Every step builds new tensors (never writes into a loaded one), so a tied embedding /
 unembedding or a fused checkpoint's row views stay consistent.
@@ -57,7 +60,7 @@ def process_weights(be: HasWeights, fold_ln: bool = True,
                       f"for layers with a sequence mixer (layers {mixers} of this "
                       f"{c.model_type} model); use fold_ln=False, center_writing_weights=False")
     if (fold_ln or center_writing_weights) and any(
-            not isinstance(lw.mlp, MlpWeights) for lw in w.layers):
+            not isinstance(lw.mlp, MlpWeights) or lw.moe is not None for lw in w.layers):
         raise MIError(f"process_weights: fold_ln / center_writing_weights are not implemented "
                       f"for mixture-of-experts models ({c.model_type}); use fold_ln=False, "
                       f"center_writing_weights=False")
@@ -65,6 +68,17 @@ def process_weights(be: HasWeights, fold_ln: bool = True,
         raise MIError(f"process_weights: fold_ln / center_writing_weights are not implemented "
                       f"for multi-head latent attention ({c.model_type}); use fold_ln=False, "
                       f"center_writing_weights=False")
+    if (fold_ln or center_writing_weights) and c.laurel_rank:
+        raise MIError(f"process_weights: fold_ln / center_writing_weights are not implemented "
+                      f"for Laurel blocks ({c.model_type}: Laurel adds ln1's output itself to "
+                      f"the residual, so ln1's gain cannot move into W_Q / W_K / W_V); use "
+                      f"fold_ln=False, center_writing_weights=False")
+    if fold_value_biases and c.v_norm and any(
+            lw.attn is not None and (lw.attn.b_v is not None or lw.attn.b_k is not None)
+            for lw in w.layers):
+        raise MIError(f"process_weights: fold_value_biases would change the numbers of "
+                      f"{c.model_type}: its values are RMS-normed per head, so b_V does not "
+                      f"pass through to b_O; use fold_value_biases=False")
     if fold_value_biases and c.attn_sinks and any(lw.attn.b_v is not None for lw in w.layers):
         raise MIError(f"process_weights: fold_value_biases would change the numbers of "
                       f"{c.model_type}: with attention sinks a pattern row sums to less than 1, "
@@ -125,9 +139,13 @@ def _fold_rows(weight: torch.Tensor, bias: torch.Tensor | None, norm: Norm, laye
 
 
 def _fold_attn(a: AttnWeights, norm: Norm, layer_norm: bool) -> None:
+    """(A layer sharing an earlier layer's keys has no W_K / W_V; one whose values are its
+    keys no W_V: the values follow the folded W_K.)"""
     a.w_q, a.b_q = _fold_rows(a.w_q, a.b_q, norm, layer_norm)
-    a.w_k, a.b_k = _fold_rows(a.w_k, a.b_k, norm, layer_norm)
-    a.w_v, a.b_v = _fold_rows(a.w_v, a.b_v, norm, layer_norm)
+    if a.w_k is not None:
+        a.w_k, a.b_k = _fold_rows(a.w_k, a.b_k, norm, layer_norm)
+    if a.w_v is not None:
+        a.w_v, a.b_v = _fold_rows(a.w_v, a.b_v, norm, layer_norm)
     if a.w_gate is not None:  # the output gate reads the same normalised input
         a.w_gate, a.b_gate = _fold_rows(a.w_gate, a.b_gate, norm, layer_norm)
 

@@ -1,5 +1,5 @@
-"""Rotary position embeddings (default, linear, llama3, dynamic-NTK, yarn and longrope
-scaling), as transformers' ``modeling_rope_utils`` computes them."""
+"""Rotary position embeddings (default, linear, llama3, dynamic-NTK, yarn, longrope and
+proportional scaling), as transformers' ``modeling_rope_utils`` computes them."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ def inv_freq(rope: RopeConfig, dim: int, seq_len: int | None = None) -> torch.Te
         n = max(seq_len or 0, rope.original_max_positions)
         theta = theta * ((rope.factor * n / rope.original_max_positions)
                          - (rope.factor - 1)) ** (dim / (dim - 2))
+    if rope.scaling is RopeScaling.PROPORTIONAL:
+        return _proportional(rope, dim)
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     if rope.scaling is RopeScaling.LINEAR:
         return inv / rope.factor
@@ -47,6 +49,17 @@ def inv_freq(rope: RopeConfig, dim: int, seq_len: int | None = None) -> torch.Te
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return torch.where(medium, smoothed, scaled)
     return inv
+
+
+def _proportional(rope: RopeConfig, dim: int) -> torch.Tensor:
+    """Gemma-4's proportional RoPE (transformers' ``_compute_proportional_rope_parameters``):
+    the first int(fraction * dim / 2) frequencies with exponents over the whole `dim`, the
+    others 0 (cos 1, sin 0: those dims pass unrotated), all divided by `factor`."""
+    angles = int(rope.fraction * dim // 2)
+    rotated = 1.0 / (rope.theta ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).float()
+                                    / dim))
+    inv = torch.cat((rotated, torch.zeros(dim // 2 - angles, dtype=torch.float32)))
+    return inv / rope.factor
 
 
 def _yarn(rope: RopeConfig, dim: int) -> torch.Tensor:

@@ -21,6 +21,7 @@ import torch
 
 from mi_core.plugin import WeightLoadError, checked_tensor, progress
 
+from mi_transformer import altup, per_layer
 from mi_transformer.attention import AttnWeights
 from mi_transformer.config import (Activation, BlockLayout, MlpLayout, NormType, Positions,
                                    QkvLayout, TransformerConfig)
@@ -76,6 +77,9 @@ class NameTable:
     shared: str = ""
     shared_out: str = ""
     shared_prefix: str = ""
+    #: the text model's module, under which the global tensors of the per-layer inputs and
+    #: AltUp's projections live (Gemma-3n / Gemma-4: ``model.`` or ``model.language_model.``)
+    text_model: str = "model."
 
 
 _CAUSAL_BUFFERS = (r"\.att(n|ention)\.(bias|masked_bias)$", r"rotary_emb\.inv_freq$")
@@ -118,6 +122,31 @@ NAME_TABLES: dict[str, NameTable] = {
                            ln2_post="post_feedforward_layernorm",
                            ignore=(r"^vision_tower\.", r"^multi_modal_projector\.",
                                    r"rotary_emb\.inv_freq$")),
+    # Gemma-4 / Gemma-3n (config/families_gemma.py): Gemma 2's norms; their extra tensors
+    # (per-layer inputs, AltUp, Laurel, the MoE beside the MLP) are named in per_layer.py,
+    # altup.py and moe.py. The multimodal checkpoints: the language model under
+    # model.language_model. (the towers and embedders ignored: the forward is text-only)
+    "gemma4": NameTable(ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
+                        ln2_post="post_feedforward_layernorm"),
+    "gemma3n": NameTable(ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
+                         ln2_post="post_feedforward_layernorm"),
+    "gemma3n_mm": NameTable(embed="model.language_model.embed_tokens",
+                            final_norm="model.language_model.norm",
+                            layer="model.language_model.layers.{i}.",
+                            ln2="pre_feedforward_layernorm",
+                            ln1_post="post_attention_layernorm",
+                            ln2_post="post_feedforward_layernorm",
+                            text_model="model.language_model.",
+                            ignore=(r"^model\.(vision_tower|audio_tower|embed_vision|"
+                                    r"embed_audio)\.", r"rotary_emb\.inv_freq$")),
+    "gemma4_mm": NameTable(embed="model.language_model.embed_tokens",
+                           final_norm="model.language_model.norm",
+                           layer="model.language_model.layers.{i}.",
+                           ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
+                           ln2_post="post_feedforward_layernorm",
+                           text_model="model.language_model.",
+                           ignore=(r"^model\.(vision_tower|audio_tower|embed_vision|"
+                                   r"embed_audio)\.", r"rotary_emb\.inv_freq$")),
     # StableLM-2-12B's per-head q/k LayerNorms: one tensor per head ({h})
     "stablelm": NameTable(q_norm="self_attn.q_layernorm.norms.{h}",
                           k_norm="self_attn.k_layernorm.norms.{h}"),
@@ -206,8 +235,7 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
     leftovers found from it; GGUF maps its names onto the same slots (:func:`slot_names`).
     """
     t = NAME_TABLES[cfg.weight_names]
-    d, hd, h, kv, m = (cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads,
-                       cfg.intermediate_size)
+    d = cfg.hidden_size
     out: dict[str, Entry] = {t.embed + ".weight": Entry("embed", None, (cfg.vocab_size, d))}
     if cfg.positions is Positions.LEARNED:
         rows = (cfg.max_positions or 0) + cfg.position_offset
@@ -237,11 +265,12 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
         norms.update(ln1_post=t.ln1_post, ln2_post=t.ln2_post)
     if not cfg.norm_affine:
         norms = {}
-    # q/k norms per head [d_head], or over the whole projection (OLMo2, OLMoE)
-    qn, kn = ((h * hd,), (kv * hd,)) if cfg.qk_norm_full else ((hd,), (hd,))
-    if cfg.qk_norm_heads:  # a gain per head (Cohere)
-        qn, kn = (h, hd), (kv, hd)
+    out.update({name: Entry(slot, None, shape) for name, (slot, shape) in {
+        **per_layer.global_shapes(cfg, t.text_model),
+        **altup.global_shapes(cfg, t.text_model)}.items()})
     for i in range(cfg.num_layers):
+        m = cfg.mlp_size_of(i)
+        out.update(_layer_extras(cfg, t, i))
         mixer = cfg.mixer_of(i)
         own = t.shared_prefix if cfg.shared_set(i) is not None else ""  # (Zamba2)
         if own:
@@ -251,7 +280,7 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
             for name, shape in mixer.spec.tensors(mixer.settings).items():
                 out[prefix + name] = Entry("mixer:" + name, i, tuple(shape))
         elif cfg.has_attention(i):  # (an MLP_ONLY layer has no mixer's tensors)
-            _attention_extras(t, cfg, add, out, i, (qn, kn))
+            _attention_extras(t, cfg, add, out, i)
         layer_norms = {"ln1": t.ln1, "ln2": t.ln2} if mixer is not None and \
             cfg.mixer_pre_norms else norms  # OLMo hybrid: pre-norm mixer layers
         for slot, name in layer_norms.items():
@@ -265,7 +294,10 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
             prefix = t.layer.format(i=i)  # slot "moe:<name inside the layer>"
             for name, shape in expected_moe_shapes(prefix, cfg.moe, d).items():
                 out[name] = Entry("moe:" + name[len(prefix):], i, shape)
-            continue
+            if not cfg.moe.beside_mlp:
+                continue
+            for slot, name in _BESIDE_NORMS.items():  # the dense MLP's and the MoE's norms
+                add(i, slot, name, (d,), False)
         if cfg.mlp_layout is MlpLayout.GATED_FUSED:
             add(i, "gate_up", t.mlp_gate_up, _linear(t, 2 * m, d), cfg.mlp_bias)
         else:
@@ -279,21 +311,47 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
     return out
 
 
+def _layer_extras(cfg: TransformerConfig, t: NameTable, i: int) -> dict[str, Entry]:
+    """Layer i's tensors of the Gemma-3n / Gemma-4 axes: the per-layer-input branch, AltUp,
+    Laurel and the layer's scalar (where the config has them)."""
+    prefix = t.layer.format(i=i)
+    out = {name: Entry(slot, i, shape) for name, (slot, shape) in {
+        **per_layer.layer_shapes(cfg, prefix), **altup.layer_shapes(cfg, prefix)}.items()}
+    if cfg.layer_scalar:
+        out[prefix + "layer_scalar"] = Entry("layer_scalar", i, (1,))
+    return out
+
+
+#: Gemma-4's norms of an MoE beside the MLP: the dense output's, the experts' input's and
+#: their output's (the sum's is ln2_post)
+_BESIDE_NORMS = {"ln2_post_dense": "post_feedforward_layernorm_1",
+                 "ln2_moe": "pre_feedforward_layernorm_2",
+                 "ln2_post_moe": "post_feedforward_layernorm_2"}
+
+
 def _attention_extras(t: NameTable, cfg: TransformerConfig, add: Callable[..., None],
-                      out: dict[str, Entry], i: int,
-                      qk_norm_shapes: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+                      out: dict[str, Entry], i: int) -> None:
     """An attention layer's tensors: q/k/v (with the output gate's rows where q_proj has
-    them), latent projections (MLA) and sinks, the output projection and q/k norms (one
+    them; no k / v where the layer shares an earlier layer's keys, no v where the values are
+    the keys), latent projections (MLA) and sinks, the output projection and q/k norms (one
     tensor per head where the table says ``{h}``, StableLM's, stacked on load)."""
-    d, hd, h, kv = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    d, hd, h, kv = cfg.hidden_size, cfg.head_dim_of(i), cfg.num_heads, cfg.kv_heads_of(i)
+    # q/k norms per head [d_head], or over the whole projection (OLMo2, OLMoE)
+    qn, kn = ((h * hd,), (kv * hd,)) if cfg.qk_norm_full else ((hd,), (hd,))
+    if cfg.qk_norm_heads:  # a gain per head (Cohere)
+        qn, kn = (h, hd), (kv, hd)
     out.update(_attn_extras(cfg, t, i))  # latent projections (MLA), sinks
     if cfg.mla is None and cfg.qkv_layout is QkvLayout.SEPARATE:
         q_rows = h * hd * (2 if cfg.attn_output_gate else 1)  # [q | gate] per head
-        for slot, rows in (("q", q_rows), ("k", kv * hd), ("v", kv * hd)):
+        slots = [("q", q_rows)]
+        if not cfg.shares_kv(i):
+            slots += [("k", kv * hd)] + ([] if cfg.k_eq_v_of(i) else [("v", kv * hd)])
+        for slot, rows in slots:
             add(i, slot, getattr(t, slot), _linear(t, rows, d), cfg.qkv_bias)
     elif cfg.mla is None:
         add(i, "qkv", t.qkv, _linear(t, (h + 2 * kv) * hd, d), cfg.qkv_bias)
-    add(i, "o", t.o, _linear(t, d, h * cfg.v_head_dim), cfg.o_bias)
+    v_width = cfg.v_head_dim if cfg.mla is not None else hd
+    add(i, "o", t.o, _linear(t, d, h * v_width), cfg.o_bias)
     qk_norm = cfg.qk_norm and cfg.qk_norm_affine and (
         not cfg.layer_qk_norm or cfg.layer_qk_norm[i])  # weightless norms: no tensors
     if qk_norm and "{h}" in t.q_norm:  # one tensor per head (StableLM), stacked on load
@@ -301,8 +359,9 @@ def _attention_extras(t: NameTable, cfg: TransformerConfig, add: Callable[..., N
             for j in range(n):
                 add(i, f"{which}.{j}", name.format(h=j), (hd,), False)
     elif qk_norm:
-        add(i, "q_norm", t.q_norm, qk_norm_shapes[0], False)
-        add(i, "k_norm", t.k_norm, qk_norm_shapes[1], False)
+        add(i, "q_norm", t.q_norm, qn, False)
+        if not cfg.shares_kv(i):  # a layer that shares keys has no key norm
+            add(i, "k_norm", t.k_norm, kn, False)
 
 
 def _shared_entries(cfg: TransformerConfig, t: NameTable, out: dict[str, "Entry"],
@@ -369,6 +428,11 @@ def is_ignorable(cfg: TransformerConfig, name: str) -> bool:
     if cfg.ignored_layers and any(name.startswith(t.layer.format(i=i))
                                   for i in cfg.ignored_layers):
         return True  # multi-token-prediction modules stored as extra layers (GLM-4.5, V3)
+    if cfg.layer_kv_source and any(  # k / v of a layer that shares an earlier layer's (the
+            name.startswith(t.layer.format(i=i) + m + ".")  # published Gemma-3n / Gemma-4
+            for i in range(cfg.num_layers) if cfg.shares_kv(i)  # keep them; unused)
+            for m in (t.k, t.v, t.k_norm, t.attn + ".v_norm")):
+        return True
     return any(re.search(p, name) for p in t.ignore)
 
 
@@ -482,6 +546,15 @@ class LayerWeights:
     mixer: Any = None  # a non-attention mixer (mi_core.recurrence.Mixer), built by its plugin
     #: the shared attention block run before the mixer (Zamba2), with this layer's adapters
     shared: "shared_block.SharedBlockWeights | None" = None
+    # -- Gemma-4 / Gemma-3n --
+    scalar: torch.Tensor | None = None  # [1]: the layer's output multiplied by it
+    ple: per_layer.PerLayerBranch | None = None  # the per-layer-input branch
+    altup: altup.AltUpWeights | None = None
+    laurel: altup.LaurelWeights | None = None
+    moe: MoeWeights | None = None  # a mixture of experts beside the dense MLP (Gemma-4)
+    ln2_post_dense: Norm | None = None  # its norms: the dense output's,
+    ln2_moe: Norm | None = None  # the experts' input's,
+    ln2_post_moe: Norm | None = None  # and their output's
 
 
 @attrs.define(eq=False)
@@ -492,6 +565,9 @@ class Weights:
     layers: "list[LayerWeights] | OffloadedLayers"
     pos_embed: torch.Tensor | None = None  # [positions (+ offset), d_model]
     lm_head_bias: torch.Tensor | None = None  # [vocab]
+    per_layer: per_layer.PerLayerInputWeights | None = None  # per-layer input embeddings
+    altup_in: list[torch.Tensor] = attrs.field(factory=list)  # AltUp's stream projections
+    altup_out: list[torch.Tensor] = attrs.field(factory=list)  # [d_model, d_model] each
 
 
 def _split_gate(cfg: TransformerConfig, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -556,7 +632,8 @@ def load_weights(cfg: TransformerConfig, src: TensorSource, device: torch.device
             tensors[key], targets[key] = _resting(src, alias[name], target, lay.offload), target
             continue
         dev = lay.layers[e.layer] if e.layer is not None else \
-            lay.embed if e.slot in ("embed", "pos_embed") else lay.unembed
+            lay.embed if e.slot in ("embed", "pos_embed") or e.slot.startswith(
+                ("ple:", "altup:in.")) else lay.unembed
         w = src.get(alias[name], dtype=target, device=dev)
         if t.conv1d and w.dim() == 2 and e.layer is not None:
             w = w.t().contiguous()  # Conv1D [in, out] -> Linear [out, in]
@@ -583,9 +660,17 @@ def load_weights(cfg: TransformerConfig, src: TensorSource, device: torch.device
             raise WeightLoadError(f"{_origin(src)}: {dup!r} differs from {first!r}: a shared "
                                   f"block's weights must be the same at every layer using them")
     globals_ = _Slots(cfg, tensors, dtype, lay.unembed)
+    ple = None
+    if cfg.per_layer_input is not None:
+        ple = per_layer.PerLayerInputWeights(
+            cfg.per_layer_input, tensors[(None, "ple:embed")], tensors[(None, "ple:proj")],
+            Norm(NormType.RMS, cfg.norm_eps, tensors[(None, "ple:norm")]))
+    streams = range(cfg.altup.num_inputs - 1) if cfg.altup is not None else range(0)
     return Weights(embed=embed, lm_head=lm_head, final_norm=globals_.norm(None, "final_norm"),
                    layers=layers, pos_embed=globals_.opt(None, "pos_embed"),
-                   lm_head_bias=globals_.opt(None, "lm_head.bias"))
+                   lm_head_bias=globals_.opt(None, "lm_head.bias"), per_layer=ple,
+                   altup_in=[tensors[(None, f"altup:in.{j}")] for j in streams],
+                   altup_out=[tensors[(None, f"altup:out.{j}")] for j in streams])
 
 
 def _resting(src: TensorSource, name: str, target: torch.dtype, offload: str) -> torch.Tensor:
@@ -679,13 +764,40 @@ class _Slots:
             sopt = lambda n: None if (owner, "shared:" + n) not in tensors else sget(n)  # noqa
             shared = shared_block.load_shared(cfg, i, sget, sopt,
                                               tensors[(i, shared_block.OUT)])
-        return LayerWeights(
+        lw = LayerWeights(
             ln1=self.norm(i, "ln1") if pre and (spec is not None or attn is not None) else None,
             ln2=self.norm(i, "ln2") if pre and has_ln2 else None,
             attn=attn, mlp=mlp,
             ln1_post=self.norm(i, "ln1_post") if post else None,
             ln2_post=self.norm(i, "ln2_post") if post and mlp is not None else None,
             mixer=mixer, shared=shared)
+        self._gemma_extras(i, lw)
+        return lw
+
+    def _gemma_extras(self, i: int, lw: LayerWeights) -> None:
+        """The layer's scalar, per-layer-input branch, AltUp, Laurel and an MoE beside its
+        MLP (Gemma-4, Gemma-3n), where the config has them."""
+        cfg, tensors = self.cfg, self.tensors
+        rms = lambda w: Norm(NormType.RMS, cfg.norm_eps, w)  # noqa: E731
+        if cfg.layer_scalar:
+            lw.scalar = tensors[(i, "layer_scalar")]
+        if cfg.per_layer_input is not None:
+            lw.ple = per_layer.PerLayerBranch(tensors[(i, "ple:gate")], tensors[(i, "ple:proj")],
+                                              rms(tensors[(i, "ple:norm")]))
+        if cfg.altup is not None:
+            get = lambda k: tensors[(i, "altup:" + k)]  # noqa: E731
+            lw.altup = altup.AltUpWeights(
+                cfg.altup, rms(get("router_norm")), get("modality_router"),
+                get("prediction_coefs"), get("correction_coefs"), get("correct_output_scale"))
+        if cfg.laurel_rank:
+            lw.laurel = altup.LaurelWeights(tensors[(i, "laurel:left")],
+                                            tensors[(i, "laurel:right")],
+                                            rms(tensors[(i, "laurel:norm")]))
+        if cfg.moe is not None and cfg.moe.beside_mlp and cfg.layer_moe and cfg.layer_moe[i]:
+            lw.moe = load_moe("", cfg.moe, lambda name: tensors[(i, "moe:" + name)],
+                              cfg.norm_eps)
+            lw.ln2_post_dense, lw.ln2_moe, lw.ln2_post_moe = (
+                self.norm(i, slot) for slot in _BESIDE_NORMS)
 
     def attn(self, i: int) -> AttnWeights:
         """q/k/v [rows, d_model] as stored or as row views of the fused tensor; per-head q/k
@@ -696,8 +808,8 @@ class _Slots:
             mla = load_mla(cfg.mla, lambda n: tensors[(i, "mla:" + n)],
                            lambda n: opt(i, "mla:" + n))
             wq = wk = wv = bq = bk = bv = None
-        elif cfg.qkv_layout is QkvLayout.SEPARATE:
-            wq, wk, wv = (tensors[(i, f"{x}.weight")] for x in "qkv")
+        elif cfg.qkv_layout is QkvLayout.SEPARATE:  # (k / v absent: shared or values = keys)
+            wq, wk, wv = (tensors.get((i, f"{x}.weight")) for x in "qkv")
             bq, bk, bv = (opt(i, f"{x}.bias") for x in "qkv")
         else:
             wq, wk, wv = _unpack_qkv(cfg, tensors[(i, "qkv.weight")])
@@ -712,23 +824,25 @@ class _Slots:
                 tensors[(i, which + ".weight")] = torch.stack(
                     [tensors.pop((i, f"{which}.{j}.weight")) for j in range(n)])
         qn = kn = None
+        one = torch.ones(cfg.head_dim_of(i), dtype=self.dtype, device=self.device)
         if cfg.qk_norm and not cfg.qk_norm_affine and (
                 not cfg.layer_qk_norm or cfg.layer_qk_norm[i]):  # no weights (Llama 4): gain 1
-            one = torch.ones(cfg.head_dim, dtype=self.dtype, device=self.device)
             qn = kn = Norm(NormType.RMS, cfg.norm_eps, one)
         elif cfg.qk_norm and (i, "q_norm.weight") in tensors:
             qn = Norm(cfg.norm_type, cfg.norm_eps, tensors[(i, "q_norm.weight")])
-            kn = Norm(cfg.norm_type, cfg.norm_eps, tensors[(i, "k_norm.weight")])
+            kw = tensors.get((i, "k_norm.weight"))  # none where the keys are shared
+            kn = Norm(cfg.norm_type, cfg.norm_eps, kw) if kw is not None else None
+        vn = Norm(NormType.RMS, cfg.norm_eps, one) if cfg.v_norm and wk is not None else None
         return AttnWeights(wq, wk, wv, tensors[(i, "o.weight")], bq, bk, bv, opt(i, "o.bias"),
                            qn, kn, qk_norm_full=cfg.qk_norm_full, clip=cfg.clip_qkv,
-                           sinks=opt(i, "sinks"), mla=mla, w_gate=wg, b_gate=bg)
+                           sinks=opt(i, "sinks"), mla=mla, w_gate=wg, b_gate=bg, v_norm=vn)
 
     def mlp(self, i: int) -> MlpWeights | MoeWeights:
         """The layer's MLP: mixture of experts, gated with gate/up fused ([gate | up] rows,
         split into views), or gated / plain as stored."""
         cfg, tensors, opt = self.cfg, self.tensors, self.opt
-        m = cfg.intermediate_size
-        if cfg.moe is not None and cfg.layer_moe and cfg.layer_moe[i]:
+        m = cfg.mlp_size_of(i)
+        if cfg.moe is not None and cfg.layer_moe and cfg.layer_moe[i] and not cfg.moe.beside_mlp:
             return load_moe("", cfg.moe, lambda name: tensors[(i, "moe:" + name)])
         if cfg.mlp_layout is MlpLayout.GATED_FUSED:
             gate, up = tensors[(i, "gate_up.weight")].split([m, m], dim=0)

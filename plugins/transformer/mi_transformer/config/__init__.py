@@ -25,6 +25,7 @@ Every name is importable from here; the modules, in import order (none imports a
 - :mod:`~mi_transformer.config.families_llama`, :mod:`~mi_transformer.config.families_gpt`,
   :mod:`~mi_transformer.config.families_moe`, :mod:`~mi_transformer.config.families_recent`,
   :mod:`~mi_transformer.config.families_moe2` (gpt-oss, DeepSeek-V2/V3, Llama 4),
+  :mod:`~mi_transformer.config.families_gemma` (Gemma-4, Gemma-3n),
   :mod:`~mi_transformer.config.families_ssm`, :mod:`~mi_transformer.config.families_linear`:
   one ``parse_<family>`` per family (families_recent also ``REFUSED``: families refused by
   name; the state-space and linear-attention ones run a plugin's mixer);
@@ -38,6 +39,10 @@ from mi_transformer.config.axes import (
     ATTENTION, MLP_ONLY, Activation, BlockLayout, MixerConfig, MlaConfig, MlpLayout, MoeConfig,
     NormType, Positions, QkvLayout, RopeConfig, RopeLayout, RopeScaling, SharedBlockConfig,
     TransformerConfig,
+)
+from mi_transformer.config.axes import AltUpConfig, PerLayerInputConfig
+from mi_transformer.config.families_gemma import (
+    parse_gemma3n, parse_gemma3n_text, parse_gemma4, parse_gemma4_text,
 )
 from mi_transformer.config.families_gpt import (
     parse_falcon, parse_gpt2, parse_gpt_neox, parse_gptj, parse_opt, parse_phi, parse_stablelm,

@@ -71,6 +71,9 @@ class RopeScaling(enum.Enum):
     DYNAMIC = "dynamic"  # NTK-aware: base grows with the longest position of each call
     YARN = "yarn"  # interpolate low frequencies, keep high ones, scale cos/sin (Qwen2.5 long)
     LONGROPE = "longrope"  # per-frequency short/long factors, scale cos/sin (Phi-3 128k)
+    # Gemma-4's full layers: the first `fraction` of the frequencies of a `dim`-wide head,
+    # exponents over the whole head; the rest are 0 (those dims are not rotated)
+    PROPORTIONAL = "proportional"
 
 
 @attrs.frozen
@@ -91,6 +94,10 @@ class RopeConfig:
     attention_factor: float | None = None  # yarn/longrope: cos/sin scale (None: derived)
     short_factor: tuple[float, ...] = ()  # longrope, one per rotated frequency
     long_factor: tuple[float, ...] = ()  # longrope, once positions pass the original length
+    fraction: float = 1.0  # proportional: the rotated share of the frequencies
+    #: the head width this rope's tables span (0: the config's rotary width); a layer whose
+    #: head size differs from the others' (Gemma-4's full layers) has a rope of its own width
+    dim: int = 0
 
     @property
     def position_dependent(self) -> bool:
@@ -137,6 +144,15 @@ class MoeConfig:
     swiglu_limit: float | None = None  # gpt-oss clamped SwiGLU: (clamp(up) + 1) * glu(gate)
     swiglu_alpha: float = 1.702
     router_float32: bool = False  # the router computes in float32 (DeepSeek-V2, as transformers)
+    # -- Gemma-4's MoE block: beside a dense MLP, stacked experts in Linear layout --
+    beside_mlp: bool = False  # the MoE runs beside the dense MLP (each post-normed, summed)
+    #: stacked experts stored [E, 2 d_expert, d_model] (rows [gate | up]) / [E, d_model,
+    #: d_expert] under the block, names without ``.weight`` (Gemma-4's experts.gate_up_proj)
+    fused_linear: bool = False
+    #: the router reads rms(x) * scale * d_model^-0.5 (a weightless RMS norm, the learned
+    #: ``<router>.scale`` [d_model]) and its top-k weights are multiplied by
+    #: ``<router>.per_expert_scale`` [E] after the renormalisation (Gemma-4)
+    router_input_scale: bool = False
 
     def __attrs_post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
@@ -148,6 +164,11 @@ class MoeConfig:
         if self.n_group > 1 and self.top_k > self.topk_group * (self.num_experts // self.n_group):
             raise ConfigError(f"MoE: num_experts_per_tok {self.top_k} exceeds the experts of "
                               f"the {self.topk_group} groups kept")
+
+    @property
+    def router_module(self) -> str:
+        """The router's module name inside the block ('' block: inside the layer)."""
+        return f"{self.block}.{self.router_name}" if self.block else self.router_name
 
     @property
     def plain_routing(self) -> bool:
@@ -206,6 +227,34 @@ class SharedBlockConfig:
     def uses_of(self, block: int) -> list[int]:
         """The use indices that run weight set `block`."""
         return [j for j in range(self.uses) if j % self.num_blocks == block]
+
+
+@attrs.frozen
+class PerLayerInputConfig:
+    """Per-layer input embeddings (Gemma-3n, Gemma-4): a second embedding table gives each
+    token one `dim`-wide vector per layer; with a projection of the token embedding it forms
+    each layer's input, which gates a branch added to the residual stream after the MLP
+    (``per_layer_input_gate``, ``per_layer_projection``, ``post_per_layer_input_norm``)."""
+
+    dim: int  # hidden_size_per_layer_input
+    vocab: int  # vocab_size_per_layer_input (rows of embed_tokens_per_layer)
+    #: ids outside the table read row 0 (Gemma-3n); otherwise they are refused (Gemma-4,
+    #: whose transformers code would index past the table)
+    clip_ids: bool = False
+
+
+@attrs.frozen
+class AltUpConfig:
+    """AltUp (Gemma-3n): `num_inputs` residual streams; each layer predicts them all from a
+    learned mix, runs the block on the `active` one and corrects the others with the
+    innovation (mi_transformer.altup)."""
+
+    num_inputs: int
+    active: int = 0
+    correct_scale: bool = True  # the corrected active stream times correct_output_scale feeds PLE
+    #: |coefficient| bound transformers applies while training only (read, not applied at
+    #: inference, as transformers)
+    coef_clip: float | None = None
 
 
 @attrs.frozen
@@ -292,6 +341,22 @@ class TransformerConfig:
     shared_block: SharedBlockConfig | None = None
     #: per layer, the use index of the shared block run before its mixer (None: none); () = none
     layer_shared: tuple[int | None, ...] = ()
+    # -- axes of Gemma-4 and Gemma-3n (config/families_gemma.py) --
+    layer_head_dim: tuple[int, ...] = ()  # per layer head size; () = head_dim everywhere
+    layer_kv_heads: tuple[int, ...] = ()  # per layer KV heads; () = num_kv_heads everywhere
+    #: per layer, the layer whose keys and values its attention reads: itself, or an earlier
+    #: layer whose (cached) keys and values it shares (no k/v projections of its own); () = own
+    layer_kv_source: tuple[int, ...] = ()
+    layer_k_eq_v: tuple[bool, ...] = ()  # per layer, values = the key projection (pre-norm)
+    v_norm: bool = False  # values RMS-normed per head without a gain (Gemma-3n, Gemma-4)
+    layer_mlp_size: tuple[int, ...] = ()  # per layer MLP width; () = intermediate_size
+    layer_scalar: bool = False  # each layer's output multiplied by its checkpoint scalar
+    per_layer_input: PerLayerInputConfig | None = None  # per-layer input embeddings
+    #: per layer, Gemma-3n's activation sparsity: the gate pre-activations below mean + std *
+    #: Phi^-1(p) are cut (relu(x - cutoff)) before the activation; 0 = dense; () = all dense
+    layer_sparsity: tuple[float, ...] = ()
+    laurel_rank: int = 0  # Gemma-3n's low-rank residual block beside attention (0: none)
+    altup: AltUpConfig | None = None  # several residual streams (Gemma-3n)
 
     def __attrs_post_init__(self) -> None:
         """Relations between axes; the parsers check the same on JSON keys first, so this
@@ -325,6 +390,7 @@ class TransformerConfig:
                 if rope.scaling is RopeScaling.LONGROPE and n != self.rot_dim // 2:
                     raise ConfigError(f"{where}: longrope {key} has {n} entries; the rotary "
                                       f"dimension {self.rot_dim} needs {self.rot_dim // 2}")
+        self._check_gemma_axes(where)
         for name, flags in (("layer_use_rope", self.layer_use_rope), ("layer_moe", self.layer_moe),
                             ("layer_qk_norm", self.layer_qk_norm),
                             ("layer_chunks", self.layer_chunks),
@@ -366,6 +432,70 @@ class TransformerConfig:
             v = getattr(self, name)
             if v is not None and not (v > 0 and math.isfinite(v)):
                 raise ConfigError(f"{where}: {name} = {v} must be > 0")
+
+    def _check_gemma_axes(self, where: str) -> None:
+        """The per-layer geometry and sharing axes (Gemma-4, Gemma-3n)."""
+        n = self.num_layers
+        for name in ("layer_head_dim", "layer_kv_heads", "layer_kv_source", "layer_k_eq_v",
+                     "layer_mlp_size", "layer_sparsity"):
+            seq = getattr(self, name)
+            if seq and len(seq) != n:
+                raise ConfigError(f"{where}: {name} has {len(seq)} entries for {n} layers")
+        if any(v < 1 for v in self.layer_head_dim + self.layer_kv_heads + self.layer_mlp_size):
+            raise ConfigError(f"{where}: per-layer sizes must be >= 1")
+        for i in range(n):
+            if self.num_heads % self.kv_heads_of(i):
+                raise ConfigError(f"{where}: layer {i}'s {self.kv_heads_of(i)} KV heads do not "
+                                  f"divide the {self.num_heads} heads")
+            src = self.kv_source_of(i)
+            if not 0 <= src <= i or self.kv_source_of(src) != src or (
+                    self.head_dim_of(src), self.kv_heads_of(src), self.layer_windows[src]
+                    if self.layer_windows else None) != (
+                    self.head_dim_of(i), self.kv_heads_of(i),
+                    self.layer_windows[i] if self.layer_windows else None):
+                raise ConfigError(f"{where}: layer {i} shares the keys and values of layer "
+                                  f"{src}, which must be an earlier layer with its own, of the "
+                                  f"same head size, KV heads and window")
+        if any(not 0 <= p < 1 for p in self.layer_sparsity):
+            raise ConfigError(f"{where}: activation sparsity {self.layer_sparsity} must be in "
+                              f"[0, 1)")
+        if self.altup is not None and not 0 <= self.altup.active < self.altup.num_inputs:
+            raise ConfigError(f"{where}: altup_active_idx {self.altup.active} must be in "
+                              f"0..{self.altup.num_inputs - 1}")
+        if self.laurel_rank < 0:
+            raise ConfigError(f"{where}: laurel_rank {self.laurel_rank} must be >= 0")
+        for rope in self.ropes:
+            if rope.dim % 2 or rope.dim < 0:
+                raise ConfigError(f"{where}: a rope's width {rope.dim} must be even")
+        for i, r in enumerate(self.layer_rope):
+            if self.positions is Positions.ROPE and \
+                    self.rope_dim_of(self.ropes[r]) > self.head_dim_of(i):
+                raise ConfigError(f"{where}: layer {i}'s rope spans "
+                                  f"{self.rope_dim_of(self.ropes[r])} dims, more than its head "
+                                  f"size {self.head_dim_of(i)}")
+
+    def head_dim_of(self, layer: int) -> int:
+        return self.layer_head_dim[layer] if self.layer_head_dim else self.head_dim
+
+    def kv_heads_of(self, layer: int) -> int:
+        return self.layer_kv_heads[layer] if self.layer_kv_heads else self.num_kv_heads
+
+    def mlp_size_of(self, layer: int) -> int:
+        return self.layer_mlp_size[layer] if self.layer_mlp_size else self.intermediate_size
+
+    def kv_source_of(self, layer: int) -> int:
+        """The layer whose keys and values `layer` attends with (itself unless shared)."""
+        return self.layer_kv_source[layer] if self.layer_kv_source else layer
+
+    def shares_kv(self, layer: int) -> bool:
+        return self.kv_source_of(layer) != layer
+
+    def k_eq_v_of(self, layer: int) -> bool:
+        return bool(self.layer_k_eq_v) and self.layer_k_eq_v[layer]
+
+    def rope_dim_of(self, rope: RopeConfig) -> int:
+        """The width of `rope`'s cos / sin tables."""
+        return rope.dim or self.rot_dim
 
     @property
     def attn_scale(self) -> float:

@@ -1,7 +1,7 @@
 """Parsers of the families of 2025-26 (LLaMA's key names, :func:`_base`): OLMo-3, EXAONE-4,
 GLM-4 (``glm``, ``glm4``), GLM-4.5 (``glm4_moe``), ERNIE-4.5 (dense and MoE), Hunyuan dense,
-Seed-OSS and Apertus; and the families refused by name with the reason
-(:data:`REFUSED`: Gemma-3n, Gemma-4).
+Seed-OSS and Apertus; and the families refused by name with the reason (:data:`REFUSED`,
+empty since Gemma-3n and Gemma-4 are supported: config/families_gemma.py).
 
 Each parser starts from the defaults of the family's transformers config class where they
 differ from :func:`_base`'s (:func:`_defaults`: a key absent or null takes the class default,
@@ -334,19 +334,7 @@ def parse_apertus(r: ConfigReader) -> TransformerConfig:
 # ----------------------------------------------------------------------------------------
 
 #: model_type -> why the transformer backend refuses it (first line of the error).
-REFUSED: dict[str, str] = {
-    "gemma3n": "Gemma-3n's text model has per-layer input embeddings, AltUp (several "
-               "residual streams predicted and corrected each layer), Laurel low-rank "
-               "residual blocks, KV caches shared across layers and Gaussian top-k "
-               "activation sparsity; the generic forward has none of these, and approximating "
-               "them would give wrong numbers",
-    "gemma3n_text": "see gemma3n",
-    "gemma4": "Gemma-4's text model has per-layer input embeddings, KV caches shared across "
-              "layers, keys used as values (attention_k_eq_v), a head size per layer type and "
-              "a mixture-of-experts block beside the MLP; the generic forward has none of "
-              "these, and approximating them would give wrong numbers",
-    "gemma4_text": "see gemma4",
-}
+REFUSED: dict[str, str] = {}
 
 
 #: (model_type, parser, keys read beyond LLaMA's, family keys known harmless, note).

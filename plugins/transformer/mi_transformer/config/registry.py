@@ -13,6 +13,7 @@ from mi_transformer.config.axes import TransformerConfig
 from mi_transformer.config.families_gpt import (
     parse_falcon, parse_gpt2, parse_gpt_neox, parse_gptj, parse_opt, parse_phi, parse_stablelm,
 )
+from mi_transformer.config.families_gemma import GEMMA_FAMILIES
 from mi_transformer.config.families_hybrid import (
     BAMBA_READS, GRANITEMOEHYBRID_HARMLESS, GRANITEMOEHYBRID_NEUTRAL, GRANITEMOEHYBRID_READS,
     HYBRID_HARMLESS, JAMBA_READS, NEMOTRON_H_HARMLESS,
@@ -245,6 +246,11 @@ FAMILIES.update({f.model_type: f for f in [
         "rms_norm_eps", "use_bidirectional_attention"}, harmless=MINIMAX_HARMLESS,
         note="lightning attention (mi-ssm) + attention, MoE; residual = alpha * norm output"),
 ]})
+
+
+# Gemma-4, Gemma-3n (config/families_gemma.py): key sets whole, rotate-half rotary
+FAMILIES.update({mt: _family(mt, parse, reads, harmless, note)
+                 for mt, parse, reads, harmless, note in GEMMA_FAMILIES})
 
 
 def family_parsers() -> dict[str, Callable[[ConfigReader], TransformerConfig]]:

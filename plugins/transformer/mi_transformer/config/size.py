@@ -103,6 +103,7 @@ def param_count(c: TransformerConfig) -> int:
     total = dense_params(c.vocab_size, c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads,
                          c.head_dim, c.intermediate_size, tied=c.tie_word_embeddings,
                          gated=gated, positions=positions)
+    total += _per_layer_extra(c)
     m = c.moe
     if m is not None:
         sparse = sum(c.layer_moe) if c.layer_moe else c.num_layers
@@ -129,6 +130,26 @@ def _shared_block_params(c: TransformerConfig, rest: int) -> int:
     block = d2 * (q + 2 * kv) + q * d + 3 * d * m + d2 + d  # q, k, v, o, MLP, two norms
     use = d * d + r * (d + 2 * m) + (6 * r * d2 if sb.attn_adapters else 0)
     return rest + mixers + c.num_layers * d + sb.num_blocks * block + sb.uses * use
+def _per_layer_extra(c: TransformerConfig) -> int:
+    """What the Gemma-3n / Gemma-4 axes add to the dense estimate: head sizes, KV heads and
+    MLP widths per layer (shared-KV layers without k / v), per-layer input embeddings (a
+    vocabulary-sized table per layer), AltUp's projections and Laurel."""
+    if not (c.layer_head_dim or c.layer_kv_heads or c.layer_mlp_size or c.layer_kv_source
+            or c.per_layer_input or c.altup or c.laurel_rank):
+        return 0
+    d, gated = c.hidden_size, c.mlp_layout is not MlpLayout.PLAIN
+    extra = 0
+    for i in range(c.num_layers):
+        hd, kv = c.head_dim_of(i), c.kv_heads_of(i) * (0 if c.shares_kv(i) else 1)
+        extra += 2 * d * hd * (c.num_heads + kv) - 2 * d * c.head_dim * (
+            c.num_heads + c.num_kv_heads)
+        extra += d * (c.mlp_size_of(i) - c.intermediate_size) * (3 if gated else 2)
+    p = c.per_layer_input
+    if p is not None:
+        extra += c.num_layers * p.dim * (p.vocab + 3 * d)
+    if c.altup is not None:
+        extra += 2 * (c.altup.num_inputs - 1) * d * d
+    return extra + c.num_layers * 2 * d * c.laurel_rank
 
 
 def sizes_of(c: TransformerConfig) -> dict[str, Any]:

@@ -26,8 +26,10 @@ ernie4_5-moe, hunyuan-dense, apertus, olmo, smollm3
 (:mod:`~mi_transformer.gguf.arches_recent`), gpt-oss, deepseek2, llama4
 (:mod:`~mi_transformer.gguf.arches_moe2`) and the state-space mamba, mamba2
 (:mod:`~mi_transformer.gguf.arches_ssm`), registered by ``checkpoint``, in
-:data:`GGUF_ARCHES`; others are refused by name. Tensors a converter split, re-laid out or
-stored as metadata are mapped back as data of each architecture (``Join``, ``convert``,
+:data:`GGUF_ARCHES`; gemma3n and gemma4 (:mod:`~mi_transformer.gguf.arches_gemma`, which
+``checkpoint.read_gguf`` hands them to: their metadata and tensors are mapped their own
+way); others are refused by name. Tensors a converter split, re-laid out or stored as
+metadata are mapped back as data of each architecture (``Join``, ``convert``,
 ``meta_tensors``). Metadata values of the wrong type are a ConfigError naming the key.
 
 The modules, in import order (none imports a later one): :mod:`~mi_transformer.gguf.header`

@@ -23,6 +23,7 @@ from mi_transformer.gguf.arches import (
     hf_config, llama3_rope_from_factors, mtp_layers, slot_of, unpermute_qk,
 )
 from mi_transformer.gguf.arches_moe2 import MOE2_GGUF_ARCHES
+from mi_transformer.gguf.arches_gemma import GEMMA_GGUF, read_gemma_gguf
 from mi_transformer.gguf.arches_recent import RECENT_GGUF_ARCHES
 from mi_transformer.gguf.arches_ssm import SSM_GGUF_ARCHES
 from mi_transformer.gguf.header import (
@@ -110,6 +111,13 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32, *,
 
     path = Path(path)
     header = read_gguf_header(path)
+    short_md = {k: v for k, v in header.metadata.items()
+                if not (isinstance(v, list) and len(v) > 64)}
+    if header.metadata.get("general.architecture") in GEMMA_GGUF:  # gguf/arches_gemma.py
+        cfg, tensors, quant = read_gemma_gguf(header, dtype, device)
+        return GgufCheckpoint(path=path, config=cfg, tensors=tensors,
+                              tokenizer=gguf_tokenizer(header), metadata=short_md,
+                              quant_types=quant)
     arch = gguf_arch(header)
     cfg = hf_config(header)
     for dev in {torch.device("cpu"), torch.device(device or "cpu")}:
@@ -141,8 +149,6 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32, *,
     if missing:
         raise WeightLoadError(f"{path}: missing tensors: {', '.join(missing[:10])}"
                               f"{' ...' if len(missing) > 10 else ''}")
-    short_md = {k: v for k, v in header.metadata.items()
-                if not (isinstance(v, list) and len(v) > 64)}
     return GgufCheckpoint(path=path, config=cfg, tensors=tensors,
                           tokenizer=gguf_tokenizer(header), metadata=short_md, quant_types=quant)
 
