@@ -21,6 +21,7 @@ import torch
 
 import mi_core as mi
 from mi_transformer.config import FAMILIES as SUPPORTED
+from tests.support.hybrid2_tiny import HYBRID2_FAMILIES
 from tests.support.hybrid_tiny import HYBRID_FAMILIES
 from tests.support.linear_tiny import LINEAR_FAMILIES
 from tests.support.ssm_tiny import SSM_FAMILIES
@@ -41,9 +42,11 @@ def test_every_supported_family_is_covered():
     tests/transformer/test_transformer_moe2_configs.py and test_transformer_families_moe2.py
     (their tiny checkpoints are built there); the state-space families:
     tests/ssm/test_ssm_config.py (save_pretrained and to_dict); the hybrid and linear-attention
-    families: tests/ssm/test_ssm_hybrid_to_dict.py and their parity tests."""
+    families: tests/ssm/test_ssm_hybrid_to_dict.py and their parity tests (Falcon-H1, LFM2:
+    tests/ssm/test_ssm_hybrid2_config.py)."""
     moe2 = {mt for mt, _ in MOE2_FAMILIES.values()} | {"llama4"}
-    mixed = {mt for mt, _ in (*HYBRID_FAMILIES.values(), *LINEAR_FAMILIES.values())}
+    mixed = {mt for mt, _ in (*HYBRID_FAMILIES.values(), *LINEAR_FAMILIES.values(),
+                              *HYBRID2_FAMILIES.values())}
     assert set(ONE_PER_FAMILY) | {"gemma3"} | moe2 | set(SSM_FAMILIES) | mixed == set(SUPPORTED)
 
 

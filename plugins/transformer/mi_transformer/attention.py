@@ -186,6 +186,7 @@ class LayerSettings:
     chunk: int | None = None  # chunked local attention (Llama 4)
     rope_tail: int = 0  # rotate the trailing dims of each head, not the leading ones (MLA)
     temperature: tuple[float, float] | None = None  # Llama 4's query scale (NoPE layers)
+    key_scale: float = 1.0  # keys times this after their projection (Falcon-H1)
 
     @classmethod
     def of(cls, c: TransformerConfig, i: int) -> "LayerSettings":
@@ -198,7 +199,8 @@ class LayerSettings:
                    qk_norm_after_rope=c.qk_norm_after_rope,
                    chunk=c.layer_chunks[i] if c.layer_chunks else None,
                    rope_tail=c.mla.rope_dim if c.mla is not None else 0,
-                   temperature=c.attn_temperature if rope is None else None)
+                   temperature=c.attn_temperature if rope is None else None,
+                   key_scale=c.key_scale)
 
 
 def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
@@ -275,6 +277,8 @@ def attention(w: AttnWeights, x: torch.Tensor,
     else:
         q, k, v, num_kv_heads = _qkv(w, x, ls, run, n, head_inputs, not ls.qk_norm_after_rope)
     q = run.apply(n.q, q)  # [b, s, heads, d_head], before RoPE
+    if ls.key_scale != 1.0:  # Falcon-H1's key_multiplier (before RoPE, as transformers)
+        k = k * ls.key_scale
     k = run.apply(n.k, k)
     v = run.apply(n.v, v)
     if ls.qk_norm_after_rope:  # Hunyuan, Llama 4: the q/k norms read the rotated q / k

@@ -24,8 +24,8 @@ from mi_core.plugin import (
 from mi_transformer.attention import AttnNames, LayerSettings, Masks, attention
 from mi_transformer.config import (BlockLayout, MlpLayout, Positions, RopeConfig, RopeLayout,
                                    TransformerConfig)
-from mi_transformer.mixers import (check_state_spec, mixer_block, mixer_hook_shape,
-                                   mixer_layer_points)
+from mi_transformer.mixers import (check_state_spec, mixer_block, mixer_branch,
+                                   mixer_hook_shape, mixer_layer_points, parallel_layer_points)
 from mi_transformer.mlp import ACTIVATIONS, mlp
 from mi_transformer.moe import MoeNames, moe
 from mi_transformer.placement import Layout
@@ -78,10 +78,11 @@ class TransformerBackend:
         self.settings = [LayerSettings.of(config, i) for i in range(config.num_layers)]
         #: each layer's mixer (the LayerTypes capability): attention, or a plugin's mixer
         self.layer_types = [
-            mc.name if (mc := config.mixer_of(i)) is not None
+            mc.name if (mc := config.mixer_of(i)) is not None and not config.is_parallel(i)
             else "mlp" if not config.has_attention(i)
-            else "sliding_attention" if s.window is not None
-            else "chunked_attention" if s.chunk is not None else "full_attention"
+            else ("sliding_attention" if s.window is not None
+                  else "chunked_attention" if s.chunk is not None else "full_attention")
+            + (f"+{mc.name}" if mc is not None else "")  # attention beside a mixer
             for i, s in enumerate(self.settings)]
         for i, lw in enumerate(weights.layers):
             if lw.mixer is not None:
@@ -142,9 +143,8 @@ class TransformerBackend:
                 x = mixer_block(self, layer, x, run, past, step, r_masks)
             else:
                 r = self.settings[layer].rope
-                update = past.updater(step) if past is not None else None
                 x = self._block(layer, x, run, r_tables[r] if r is not None else None, r_masks,
-                                explicit, update)
+                                explicit, past, step)
             if between_layers is not None:  # a copy: an edit in place must not reach captures
                 x = between_layers(step, layer, x.clone() if hooked else x)
         x = w.final_norm(x.to(self.layout.unembed) if placed else x, run, "ln_final.hook_scale",
@@ -157,32 +157,45 @@ class TransformerBackend:
 
     def _block(self, i: int, x: torch.Tensor, run: HookRun,
                rope: tuple[torch.Tensor, torch.Tensor] | None, masks: Masks,
-               explicit: bool | None, cache_update: Callable[..., Any] | None) -> torch.Tensor:
+               explicit: bool | None, past: KVCache | None, step: int) -> torch.Tensor:
         """One block, x [batch, seq, d_model] -> [batch, seq, d_model].
 
         Sequential: x += attn(ln1(x)); x += mlp(ln2(x)). Parallel: x += attn(ln1(x)) +
         mlp(ln2(x)), both branches reading the block's input (ln2 is ln1 when the block
-        shares one norm). Post-norms (Gemma 2/3) normalise each branch's output.
+        shares one norm). Post-norms (Gemma 2/3) normalise each branch's output. A layer
+        with a mixer beside attention (``layer_parallel``, Falcon-H1): x += mixer(h) +
+        attn(h) with h = ln1(x), the mixer run first (mixers.mixer_branch).
         """
         c, lw, n = self.config, self.w.layers[i], self.names[i]
         sequential = c.block is BlockLayout.SEQUENTIAL
+        scaled = lw.mixer is not None or c.attn_in_scale != 1.0  # attn.hook_in after the norm
         x = run.apply(n.resid_pre, x)
         if lw.ln1 is not None:
-            h = lw.ln1(x, run, n.ln1_scale, n.ln1_normalized, out_name=n.attn_in)
+            hn = lw.ln1(x, run, n.ln1_scale, n.ln1_normalized,
+                        out_name="" if scaled else n.attn_in)
         else:  # no pre-norm (OLMo2): attention reads the residual stream itself
-            h = run.apply(n.attn_in, x)
+            hn = x if scaled else run.apply(n.attn_in, x)
+        mixed = None if lw.mixer is None else mixer_branch(self, i, hn, run, past, step, masks)
+        h = hn
+        if scaled:
+            h = run.apply(n.attn_in, h * c.attn_in_scale if c.attn_in_scale != 1.0 else h)
         a = attention(lw.attn, h, rope, masks, run, n.attn, self.settings[i], explicit=explicit,
-                      cache_update=cache_update, head_inputs=self._head_inputs(i, x, run))
+                      cache_update=past.updater(step) if past is not None else None,
+                      head_inputs=self._head_inputs(i, x, run))
         if lw.ln1_post is not None:
             a = lw.ln1_post(a, run, n.ln1_post_scale, n.ln1_post_normalized)
+        if c.attn_out_scale != 1.0:  # Falcon-H1's attention_out_multiplier
+            a = a * c.attn_out_scale
         if c.residual_scale != 1.0:  # Granite: branch outputs scaled before the residual add
             a = a * c.residual_scale
         a = run.apply(n.attn_out, a)
+        if mixed is not None:  # both branches add to the residual stream, as their sum
+            a = mixed + a
         if not n.has_mlp:  # an attention layer without an MLP (Nemotron-H)
             return run.apply(n.resid_post, x + a)
         if sequential:
             x = run.apply(n.resid_mid, x + a)
-        m = self._mlp(i, x, run, h)
+        m = self._mlp(i, x, run, hn)
         return run.apply(n.resid_post, x + m if sequential else x + (a + m))
 
     def _mlp(self, i: int, x: torch.Tensor, run: HookRun,
@@ -203,9 +216,12 @@ class TransformerBackend:
         if n.moe is not None:
             m = moe(lw.mlp, h, self.act, run, n.moe)  # type: ignore[arg-type]
         else:
-            m = mlp(lw.mlp, h, self.act, run, n.mlp_pre, n.mlp_post, n.mlp_pre_linear)
+            m = mlp(lw.mlp, h, self.act, run, n.mlp_pre, n.mlp_post, n.mlp_pre_linear,
+                    gate_scale=c.mlp_gate_scale)
         if lw.ln2_post is not None:
             m = lw.ln2_post(m, run, n.ln2_post_scale, n.ln2_post_normalized)
+        if c.mlp_out_scale != 1.0:  # Falcon-H1's down multiplier
+            m = m * c.mlp_out_scale
         if c.residual_scale != 1.0:
             m = m * c.residual_scale
         return run.apply(n.mlp_out, m)
@@ -248,8 +264,9 @@ class TransformerBackend:
         c = self.config
         names = ["hook_embed"] + (["hook_pos_embed"] if c.positions is Positions.LEARNED else [])
         for i, n in enumerate(self.names):
-            names += n.in_order(c) if self.w.layers[i].attn is not None else \
-                mixer_layer_points(self, i)
+            lw = self.w.layers[i]
+            names += mixer_layer_points(self, i) if lw.attn is None else \
+                n.in_order(c) if lw.mixer is None else parallel_layer_points(self, i, n.in_order(c))
         names += ["ln_final.hook_scale", "ln_final.hook_normalized"]
         return [HookPoint.parse(n) for n in names]
 
@@ -323,7 +340,8 @@ class TransformerBackend:
         ln1 = self.w.layers[i].ln1
         if ln1 is None:  # no pre-norm (OLMo2): attention reads the per-head inputs as they are
             return ins
-        return ln1(ins[0]), ln1(ins[1]), ln1(ins[2])
+        s = c.attn_in_scale
+        return tuple(ln1(t) * s if s != 1.0 else ln1(t) for t in ins)  # type: ignore[return-value]
 
     def _inv_freq(self, rope: RopeConfig, cached: torch.Tensor, positions: torch.Tensor
                   ) -> torch.Tensor:

@@ -156,6 +156,11 @@ NAME_TABLES: dict[str, NameTable] = {
                             mixer="mixer"),
     "granitemoehybrid": NameTable(mlp_gate_up="shared_mlp.input_linear",
                                   mlp_out="shared_mlp.output_linear", mixer="mamba"),
+    # LFM2: the short convolution's tensors under conv.; attention's output is out_proj
+    "lfm2": NameTable(final_norm="model.embedding_norm", ln1="operator_norm", ln2="ffn_norm",
+                      o="self_attn.out_proj", q_norm="self_attn.q_layernorm",
+                      k_norm="self_attn.k_layernorm", mlp_in="feed_forward.w1",
+                      mlp_up="feed_forward.w3", mlp_out="feed_forward.w2", mixer="conv"),
     # linear-attention hybrids: the mixer's tensors under linear_attn. (Qwen3-Next, Qwen3.5)
     "qwen3_next": NameTable(mixer="linear_attn"),
     # OLMo hybrid as saved: DeltaNet layers pre-norm (attention_layer_norm before the mixer,
@@ -233,7 +238,7 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
             prefix = t.layer.format(i=i) + t.mixer + "."
             for name, shape in mixer.spec.tensors(mixer.settings).items():
                 out[prefix + name] = Entry("mixer:" + name, i, tuple(shape))
-        elif cfg.has_attention(i):  # (an MLP_ONLY layer has no mixer's tensors)
+        if cfg.has_attention(i):  # beside a mixer too (layer_parallel); not in MLP_ONLY
             _attention_extras(t, cfg, add, out, i, (qn, kn))
         layer_norms = {"ln1": t.ln1, "ln2": t.ln2} if mixer is not None and \
             cfg.mixer_pre_norms else norms  # OLMo hybrid: pre-norm mixer layers

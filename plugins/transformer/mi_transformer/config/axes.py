@@ -259,6 +259,17 @@ class TransformerConfig:
     # Llama 4 on its layers without RoPE: q *= log1p(floor((pos + 1) / floor)) * scale + 1
     attn_temperature: tuple[float, float] | None = None  # (floor_scale, attn_scale)
     mla: MlaConfig | None = None  # multi-head latent attention (DeepSeek-V2/V3)
+    # -- attention beside a mixer in one layer, and per-branch multipliers (Falcon-H1) --
+    # per layer, True = attention AND the mixer layer_mixers names, side by side: both read
+    # ln1's output, x + mixer(h) + attn(h) (mi_transformer.mixers); () = no such layer
+    layer_parallel: tuple[bool, ...] = ()
+    attn_in_scale: float = 1.0  # attention reads ln1's output times this (attn.hook_in)
+    attn_out_scale: float = 1.0  # attention's output times this, before hook_attn_out
+    mixer_in_scale: float = 1.0  # a plugin mixer reads ln1's output times this (its hook_in)
+    mixer_out_scale: float = 1.0  # a plugin mixer's output times this, before hook_mixer_out
+    key_scale: float = 1.0  # keys times this after their projection, before hook_k and RoPE
+    mlp_gate_scale: float = 1.0  # the gate's (or c_fc's) output times this, before mlp.hook_pre
+    mlp_out_scale: float = 1.0  # the MLP's output times this, before hook_mlp_out
 
     def __attrs_post_init__(self) -> None:
         """Relations between axes; the parsers check the same on JSON keys first, so this
@@ -295,7 +306,8 @@ class TransformerConfig:
         for name, flags in (("layer_use_rope", self.layer_use_rope), ("layer_moe", self.layer_moe),
                             ("layer_qk_norm", self.layer_qk_norm),
                             ("layer_chunks", self.layer_chunks),
-                            ("layer_mixers", self.layer_mixers), ("layer_mlp", self.layer_mlp)):
+                            ("layer_mixers", self.layer_mixers), ("layer_mlp", self.layer_mlp),
+                            ("layer_parallel", self.layer_parallel)):
             if flags and len(flags) != self.num_layers:
                 raise ConfigError(f"{where}: {name} has {len(flags)} entries for "
                                   f"{self.num_layers} layers")
@@ -304,6 +316,20 @@ class TransformerConfig:
                           if t not in (ATTENTION, MLP_ONLY) and t not in named})
         if unknown:
             raise ConfigError(f"{where}: layer_mixers names {unknown}, which no mixer config gives")
+        lonely = [i for i, p in enumerate(self.layer_parallel) if p and self.mixer_of(i) is None]
+        if lonely:
+            raise ConfigError(f"{where}: layer_parallel marks layers {lonely}, whose "
+                              f"layer_mixers entry names no mixer to run beside attention")
+        if any(self.layer_parallel) and self.block is not BlockLayout.SEQUENTIAL:
+            raise ConfigError(f"{where}: a mixer beside attention (layer_parallel) needs the "
+                              f"sequential block (the MLP after both)")
+        for name in ("attn_in_scale", "attn_out_scale", "mixer_in_scale", "mixer_out_scale",
+                     "key_scale", "mlp_gate_scale", "mlp_out_scale"):
+            if not math.isfinite(getattr(self, name)):
+                raise ConfigError(f"{where}: {name} = {getattr(self, name)} must be finite")
+        if self.mlp_gate_scale != 1.0 and any(self.layer_moe):
+            raise ConfigError(f"{where}: mlp_gate_scale is not implemented for "
+                              f"mixture-of-experts layers")
         if any(c is not None and c < 1 for c in self.layer_chunks):
             raise ConfigError(f"{where}: attention chunks {self.layer_chunks} must be >= 1")
         if self.mla is not None and (self.num_kv_heads != self.num_heads or self.head_dim != (
@@ -340,7 +366,12 @@ class TransformerConfig:
             next(m for m in self.mixers if m.name == name)
 
     def has_attention(self, layer: int) -> bool:
-        return not self.layer_mixers or self.layer_mixers[layer] == ATTENTION
+        return not self.layer_mixers or self.layer_mixers[layer] == ATTENTION or \
+            self.is_parallel(layer)
+
+    def is_parallel(self, layer: int) -> bool:
+        """`layer` runs attention and its mixer side by side (``layer_parallel``)."""
+        return bool(self.layer_parallel) and self.layer_parallel[layer]
 
     def has_mlp(self, layer: int) -> bool:
         return not self.layer_mlp or self.layer_mlp[layer]
