@@ -1,5 +1,5 @@
-"""The analyses and views on Falcon-H1 (every layer attention beside Mamba-2) and LFM2 (short
-convolutions and attention layers): attention knockout where a layer has attention, state
+"""The analyses and views on Falcon-H1 (every layer attention beside Mamba-2), LFM2 (short
+convolutions and attention layers) and LFM2-MoE (the same with experts): attention knockout where a layer has attention, state
 knockout where it has a recurrent mixer (both on every Falcon-H1 layer), steering of both
 kinds, logit lens, patching, decomposition (a Falcon-H1 layer contributes its attention AND
 its mixer), SAE splicing at a mixer's input, the attention view, weight processing."""
@@ -21,9 +21,10 @@ from mi_core.interp import (
 from tests.support.hybrid2_tiny import HYBRID2_LAYER_TYPES, hybrid2_model
 from tests.support.ssm_tiny import ssm_ids
 
-REPS = ["falcon_h1", "lfm2"]
+REPS = ["falcon_h1", "lfm2", "lfm2_moe"]
 #: (an attention layer, a recurrent layer, its mixer's input point)
-_LAYERS = {"falcon_h1": (1, 1, "ssm.hook_in"), "lfm2": (2, 0, "conv.hook_in")}
+_LAYERS = {"falcon_h1": (1, 1, "ssm.hook_in"), "lfm2": (2, 0, "conv.hook_in"),
+           "lfm2_moe": (1, 2, "conv.hook_in")}
 
 
 @pytest.fixture(params=REPS)
@@ -41,7 +42,7 @@ def test_attention_knockout_and_state_knockout(rep) -> None:
     out = model.forward(ids, hooks).output
     assert (out - plain)[:, :-1].abs().max().item() < 1e-5  # only the last query row changes
     assert (out - plain)[:, -1].abs().max().item() > 1e-4
-    if rep == "lfm2":  # a convolution layer has no softmax pattern
+    if rep != "falcon_h1":  # a convolution layer has no softmax pattern
         with pytest.raises(mi.HookError, match=f"layer {mix} is a 'short_conv' layer"):
             knockout_hooks(model, KnockoutSpec(layers=[mix], from_positions=[-1],
                                                to_positions=[0]), 8)
@@ -107,7 +108,7 @@ def test_the_attention_view_reads_each_layers_own_attention(rep, tmp_path: Path)
     assert p.name == f"blocks.{attn}.attn.hook_pattern"
     assert (pat.sum(-1) - 1).abs().max().item() < 1e-5
     eff = f"blocks.{mix}.{point.split('.')[0]}.hook_effective_attn"
-    if rep == "lfm2":
+    if rep != "falcon_h1":
         a, p = layer_attention(model, ssm_ids(1, 7), mix)
         assert p.name == eff
     else:
@@ -126,6 +127,6 @@ def test_weight_processing_folds_only_what_keeps_the_numbers(rep) -> None:
         model.backend.process_weights(fold_ln=True)
     assert model.backend.get_weight("W_K", attn).shape == (
         model.backend.num_kv_heads, model.hidden_size, model.backend.d_head)
-    if rep == "lfm2":
+    if rep != "falcon_h1":
         with pytest.raises(mi.WeightLoadError, match="'short_conv' layer without attention"):
             model.backend.get_weight("W_Q", mix)

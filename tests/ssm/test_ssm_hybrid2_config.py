@@ -1,4 +1,4 @@
-"""Config strictness of Falcon-H1 and LFM2: read as transformers reads them (its class
+"""Config strictness of Falcon-H1, LFM2 and LFM2-MoE: read as transformers reads them (its class
 defaults for absent keys, LFM2's adjusted MLP width and legacy spellings), values that would
 change the numbers refused by name, the published configs' extra keys accepted at their
 neutral value only; what transformers writes (``to_dict()``, every attribute) loads with its
@@ -53,6 +53,9 @@ def _parse(cfg: dict[str, Any]) -> Any:
     ("lfm2", {"block_use_swiglu": False}, "block_use_swiglu"),
     ("lfm2", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
                                   "partial_rotary_factor": 0.5}}, "partial rotary"),
+    ("lfm2_moe", {"layer_types": ...}, "layer_types is required"),
+    ("lfm2_moe", {"num_experts_per_tok": 5}, "num_experts_per_tok"),
+    ("lfm2_moe", {"full_attn_idxs": [1]}, "full_attn_idxs"),
 ])
 def test_a_value_that_would_change_the_numbers_is_refused_naming_the_key(
         name: str, changes: dict[str, Any], match: str) -> None:
@@ -100,6 +103,18 @@ def test_lfm2_mlp_width_schedule_and_tying_follow_transformers() -> None:
     assert c.layer_mixers == ("short_conv", "attention", "short_conv", "attention")
     assert _parse(_cfg("lfm2", layer_types=...)).layer_mixers == ("attention",) * 4
     assert _parse(_cfg("lfm2", tie_embedding=False)).tie_word_embeddings is False
+
+
+def test_lfm2_moe_schedule_router_and_dense_layers_follow_transformers() -> None:
+    """Lfm2MoeConfig: the first num_dense_layers have a SwiGLU of intermediate_size as it is
+    (its MLP ignores LFM2's block_* width keys), the rest experts of moe_intermediate_size;
+    sigmoid scores with the expert bias for the choice (not with use_expert_bias false)."""
+    c = _parse(_cfg("lfm2_moe", block_auto_adjust_ff_dim=True, block_multiple_of=256))
+    assert c.intermediate_size == 64 and c.layer_moe == (False, True, True, True)
+    assert (c.moe.expert_size, c.moe.scoring, c.moe.selection_bias, c.moe.routed_scaling,
+            c.moe.sigmoid_norm_eps) == (16, "sigmoid", "expert_bias", 1.5, 1e-6)
+    assert _parse(_cfg("lfm2_moe", use_expert_bias=False)).moe.selection_bias == ""
+    assert _parse(_cfg("lfm2_moe", num_dense_layers=0)).layer_moe == (True,) * 4
 
 
 def test_published_keys_are_accepted_at_their_neutral_value() -> None:

@@ -1,4 +1,4 @@
-"""Hook points and state interventions of Falcon-H1 and LFM2.
+"""Hook points and state interventions of Falcon-H1, LFM2 and LFM2-MoE.
 
 Falcon-H1's layers have both sets of points (the mixer's first, as it runs first) with
 ``hook_mixer_out`` and ``hook_attn_out`` each the branch it names; LFM2's convolution layers

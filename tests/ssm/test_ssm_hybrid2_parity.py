@@ -1,6 +1,6 @@
-"""Falcon-H1 (attention beside Mamba-2 in every layer) and LFM2 (gated short convolution +
-attention) against transformers on the same tiny weights (its CPU torch path): logits and
-every layer's residual stream < 1e-4 (F32), a left-padded batch of 2, cached greedy
+"""Falcon-H1 (attention beside Mamba-2 in every layer), LFM2 (gated short convolution +
+attention) and LFM2-MoE against transformers on the same tiny weights (its CPU torch path):
+logits and every layer's residual stream < 1e-4 (F32), a left-padded batch of 2, cached greedy
 generation (tokens and every step's logits), token by token == the sequence, layer types,
 bf16 / f16 error no worse than transformers' own."""
 

@@ -19,6 +19,10 @@ checkpoints use, shrunk:
   a window of 3, grouped-query attention with q/k norms, the auto-adjusted MLP width.
 - ``lfm2_bias``: the same with ``conv_bias: true`` (no released checkpoint has it; the
   bias path of the convolution and of its projections) and an untied head.
+- ``lfm2_moe``: LFM2-8B-A1B's recipe shrunk: a dense first layer, then top-2 of 4 experts
+  chosen by sigmoid score + expert bias (the bias random, N(0, 0.2^2): transformers
+  initialises it to zeros, which would leave the choice untested), renormalised, scaled by
+  1.5.
 """
 
 from __future__ import annotations
@@ -57,6 +61,12 @@ HYBRID2_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "lfm2_bias": ("lfm2", {**_LFM2, "num_hidden_layers": 2, "conv_bias": True,
                            "tie_word_embeddings": False,
                            "layer_types": ["conv", "full_attention"]}),
+    "lfm2_moe": ("lfm2_moe", dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                  moe_intermediate_size=16, num_hidden_layers=4,
+                                  num_attention_heads=4, num_key_value_heads=2,
+                                  layer_types=["conv", "full_attention", "conv", "conv"],
+                                  num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
+                                  routed_scaling_factor=1.5, **_IDS)),
 }
 
 #: name -> each layer's type as model.layer_types says it
@@ -65,6 +75,7 @@ HYBRID2_LAYER_TYPES: dict[str, list[str]] = {
     "falcon_h1_norm": ["full_attention+mamba2"] * 2,
     "lfm2": ["short_conv", "short_conv", "full_attention", "short_conv"],
     "lfm2_bias": ["short_conv", "full_attention"],
+    "lfm2_moe": ["short_conv", "full_attention", "short_conv", "short_conv"],
 }
 
 
@@ -81,6 +92,9 @@ def make_tiny_hybrid2(root: Path, name: str, seed: int = 0, **overrides: Any) ->
         for pname, p in hf.named_parameters():
             if pname.endswith("embedding_norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+        for bname, b in hf.named_buffers():
+            if bname.endswith("expert_bias"):  # a buffer: _randomise leaves it at zeros
+                b.copy_(0.2 * torch.randn(b.shape, generator=g))
     path = root / name
     hf.save_pretrained(path)
     return TinySsm(name, path, hf)

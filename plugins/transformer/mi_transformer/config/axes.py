@@ -127,6 +127,7 @@ class MoeConfig:
     group_by_max: bool = False  # a group scores its best expert (V2), else its best two (V3)
     routed_scaling: float = 1.0  # the routing weights multiplied by this after renormalising
     norm_min: float = 0.0  # renormalisation divides by max(sum, norm_min) (ERNIE-4.5)
+    sigmoid_norm_eps: float = 1e-20  # sigmoid scores renormalise by sum + this (LFM2-MoE: 1e-6)
     shared_name: str = "shared_expert"  # the always-on expert's module ("shared_experts")
     # -- experts and routers stored or computed differently (mi_transformer.experts) --
     router_name: str = "gate"  # the router's module inside the block ("router": gpt-oss)

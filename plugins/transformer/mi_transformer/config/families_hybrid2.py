@@ -15,7 +15,9 @@ before or after the gate (``mamba_norm_before_gate``), and has out_proj's bias a
 LFM2 (``lfm2``): ``layer_types`` ("conv" / "full_attention"; without it ``full_attn_idxs``,
 whose default is every layer) schedules the short convolution and attention with per-head q/k
 RMS norms, each followed by a SwiGLU MLP whose width transformers adjusts
-(``block_auto_adjust_ff_dim``); the final norm is ``embedding_norm``.
+(``block_auto_adjust_ff_dim``); the final norm is ``embedding_norm``. LFM2-MoE
+(``lfm2_moe``): the same layers, a mixture of experts after all but the first
+``num_dense_layers`` (sigmoid router, expert bias for the choice only).
 
 :data:`HYBRID2_FAMILIES` is what the registry adds to ``FAMILIES``. Nothing outside this
 module knows these families' names.
@@ -28,7 +30,7 @@ from typing import Any, Callable
 
 from mi_core.plugin import ConfigError
 
-from mi_transformer.config.axes import ATTENTION, Activation, TransformerConfig
+from mi_transformer.config.axes import ATTENTION, Activation, MoeConfig, TransformerConfig
 from mi_transformer.config.common import _base, _default_theta, _ropes_by_type
 from mi_transformer.config.families_hybrid import HYBRID_HARMLESS, mixer_config
 from mi_transformer.config.families_ssm import SSM_HARMLESS
@@ -120,14 +122,18 @@ FALCON_H1_NEUTRAL: dict[str, Any] = {"mamba_use_mlp": True, "attn_layer_indices"
 _LFM2_TYPES = {"conv": "short_conv", "full_attention": ATTENTION}
 
 
-def _lfm2_schedule(r: ConfigReader, n: int) -> tuple[str, ...]:
+def _lfm2_schedule(r: ConfigReader, n: int, indices: bool = True) -> tuple[str, ...]:
     """layer_types, else ``full_attn_idxs`` (transformers' default: every layer attention).
-    With both, transformers reads layer_types only (the indices are checked, not used)."""
-    idx = r.list("full_attn_idxs")
+    With both, transformers reads layer_types only (the indices are checked, not used).
+    Without `indices` (LFM2-MoE, whose config has no such key) layer_types is required."""
+    idx = r.list("full_attn_idxs") if indices else None
     if idx is not None and not all(isinstance(i, int) and not isinstance(i, bool)
                                    and 0 <= i < n for i in idx):
         raise r.bad("full_attn_idxs", idx, f"a list of layer indices in 0..{n - 1}")
     types = r.list("layer_types")
+    if types is None and not indices:
+        raise ConfigError(f"{r.src}: layer_types is required (transformers' Lfm2MoeConfig has "
+                          f"no other schedule)")
     if types is None:
         attn = set(range(n)) if idx is None else set(idx)
         types = ["full_attention" if i in attn else "conv" for i in range(n)]
@@ -161,21 +167,57 @@ def parse_lfm2(r: ConfigReader) -> TransformerConfig:
     _absent(r, {"vocab_size": 65536, "hidden_size": 2560, "intermediate_size": 12288,
                 "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8})
     width = _lfm2_mlp_width(r)
-    tie = r.bool("tie_embedding", None)  # transformers' Lfm2Config: it wins when given
+    base = _lfm2_base(r, "lfm2")
+    base["intermediate_size"] = width
+    n = base["num_layers"]
+    return TransformerConfig(**base, **_lfm2_layers(r, "lfm2", base, _lfm2_schedule(r, n)))
+
+
+def _lfm2_base(r: ConfigReader, model_type: str) -> dict[str, Any]:
+    """The scalars of LFM2 and LFM2-MoE: ``norm_eps``, ``tie_embedding`` (transformers'
+    config lets it win over tie_word_embeddings), SiLU only, the whole head rotated."""
+    tie = r.bool("tie_embedding", None)
     tied = r.bool("tie_word_embeddings", True) if tie is None else tie
-    base = _base(r, "lfm2", eps_key="norm_eps", eps_default=1e-5)
+    base = _base(r, model_type, eps_key="norm_eps", eps_default=1e-5)
     if base["activation"] is not Activation.SILU:
         raise ConfigError(f"{r.src}: hidden_act = {r.get('hidden_act')!r} is not supported: "
-                          f"transformers' Lfm2 MLP always applies SiLU")
-    base.update(intermediate_size=width, tie_word_embeddings=tied)
-    _whole_head_rotary(r, base, "lfm2")
-    n, hidden = base["num_layers"], base["hidden_size"]
-    mc = mixer_config(r, "lfm2", "short_conv", LFM2_CONV_KEYS, hidden)
+                          f"transformers' {model_type} MLP always applies SiLU")
+    base["tie_word_embeddings"] = tied
+    _whole_head_rotary(r, base, model_type)
+    return base
+
+
+def _lfm2_layers(r: ConfigReader, model_type: str, base: dict[str, Any],
+                 schedule: tuple[str, ...]) -> dict[str, Any]:
+    """The schedule, the short convolution, attention with q/k norms and RoPE (base 1e6)."""
+    n = base["num_layers"]
+    mc = mixer_config(r, model_type, "short_conv", LFM2_CONV_KEYS, base["hidden_size"])
     ropes = _default_theta(r, _ropes_by_type(r), 1000000.0)
+    return dict(weight_names="lfm2", qk_norm=True, ropes=(ropes["full_attention"],),
+                layer_rope=(0,) * n, layer_windows=(None,) * n, layer_mixers=schedule,
+                mixers=(mc,))
+
+
+def parse_lfm2_moe(r: ConfigReader) -> TransformerConfig:
+    """LFM2-MoE: LFM2's layers, the first ``num_dense_layers`` with a SwiGLU MLP of
+    intermediate_size (not adjusted), the rest a mixture of experts: sigmoid scores, top-k of
+    scores + ``expert_bias`` (``use_expert_bias``), the chosen scores renormalised by their
+    sum + 1e-6 and scaled by ``routed_scaling_factor``."""
+    _absent(r, {"vocab_size": 65536, "hidden_size": 2048, "intermediate_size": 7168,
+                "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8})
+    base = _lfm2_base(r, "lfm2_moe")
+    n = base["num_layers"]
+    dense = r.int("num_dense_layers", 2, min=0)
+    moe = MoeConfig(num_experts=r.int("num_experts", 32), top_k=r.int("num_experts_per_tok", 4),
+                    expert_size=r.int("moe_intermediate_size", 1792),
+                    norm_topk_prob=r.bool("norm_topk_prob", True), block="feed_forward",
+                    expert_names=("w1", "w3", "w2"), router_name="gate", scoring="sigmoid",
+                    selection_bias="expert_bias" if r.bool("use_expert_bias", True) else "",
+                    routed_scaling=r.float("routed_scaling_factor", 1.0, gt=0),
+                    sigmoid_norm_eps=1e-6)
     return TransformerConfig(
-        **base, weight_names="lfm2", qk_norm=True, ropes=(ropes["full_attention"],),
-        layer_rope=(0,) * n, layer_windows=(None,) * n, layer_mixers=_lfm2_schedule(r, n),
-        mixers=(mc,))
+        **base, **_lfm2_layers(r, "lfm2_moe", base, _lfm2_schedule(r, n, indices=False)),
+        moe=moe, layer_moe=tuple(i >= dense for i in range(n)))
 
 
 LFM2_READS = frozenset({
@@ -189,6 +231,19 @@ LFM2_READS = frozenset({
 #: Initialisation settings of LFM2's published configs (transformers never reads them).
 LFM2_HARMLESS = frozenset({"block_mlp_init_scale", "block_out_init_scale",
                            "block_use_xavier_init", "conv_use_xavier_init"})
+
+LFM2_MOE_READS = frozenset({
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "intermediate_size", "hidden_act", "norm_eps",
+    "tie_word_embeddings", "tie_embedding", "max_position_embeddings", "rope_theta",
+    "rope_scaling", "rope_parameters", "partial_rotary_factor", "layer_types",
+    "num_dense_layers", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "norm_topk_prob", "use_expert_bias", "routed_scaling_factor", *LFM2_CONV_KEYS.values()})
+#: ... LFM2-MoE's: its dense MLP takes intermediate_size as it is (transformers' Lfm2MoeMLP
+#: reads no block_* width key; the weights' shapes check the width), and its training keys.
+LFM2_MOE_HARMLESS = LFM2_HARMLESS | {
+    "block_ff_dim", "block_multiple_of", "block_ffn_dim_multiplier", "block_auto_adjust_ff_dim",
+    "output_router_logits", "router_aux_loss_coef"}
 _HIDDEN = Derived("hidden_size", lambda c: c.hidden_size)
 #: Keys of LFM2's original code that transformers' Lfm2 does not read, at the only value it
 #: implements: widths equal to hidden_size, the heads, norm eps and rotary base it reads
@@ -210,4 +265,7 @@ HYBRID2_FAMILIES: list[tuple[str, Callable[[ConfigReader], TransformerConfig], f
      FALCON_H1_NEUTRAL),
     ("lfm2", parse_lfm2, LFM2_READS, LFM2_HARMLESS,
      "gated short convolution (mi-ssm) + attention with q/k norms, SwiGLU", LFM2_NEUTRAL),
+    ("lfm2_moe", parse_lfm2_moe, LFM2_MOE_READS, LFM2_MOE_HARMLESS,
+     "LFM2's layers, MoE after the first dense ones (sigmoid router with an expert bias)",
+     LFM2_NEUTRAL),
 ]
