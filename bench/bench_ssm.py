@@ -12,7 +12,8 @@ same width with attention on layer 2 (12 heads, 4 KV heads), Mamba-2 mixers of 2
 experts of 512 top-2 + a shared MLP of 1024; Nemotron-H: pattern M-M*M-, relu2 MLP of
 3072; Falcon-H1: attention beside such a Mamba-2 in every layer, head_dim 64,
 Falcon-H1-0.5B's mixer settings and multipliers; LFM2: short convolutions (window 3) with
-attention on every third layer, SwiGLU of 2048). The gated DeltaNet hybrids: d_model 1024,
+attention on every third layer, SwiGLU of 2048; LFM2-MoE: the same with 8 experts of 512 top-2 after a dense
+first layer). The gated DeltaNet hybrids: d_model 1024,
 vocab 8000 (small files on a shared disk),
 gated DeltaNet 8 key / 16 value heads x 128 (Qwen3-Next's head sizes), conv 4, attention
 every 4th layer (8 heads x 128, 2 KV heads, output gate, rotary 0.25 for the Qwen ones);
@@ -43,7 +44,8 @@ from _timing import round_robin  # bench/ is on sys.path when run as a script
 
 BATCH = 2
 FAMILIES = ("mamba", "falcon_mamba", "mamba2", "jamba", "bamba", "granitemoehybrid",
-            "nemotron_h", "qwen3_next", "qwen3_5_text", "olmo_hybrid", "falcon_h1", "lfm2")
+            "nemotron_h", "qwen3_next", "qwen3_5_text", "olmo_hybrid", "falcon_h1", "lfm2",
+            "lfm2_moe")
 _ATTN = dict(num_attention_heads=12, num_key_value_heads=4)
 _M2 = dict(mamba_n_heads=24, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128,
            mamba_chunk_size=256)
@@ -67,6 +69,8 @@ HYBRIDS: dict[str, dict[str, Any]] = {
                       ssm_out_multiplier=0.24, ssm_multipliers=[0.35, 0.25, 0.35, 0.5, 0.35],
                       mlp_multipliers=[0.88, 0.59], lm_head_multiplier=0.04, **_M2, **_ATTN),
     "lfm2": dict(intermediate_size=3072, block_multiple_of=256, conv_L_cache=3, **_ATTN),
+    "lfm2_moe": dict(intermediate_size=2048, moe_intermediate_size=512, num_experts=8,
+                     num_experts_per_tok=2, num_dense_layers=1, conv_L_cache=3, **_ATTN),
 }
 _LINEAR = dict(hidden_size=1024, vocab_size=8000, num_attention_heads=8, num_key_value_heads=2,
                head_dim=128, intermediate_size=2816, linear_num_key_heads=8,
@@ -84,7 +88,7 @@ def _hf(kind: str, layers: int, dtype: torch.dtype) -> Any:
             extra["layer_types"] = ["attention" if i == 2 else "mamba" for i in range(layers)]
         if kind == "nemotron_h":
             del common["num_hidden_layers"]  # the pattern says how many
-        if kind == "lfm2":  # attention on every third layer (LFM2-350M's pattern)
+        if kind in ("lfm2", "lfm2_moe"):  # attention on every third layer (LFM2-350M's)
             extra["layer_types"] = ["full_attention" if i % 3 == 2 else "conv"
                                     for i in range(layers)]
         cfg = tf.AutoConfig.for_model(kind, **common, **extra)
