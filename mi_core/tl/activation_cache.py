@@ -300,10 +300,10 @@ class ActivationCache(HookCache):
                 ("hook_embed", "embed"), ("hook_pos_embed", "pos_embed")) if key in self._captures]
         items += layer_outputs(layer, incl_attn, incl_mlp, "_attn_out", "_mlp_out",
                                self.model.has_hook_point if self.model is not None else None)
-        if mlp_input and incl_attn:  # (the mixer's too where it runs beside attention)
+        if mlp_input and incl_attn:  # this layer's attention and / or mixer output
             items += [(p, f"{layer}{lab}_out") for p, lab in (
                 (HookPoint.attn_out(layer), "_attn"), (HookPoint.mixer_out(layer), "_mixer"))
-                if lab == "_attn" or self.model is not None and self.model.has_hook_point(p)]
+                if (self.model.has_hook_point(p) if self.model is not None else lab == "_attn")]
         stack, labels = stack_points(self, items, ps)
         if apply_ln:
             stack = self.apply_ln_to_stack(stack, layer, pos_slice=ps, mlp_input=mlp_input)

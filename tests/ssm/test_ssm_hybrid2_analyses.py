@@ -130,3 +130,25 @@ def test_weight_processing_folds_only_what_keeps_the_numbers(rep) -> None:
     if rep != "falcon_h1":
         with pytest.raises(mi.WeightLoadError, match="'short_conv' layer without attention"):
             model.backend.get_weight("W_Q", mix)
+
+
+def test_the_transformerlens_layer_decomposes_each_layers_branches(rep) -> None:
+    """mi_core.tl on these models: ActivationCache.decompose_resid labels a Falcon-H1 layer's
+    attention and mixer outputs, an LFM2 convolution layer's mixer output, and sums to the
+    residual stream (with mlp_input: to the layer's resid_mid); the config summary reads an
+    MLP weight of a convolution layer (get_weight("W_out", 0))."""
+    from mi_core.tl import HookedTransformer
+
+    model = hybrid2_model(rep)
+    tl = HookedTransformer(model)
+    assert tl.cfg.d_mlp == (None if rep == "lfm2_moe" else model.backend.d_mlp)  # MoE: none
+    _, cache = tl.run_with_cache(ssm_ids(1, 7))
+    stack, labels = cache.decompose_resid(return_labels=True)
+    last = model.num_layers - 1
+    assert (stack.sum(0) - cache[f"blocks.{last}.hook_resid_post"]).abs().max().item() < 1e-4
+    mid, mid_labels = cache.decompose_resid(layer=1, mlp_input=True, return_labels=True)
+    assert (mid.sum(0) - cache["blocks.1.hook_resid_mid"]).abs().max().item() < 1e-4
+    kind = HYBRID2_LAYER_TYPES[rep][1]
+    own = {"full_attention+mamba2": ["1_attn_out", "1_mixer_out"],
+           "short_conv": ["1_mixer_out"], "full_attention": ["1_attn_out"]}[kind]
+    assert mid_labels[-1 - len(own):] == ["0_mlp_out"] + own

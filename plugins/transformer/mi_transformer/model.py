@@ -462,7 +462,8 @@ class TransformerBackend:
             raise WeightLoadError(f"layer {layer} is a {self.layer_types[layer]!r} layer without "
                                   f"{part}: it has no {name}")
         h, kv, hd, d = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size
-        if a.mla is not None and name in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V"):
+        if a is not None and a.mla is not None and name in ("W_Q", "W_K", "W_V", "b_Q", "b_K",
+                                                            "b_V"):  # (a: None on a mixer layer)
             raise WeightLoadError(
                 f"layer {layer} has multi-head latent attention: {name} is not a linear map of "
                 f"the residual stream (q, k and v pass through RMS-normed latents); the "
