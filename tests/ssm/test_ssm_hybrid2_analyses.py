@@ -152,3 +152,15 @@ def test_the_transformerlens_layer_decomposes_each_layers_branches(rep) -> None:
     own = {"full_attention+mamba2": ["1_attn_out", "1_mixer_out"],
            "short_conv": ["1_mixer_out"], "full_attention": ["1_attn_out"]}[kind]
     assert mid_labels[-1 - len(own):] == ["0_mlp_out"] + own
+
+
+def test_direct_logit_attribution_is_in_the_logits_units() -> None:
+    """Falcon-H1 multiplies the logits by lm_head_multiplier (0.75 here): W_U includes it, so
+    the components' attributions sum to the logit (RMS final norm without a bias, no b_U:
+    the remainder is 0), not to the logit / 0.75."""
+    from mi_core.interp import direct_logit_attribution
+
+    model = hybrid2_model("falcon_h1")
+    dla = direct_logit_attribution(model, ssm_ids(1, 8, seed=9))
+    assert abs(dla.remainder) < 1e-4 and abs(sum(dla.values) - dla.total) < 1e-4
+    assert dla.labels[1:4] == ["0_attn", "0_mixer", "0_mlp"]

@@ -249,3 +249,15 @@ def test_short_conv_windows_are_its_writes_and_an_edit_there_is_read() -> None:
         past = model.backend.new_past(2)
         model.forward(ids, hooks, past=past)
         assert (past.states[0].conv - win[:, -1, :, 1:]).abs().max().item() == 0
+
+
+@pytest.mark.parametrize("which", ["falcon_h1", "lfm2"])
+def test_an_inplace_edit_at_any_point_equals_returning_it(which: str) -> None:
+    """Hooks never alias (issue 20): at every point of a Falcon-H1 layer (both branches) and
+    of LFM2's convolution (whose B, C, x are slices of in_proj's output), an in-place edit by a
+    callable equals returning the edited tensor."""
+    from tests.support.inplace import inplace_mismatches
+
+    model = hybrid2_model(which)
+    bad = inplace_mismatches(model, ssm_ids(2, 6, seed=1))
+    assert not bad, "\n".join(bad)

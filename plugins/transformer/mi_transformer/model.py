@@ -435,7 +435,10 @@ class TransformerBackend:
         """A weight in TransformerLens naming and layout (a view where possible).
 
         Global: W_E [vocab, d_model], W_U [d_model, vocab], W_pos [positions, d_model] and
-        b_U [vocab] where the family has them, ln_final.w / ln_final.b.
+        b_U [vocab] where the family has them, ln_final.w / ln_final.b. W_U and b_U include
+        the family's logit multiplier (Granite's 1 / logits_scaling, Cohere's logit_scale,
+        Falcon-H1's lm_head_multiplier; then a new tensor): logits = ln_final(x) @ W_U + b_U
+        (before a final soft-cap), so logit attributions are in the logits' own units.
         Per layer: W_Q [heads, d_model, d_head], W_K / W_V [kv_heads, d_model, d_head],
         W_O [heads, d_head, d_model], b_Q [heads, d_head], b_K / b_V [kv_heads, d_head],
         b_O [d_model], W_in / W_gate / W_up [d_model, d_mlp] (W_in is the gate when gated),
@@ -445,8 +448,11 @@ class TransformerBackend:
         c, w = self.config, self.w
         if name == "W_E":
             return w.embed
+        scale = c.logit_scale
         if name == "W_U":
-            return w.lm_head.T
+            return w.lm_head.T if scale == 1.0 else (w.lm_head * scale).T
+        if name == "b_U" and w.lm_head_bias is not None and scale != 1.0:
+            return w.lm_head_bias * scale
         if name in ("W_pos", "b_U"):
             return self._need(w.pos_embed if name == "W_pos" else w.lm_head_bias, name, None)
         if name in ("ln_final.w", "ln_final.b"):
