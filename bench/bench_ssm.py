@@ -10,7 +10,11 @@ layers (`--layers`, default 6) to keep a run short on a shared machine; the hybr
 same width with attention on layer 2 (12 heads, 4 KV heads), Mamba-2 mixers of 24 heads x 64
 (d_state 128, 1 group), MLPs of 2048 (Jamba: 8 experts top-2 on odd layers; Granite: 8
 experts of 512 top-2 + a shared MLP of 1024; Nemotron-H: pattern M-M*M-, relu2 MLP of
-3072). The gated DeltaNet hybrids: d_model 1024, vocab 8000 (small files on a shared disk),
+3072; Falcon-H1: attention beside such a Mamba-2 in every layer, head_dim 64,
+Falcon-H1-0.5B's mixer settings and multipliers; LFM2: short convolutions (window 3) with
+attention on every third layer, SwiGLU of 2048; LFM2-MoE: the same with 8 experts of 512 top-2 after a dense
+first layer). The gated DeltaNet hybrids: d_model 1024,
+vocab 8000 (small files on a shared disk),
 gated DeltaNet 8 key / 16 value heads x 128 (Qwen3-Next's head sizes), conv 4, attention
 every 4th layer (8 heads x 128, 2 KV heads, output gate, rotary 0.25 for the Qwen ones);
 Qwen3-Next's MoE 16 experts top 4 x 256 plus a 256 shared expert, the dense MLPs 2816.
@@ -27,7 +31,7 @@ forward and transformers' forward (``use_cache=False``), their ratio, and the ma
 difference. Target: ours <= 1.05x transformers.
 
     .venv/bin/python bench/bench_ssm.py [--reps 5] [--threads N] [--seq 256] [--layers 6]
-        [--dtype float32|bfloat16] [--only mamba,falcon_mamba,mamba2,jamba,bamba,...]
+        [--dtype float32|bfloat16] [--only mamba,falcon_mamba,mamba2,jamba,bamba,...,lfm2]
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from _timing import round_robin  # bench/ is on sys.path when run as a script
 BATCH = 2
 FAMILIES = ("mamba", "falcon_mamba", "mamba2", "jamba", "bamba", "granitemoehybrid",
             "nemotron_h", "qwen3_next", "qwen3_5_text", "olmo_hybrid", "zamba2", "minimax",
-            "minimax_1e")
+            "minimax_1e", "falcon_h1", "lfm2", "lfm2_moe")
 _ATTN = dict(num_attention_heads=12, num_key_value_heads=4)
 _M2 = dict(mamba_n_heads=24, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128,
            mamba_chunk_size=256)
@@ -63,6 +67,16 @@ HYBRIDS: dict[str, dict[str, Any]] = {
     "nemotron_h": dict(intermediate_size=3072, hybrid_override_pattern="M-M*M-", head_dim=64,
                        mamba_num_heads=24, mamba_head_dim=64, n_groups=1, ssm_state_size=128,
                        chunk_size=256, **_ATTN),
+    # Falcon-H1: attention beside Mamba-2 in every layer (0.5B's mixer: no gated norm,
+    # mamba_d_ssm 24 x 64, its multipliers); LFM2: conv, conv, attention, ... (window 3)
+    "falcon_h1": dict(intermediate_size=2048, head_dim=64, mamba_d_ssm=1536,
+                      mamba_rms_norm=False, embedding_multiplier=5.66, key_multiplier=0.39,
+                      attention_out_multiplier=0.94, ssm_in_multiplier=1.25,
+                      ssm_out_multiplier=0.24, ssm_multipliers=[0.35, 0.25, 0.35, 0.5, 0.35],
+                      mlp_multipliers=[0.88, 0.59], lm_head_multiplier=0.04, **_M2, **_ATTN),
+    "lfm2": dict(intermediate_size=3072, block_multiple_of=256, conv_L_cache=3, **_ATTN),
+    "lfm2_moe": dict(intermediate_size=2048, moe_intermediate_size=512, num_experts=8,
+                     num_experts_per_tok=2, num_dense_layers=1, conv_L_cache=3, **_ATTN),
 }
 #: Zamba2 and MiniMax (issue 23, part 2): model_type, config kwargs besides the common ones
 #: (the schedules are made per layer count in _hf)
@@ -104,6 +118,9 @@ def _hf(kind: str, layers: int, dtype: torch.dtype) -> Any:
             extra["layer_types"] = ["attention" if i == 2 else "mamba" for i in range(layers)]
         if kind == "nemotron_h":
             del common["num_hidden_layers"]  # the pattern says how many
+        if kind in ("lfm2", "lfm2_moe"):  # attention on every third layer (LFM2-350M's)
+            extra["layer_types"] = ["full_attention" if i % 3 == 2 else "conv"
+                                    for i in range(layers)]
         cfg = tf.AutoConfig.for_model(kind, **common, **extra)
     elif kind in ("qwen3_next", "qwen3_5_text", "olmo_hybrid"):
         extra: dict[str, Any] = dict(num_experts=16, num_experts_per_tok=4,

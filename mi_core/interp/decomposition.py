@@ -31,8 +31,9 @@ def decomposition_points(model: MIModel, heads: bool = False) -> list[HookPoint]
     A layer whose mixer is not attention (``hook_mixer_out`` instead of ``hook_attn_out``)
     contributes its mixer output, and its resid_mid / MLP output only where it has an MLP;
     a layer with an MLP alone (no mixer) its MLP output, an attention layer without an MLP its
-    attention output. A model whose residual stream is not such a sum (a scalar per layer,
-    several streams; ``ResidualTerms``) is refused with a CapabilityError saying why."""
+    attention output; a layer with a mixer beside attention both outputs. A model whose
+    residual stream is not such a sum (a scalar per layer, several streams; ``ResidualTerms``)
+    is refused with a CapabilityError saying why."""
     require_residual_sum(model.backend, "residual decomposition")
     pts = [HookPoint.resid_pre(0)]
     if model.has_hook_point(HookPoint.ln_final_scale()):  # needed by apply_ln_to_stack only
@@ -45,6 +46,8 @@ def decomposition_points(model: MIModel, heads: bool = False) -> list[HookPoint]
                                 HookPoint.mlp_out(i)) if model.has_hook_point(p)]
             pts.append(HookPoint.resid_post(i))
             continue
+        if model.has_hook_point(HookPoint.mixer_out(i)):  # a mixer beside attention
+            pts.append(HookPoint.mixer_out(i))
         if model.has_hook_point(HookPoint.mlp_out(i)):
             pts += [HookPoint.resid_mid(i), HookPoint.attn_out(i), HookPoint.mlp_out(i),
                     HookPoint.resid_post(i)]
@@ -80,7 +83,8 @@ def decompose_resid(cache: HookCache, num_layers: int) -> tuple[torch.Tensor, li
     """The final residual split into "embed" (resid_pre 0), "{i}_attn" and "{i}_mlp":
     [2 * num_layers + 1, batch, seq, d_model]; the components sum to ``resid_post[L-1]``.
     A recurrent layer's term is "{i}_mixer" (``hook_mixer_out``), where it was captured
-    instead of ``hook_attn_out``; a layer without an MLP has no "{i}_mlp"."""
+    instead of ``hook_attn_out`` (both, "{i}_attn" then "{i}_mixer", for a mixer beside
+    attention); a layer without an MLP has no "{i}_mlp"."""
     captured = (lambda p: p in cache) if any(
         HookPoint.mixer_out(i) in cache for i in range(num_layers)) else None
     return stack_points(cache, [(HookPoint.resid_pre(0), "embed")]

@@ -302,8 +302,10 @@ class ActivationCache(HookCache):
                 ("hook_embed", "embed"), ("hook_pos_embed", "pos_embed")) if key in self._captures]
         items += layer_outputs(layer, incl_attn, incl_mlp, "_attn_out", "_mlp_out",
                                self.model.has_hook_point if self.model is not None else None)
-        if mlp_input and incl_attn:
-            items.append((HookPoint.attn_out(layer), f"{layer}_attn_out"))
+        if mlp_input and incl_attn:  # this layer's attention and / or mixer output
+            items += [(p, f"{layer}{lab}_out") for p, lab in (
+                (HookPoint.attn_out(layer), "_attn"), (HookPoint.mixer_out(layer), "_mixer"))
+                if (self.model.has_hook_point(p) if self.model is not None else lab == "_attn")]
         stack, labels = stack_points(self, items, ps)
         if apply_ln:
             stack = self.apply_ln_to_stack(stack, layer, pos_slice=ps, mlp_input=mlp_input)
@@ -529,16 +531,17 @@ def layer_outputs(layers: int, attn: bool = True, mlp: bool = True, attn_label: 
 
     `has(point)`: whether the model has a point. Given, a layer without ``hook_attn_out``
     but with ``hook_mixer_out`` (a recurrent mixer) contributes that ("{i}_mixer..."), a
-    layer with neither (an MLP alone) no such term, and a layer without ``hook_mlp_out`` no
-    MLP term."""
+    layer with both (a mixer beside attention) both terms, attention's first, a layer with
+    neither (an MLP alone) no such term, and a layer without ``hook_mlp_out`` no MLP term."""
     out: list[tuple[HookPoint, str]] = []
     for i in range(layers):
         if attn:
             a, label = HookPoint.attn_out(i), f"{i}{attn_label}"
-            if has is not None and not has(a) and has(HookPoint.mixer_out(i)):
-                a, label = HookPoint.mixer_out(i), f"{i}{attn_label.replace('attn', 'mixer')}"
+            mixer = (HookPoint.mixer_out(i), f"{i}{attn_label.replace('attn', 'mixer')}")
             if has is None or has(a):
                 out.append((a, label))
+            if has is not None and has(mixer[0]):
+                out.append(mixer)
         if mlp and (has is None or has(HookPoint.mlp_out(i))):
             out.append((HookPoint.mlp_out(i), f"{i}{mlp_label}"))
     return out

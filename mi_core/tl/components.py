@@ -17,7 +17,7 @@ silently ignoring it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn

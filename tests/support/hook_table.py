@@ -31,6 +31,7 @@ _EXPERT = re.compile(r"\.experts\.(\d+)\.")
 def tiny_configs() -> Iterator[tuple[str, str, dict[str, Any]]]:
     """(name, model_type, full transformers config kwargs) of every tiny family of the tests,
     in the order the support modules list them."""
+    from tests.support.hybrid2_tiny import HYBRID2_FAMILIES
     from tests.support.hybrid_tiny import HYBRID_FAMILIES
     from tests.support.linear_tiny import LINEAR_FAMILIES
     from tests.support.ssm_tiny import SSM_FAMILIES
@@ -44,7 +45,8 @@ def tiny_configs() -> Iterator[tuple[str, str, dict[str, Any]]]:
     for table in (MOE2_FAMILIES, GEMMA_FAMILIES):  # on tiny_families' common sizes
         for name, (mt, kw) in table.items():
             yield name, mt, {**_COMMON, **kw}
-    for table in (SSM_FAMILIES, HYBRID_FAMILIES, LINEAR_FAMILIES, ZM_FAMILIES):
+    for table in (SSM_FAMILIES, HYBRID_FAMILIES, HYBRID2_FAMILIES, LINEAR_FAMILIES,
+                  ZM_FAMILIES):
         for name, (mt, kw) in table.items():
             yield name, mt, dict(kw)
 

@@ -258,6 +258,7 @@ def test_test_prompt_prints_transformerlens_lines(pair, capsys):
     from transformer_lens.utils import test_prompt as tl_test_prompt
 
     ours, tl = pair("smollm2_2l")
+    capsys.readouterr()  # the loading lines, when this test loads the pair first
     utils.test_prompt("The capital of France is", "Paris", ours)
     mine = capsys.readouterr().out
     tl_test_prompt("The capital of France is", "Paris", tl)

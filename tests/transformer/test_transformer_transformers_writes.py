@@ -21,6 +21,7 @@ import torch
 
 import mi_core as mi
 from mi_transformer.config import FAMILIES as SUPPORTED
+from tests.support.hybrid2_tiny import HYBRID2_FAMILIES
 from tests.support.hybrid_tiny import HYBRID_FAMILIES
 from tests.support.linear_tiny import LINEAR_FAMILIES
 from tests.support.ssm_tiny import SSM_FAMILIES
@@ -44,12 +45,13 @@ def test_every_supported_family_is_covered():
     (their tiny checkpoints are built there); the state-space families:
     tests/ssm/test_ssm_config.py (save_pretrained and to_dict); the hybrid and linear-attention
     families: tests/ssm/test_ssm_hybrid_to_dict.py and their parity tests (Zamba2, MiniMax:
-    tests/ssm/test_ssm_zamba2_minimax_config.py); Gemma-4 and Gemma-3n (text and
-    multimodal): tests/transformer/test_transformer_families_gemma.py."""
+    tests/ssm/test_ssm_zamba2_minimax_config.py; Falcon-H1, LFM2:
+    tests/ssm/test_ssm_hybrid2_config.py); Gemma-4 and Gemma-3n (text and multimodal):
+    tests/transformer/test_transformer_families_gemma.py."""
     moe2 = {mt for mt, _ in MOE2_FAMILIES.values()} | {"llama4"}
     moe2 |= {mt for mt, _ in GEMMA_FAMILIES.values()} | {"gemma4", "gemma3n"}
     mixed = {mt for mt, _ in (*HYBRID_FAMILIES.values(), *LINEAR_FAMILIES.values(),
-                              *ZM_FAMILIES.values())}
+                              *ZM_FAMILIES.values(), *HYBRID2_FAMILIES.values())}
     assert set(ONE_PER_FAMILY) | {"gemma3"} | moe2 | set(SSM_FAMILIES) | mixed == set(SUPPORTED)
 
 

@@ -5,6 +5,11 @@ group of heads); ``dt = clamp(softplus(dt + dt_bias), dt_limit)`` [heads]; per h
 ``h_t = exp(dt_t A_h) h_{t-1} + dt_t B_t x_t^T``, ``y_t = C_t . h_t + D_h x_t``; output
 ``out_proj(rmsnorm_grouped(y * silu(z)) * w)``. The recurrence is the shared layer's
 diagonal scan with one scalar decay per head (its state-space-dual matrix form).
+
+Falcon-H1's variant (settings named only by its key table): in_proj's five parts scaled by
+their multipliers (``proj_scales``, its mup vector) before the split, d_inner set apart from
+expand (``d_ssm``), the norm before the gate (``(rmsnorm(y) * w) * silu(z)``) or no norm
+(``y * silu(z)``, ``gate_norm``), and out_proj's bias apart from in_proj's.
 """
 
 from __future__ import annotations
@@ -24,12 +29,15 @@ def mamba2_tensors(s: Mamba2Settings) -> dict[str, tuple[int, ...]]:
     """The mixer module's tensors (names as in transformers' Mamba2Mixer) and their shapes."""
     d, e, h = s.d_model, s.d_inner, s.n_heads
     out = {"in_proj.weight": (e + s.conv_dim + h, d), "conv1d.weight": (s.conv_dim, 1, s.d_conv),
-           "dt_bias": (h,), "A_log": (h,), "D": (h,), "norm.weight": (e,),
-           "out_proj.weight": (d, e)}
+           "dt_bias": (h,), "A_log": (h,), "D": (h,), "out_proj.weight": (d, e)}
+    if s.gate_norm != "none":
+        out["norm.weight"] = (e,)
     if s.conv_bias:
         out["conv1d.bias"] = (s.conv_dim,)
     if s.proj_bias:
-        out.update({"in_proj.bias": (e + s.conv_dim + h,), "out_proj.bias": (d,)})
+        out["in_proj.bias"] = (e + s.conv_dim + h,)
+    if s.has_out_bias:
+        out["out_proj.bias"] = (d,)
     return out
 
 
@@ -48,8 +56,15 @@ class Mamba2Mixer:
         self.dt_bias = w["dt_bias"].float()
         self.A = -torch.exp(w["A_log"].float())                           # [heads]
         self.D = w["D"]
-        self.norm_w = w["norm.weight"]
+        self.norm_w = w.get("norm.weight")
         self.w_out, self.b_out = w["out_proj.weight"], w.get("out_proj.bias")
+        #: [2E + 2GN + H] multipliers of in_proj's parts (Falcon-H1), in the weights' dtype
+        self.proj_scale = None
+        if s.proj_scales is not None:
+            sizes = (s.d_inner, s.d_inner, s.n_groups * s.d_state, s.n_groups * s.d_state,
+                     s.n_heads)
+            self.proj_scale = torch.cat([torch.full((n,), v) for n, v in zip(
+                sizes, s.proj_scales)]).to(device=self.w_in.device, dtype=self.w_in.dtype)
 
     def hook_shape(self, suffix: str, batch: int, seq: int) -> tuple[int, ...] | None:
         s = self.s
@@ -74,7 +89,10 @@ class Mamba2Mixer:
         s, n = self.s, self.names
         b, t, _ = x.shape
         e, h, gs, ns = s.d_inner, s.n_heads, s.n_groups, s.d_state
-        proj = run.apply(n.in_proj, F.linear(x, self.w_in, self.b_in))
+        proj = F.linear(x, self.w_in, self.b_in)
+        if self.proj_scale is not None:  # Falcon-H1: each part by its multiplier
+            proj = proj * self.proj_scale
+        proj = run.apply(n.in_proj, proj)
         z, xbc, dt = proj.split([e, s.conv_dim, h], dim=-1)
         conv, last = causal_conv(xbc, self.conv_w, self.conv_b,
                                  state.conv if state is not None else None, active)
@@ -98,10 +116,16 @@ class Mamba2Mixer:
 
     def _gated_norm(self, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """RMS norm of y * gate over each group's d_inner / n_groups channels, in F32, times
-        the gain (transformers' MambaRMSNormGated, norm after the gate)."""
-        g = (y.float() * gate).unflatten(-1, (self.s.n_groups, -1))
-        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.s.norm_eps)
-        return self.norm_w * g.flatten(-2)
+        the gain (transformers' MambaRMSNormGated, norm after the gate); Falcon-H1's norm
+        before the gate ((norm(y) * w) * gate) or no norm (y * gate)."""
+        kind = self.s.gate_norm
+        if kind == "none":
+            return y.float() * gate
+        g = (y.float() * gate if kind == "after_gate" else y.float()).unflatten(
+            -1, (self.s.n_groups, -1))
+        g = self.norm_w * (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.s.norm_eps)
+                           ).flatten(-2)
+        return g if kind == "after_gate" else g * gate
 
 
 def build_mamba2(s: Mamba2Settings, w: dict[str, torch.Tensor], layer: int) -> Any:

@@ -54,10 +54,21 @@ class Mamba2Settings:
     norm_eps: float
     #: dt is clamped to [lo, hi] after softplus (hi may be inf)
     dt_limit: tuple[float, float] = (0.0, math.inf)
+    #: the gated output: "after_gate" rmsnorm(y * silu(z)) * w (Mamba-2, Bamba, ...);
+    #: "before_gate" (rmsnorm(y) * w) * silu(z); "none" y * silu(z), no norm tensor (Falcon-H1)
+    gate_norm: str = "after_gate"
+    #: multipliers of in_proj's five parts [z, x, B, C, dt] (Falcon-H1's mup vector)
+    proj_scales: tuple[float, float, float, float, float] | None = None
+    #: out_proj has a bias (None: as proj_bias; Falcon-H1 names it apart, projectors_bias)
+    out_bias: bool | None = None
 
     @property
     def conv_dim(self) -> int:
         return self.d_inner + 2 * self.n_groups * self.d_state
+
+    @property
+    def has_out_bias(self) -> bool:
+        return self.proj_bias if self.out_bias is None else self.out_bias
 
 
 class _Keys:
@@ -130,12 +141,20 @@ def mamba2_settings(r: ConfigFields, keys: Mapping[str, str], hidden: int) -> Ma
     n_heads * head_dim), d_conv, conv_bias, proj_bias, norm_eps (the gated RMS norm), dt_limit
     ([lo, hi], hi may be infinite) or dt_min (Nemotron-H: [dt_min, inf]), act (silu);
     ``gated_norm`` (where named) only true. Without ``expand`` in the table d_inner is
-    n_heads * head_dim."""
+    n_heads * head_dim.
+
+    Named only by Falcon-H1's table (the defaults are its transformers config's): ``d_ssm``
+    (d_inner when set, instead of expand * hidden), ``rms_norm`` (default false: y *
+    silu(z) without a norm), ``norm_before_gate`` (default true: the norm before the gate),
+    ``proj_scales`` (five multipliers of in_proj's [z | x | B | C | dt]; null: ones),
+    ``out_bias`` (out_proj's bias, default false)."""
     k = _Keys(r, keys)
     k.activation()
     heads = k.int("n_heads")
     if "expand" in keys:
-        d_inner = _d_inner(k, hidden)
+        d_ssm = k.int("d_ssm", None)  # Falcon-H1's mamba_d_ssm: set, it is d_inner
+        d_inner = _d_inner(k, hidden) if d_ssm is None else d_ssm
+        k.int("expand", 2)  # (read either way: a bad value is refused, not ignored)
         # "auto" (Bamba's mamba_d_head): d_inner / n_heads, as transformers resolves it
         head_dim = d_inner // heads if r.get(keys.get("head_dim", "")) == "auto" else \
             k.int("head_dim")
@@ -157,7 +176,36 @@ def mamba2_settings(r: ConfigFields, keys: Mapping[str, str], hidden: int) -> Ma
                           conv_bias=k.flag("conv_bias", True), proj_bias=k.flag("proj_bias", False),
                           norm_eps=k.number("norm_eps", 1e-5, gt=0),
                           dt_limit=(k.number("dt_min", 0.0, ge=0), math.inf) if "dt_min" in keys
-                          else _dt_limit(r, keys.get("dt_limit")))
+                          else _dt_limit(r, keys.get("dt_limit")),
+                          gate_norm=_gate_norm(k), proj_scales=_proj_scales(r, keys),
+                          out_bias=k.flag("out_bias", False) if "out_bias" in keys else None)
+
+
+def _gate_norm(k: _Keys) -> str:
+    """Where the gated output's RMS norm sits: Mamba-2's norm of y * silu(z) unless the
+    table names ``rms_norm`` (Falcon-H1's optional norm, default off) and
+    ``norm_before_gate`` (default on)."""
+    if "rms_norm" not in k.keys:
+        return "after_gate"
+    if not k.flag("rms_norm", False):
+        k.flag("norm_before_gate", True)  # read (no norm: nothing for it to place)
+        return "none"
+    return "before_gate" if k.flag("norm_before_gate", True) else "after_gate"
+
+
+def _proj_scales(r: ConfigFields, keys: Mapping[str, str]
+                 ) -> tuple[float, float, float, float, float] | None:
+    """Five finite numbers [z, x, B, C, dt], or None (absent, null or all ones)."""
+    key = keys.get("proj_scales")
+    raw = r.sequence(key) if key is not None else None
+    if raw is None:
+        return None
+    if len(raw) != 5 or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                and math.isfinite(v) for v in raw):
+        raise ConfigError(f"{r.where}: {key} = {raw!r}: expected five finite numbers, the "
+                          f"multipliers of [z, x, B, C, dt]")
+    scales = tuple(float(v) for v in raw)
+    return None if scales == (1.0,) * 5 else scales  # type: ignore[return-value]
 
 
 def _dt_limit(r: ConfigFields, key: str | None) -> tuple[float, float]:

@@ -193,6 +193,7 @@ class LayerSettings:
     rope_tail: int = 0  # rotate the trailing dims of each head, not the leading ones (MLA)
     temperature: tuple[float, float] | None = None  # Llama 4's query scale (NoPE layers)
     shared_kv: bool = False  # keys / values are an earlier layer's (Gemma-3n/4)
+    key_scale: float = 1.0  # keys times this after their projection (Falcon-H1)
 
     @classmethod
     def of(cls, c: TransformerConfig, i: int) -> "LayerSettings":
@@ -206,7 +207,7 @@ class LayerSettings:
                    chunk=c.layer_chunks[i] if c.layer_chunks else None,
                    rope_tail=c.mla.rope_dim if c.mla is not None else 0,
                    temperature=c.attn_temperature if rope is None else None,
-                   shared_kv=c.shares_kv(i))
+                   shared_kv=c.shares_kv(i), key_scale=c.key_scale)
 
 
 def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
@@ -289,6 +290,8 @@ def attention(w: AttnWeights, x: torch.Tensor,
         q, k, v, num_kv_heads = _qkv(w, x, ls, run, n, head_inputs, not ls.qk_norm_after_rope)
     q = run.apply(n.q, q)  # [b, s, heads, d_head], before RoPE
     if k is not None:
+        if ls.key_scale != 1.0:  # Falcon-H1's key_multiplier (before RoPE, as transformers)
+            k = k * ls.key_scale
         k = run.apply(n.k, k)
         v = run.apply(n.v, v)
     if ls.qk_norm_after_rope:  # Hunyuan, Llama 4: the q/k norms read the rotated q / k

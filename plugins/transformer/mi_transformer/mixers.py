@@ -8,6 +8,11 @@ this backend never imports it. The block hooks the norm's output at the mixer's 
 (``blocks.{i}.ssm.hook_in`` for mi-ssm's mixers), the mixer its own points, and the block
 ``blocks.{i}.hook_mixer_out`` (what the mixer adds to the residual stream). A hybrid is the
 same generic block with attention on some layers: nothing here checks a family name.
+
+A layer may also run its mixer *beside* attention (``TransformerConfig.layer_parallel``,
+Falcon-H1): the attention block calls :func:`mixer_branch` on ln1's output and adds both
+branches, ``x + (mixer(h) + attn(h))``; the layer then has every attention point and the
+mixer's, ``hook_mixer_out`` and ``hook_attn_out`` each carrying its own branch.
 """
 
 from __future__ import annotations
@@ -41,9 +46,8 @@ def mixer_block(be: Backend, i: int, x: torch.Tensor, run: HookRun,
     output joins the mixer's norm input, its keys and values the cache slot of `step`.
     """
     c, lw, n = be.config, be.w.layers[i], be.names[i]
-    mixer = lw.mixer
     x = run.apply(n.resid_pre, x)
-    if mixer is None:  # a layer without a sequence mixer: x + mlp(norm(x)) (MLP_ONLY)
+    if lw.mixer is None:  # a layer without a sequence mixer: x + mlp(norm(x)) (MLP_ONLY)
         return run.apply(n.resid_post, x + be._mlp(i, x, run))
     src = x
     if shared is not None:
@@ -52,25 +56,47 @@ def mixer_block(be: Backend, i: int, x: torch.Tensor, run: HookRun,
                                ls=be.settings[i], rope=rope, masks=masks, act=be.act,
                                explicit=explicit,
                                cache_update=past.updater(step) if past is not None else None)
-    h = lw.ln1(src.to(be.dtype), run, n.ln1_scale, n.ln1_normalized, out_name=n.mixer_in)
-    state = None
-    if past is not None:
-        state = past.states.get(step)
-        if state is None:
-            state = past.states[step] = mixer.new_state(x.shape[0])
-    m = mixer.forward(h, run, state=state, active=masks.new_valid(), offset=masks.offset)
-    if c.residual_scale != 1.0:  # Granite 4: every branch scaled before the residual add
-        m = m * c.residual_scale
-    sc = be.scales[i]
-    if sc is not None:  # MiniMax: residual * alpha + branch * beta
-        m = m * sc[1]
-    m = run.apply(n.mixer_out, m)
+    # the mixer's input point is the norm's output (what the residual reads too, where it
+    # is the norm's output: MiniMax), unless the mixer reads it scaled
+    hooked = c.mixer_in_scale == 1.0
+    h = lw.ln1(src.to(be.dtype), run, n.ln1_scale, n.ln1_normalized,
+               out_name=n.mixer_in if hooked else "")
+    m = mixer_branch(be, i, h, run, past, step, masks, hooked=hooked)
     x = be._residual(i, x.float() if c.residual_fp32 else x, h, 0) + m
     if c.has_mlp(i):
         x = run.apply(n.resid_mid, x)
         h2, mo = be._mlp_io(i, x, run)
         x = be._residual(i, x, h2, 2) + mo
     return run.apply(n.resid_post, x)
+
+
+def mixer_branch(be: Backend, i: int, h: torch.Tensor, run: HookRun, past: Any, step: int,
+                 masks: Masks, *, hooked: bool = False) -> torch.Tensor:
+    """Layer `i`'s mixer on the norm's output h [batch, seq, d_model] -> what it adds to the
+    residual stream (hooked at ``hook_mixer_out``).
+
+    The input (times ``mixer_in_scale``) is hooked at the mixer's input point; the mixer
+    reads its state from the cache slot of `step` (created on first use) and updates it in
+    place, without a cache it starts from zeros; padding (the mask's False slots) leaves the
+    state untouched. The output is scaled by ``mixer_out_scale`` and ``residual_scale``.
+    """
+    c, mixer, n = be.config, be.w.layers[i].mixer, be.names[i]
+    if not hooked:  # (`hooked`: h is already the value at the mixer's input point)
+        h = run.apply(n.mixer_in, h * c.mixer_in_scale if c.mixer_in_scale != 1.0 else h)
+    state = None
+    if past is not None:
+        state = past.states.get(step)
+        if state is None:
+            state = past.states[step] = mixer.new_state(h.shape[0])
+    m = mixer.forward(h, run, state=state, active=masks.new_valid(), offset=masks.offset)
+    if c.mixer_out_scale != 1.0:  # Falcon-H1's ssm_out_multiplier
+        m = m * c.mixer_out_scale
+    if c.residual_scale != 1.0:  # Granite 4: every branch scaled before the residual add
+        m = m * c.residual_scale
+    sc = be.scales[i]
+    if sc is not None:  # MiniMax: residual * alpha + branch * beta
+        m = m * sc[1]
+    return run.apply(n.mixer_out, m)
 
 
 def mixer_layer_points(be: Backend, i: int) -> list[str]:
@@ -89,6 +115,15 @@ def mixer_layer_points(be: Backend, i: int) -> list[str]:
         out += [n.resid_mid] + n.mlp_points(attrs.evolve(c, pre_norms=True, post_norms=False)
                                             if c.mixer_pre_norms else c)
     return out + [n.resid_post]
+
+
+def parallel_layer_points(be: Backend, i: int, attention_points: list[str]) -> list[str]:
+    """A layer with its mixer beside attention: the attention layer's points (in order) with
+    the mixer's own and ``hook_mixer_out`` before ``attn.hook_in`` (the mixer runs first)."""
+    n = be.names[i]
+    at = attention_points.index(n.attn_in)
+    own = [f"blocks.{i}.{p}" for p in be.w.layers[i].mixer.points] + [n.mixer_out]
+    return attention_points[:at] + own + attention_points[at:]
 
 
 def check_state_spec(be: Backend, spec: StateKnockoutSpec | StateSteeringSpec,

@@ -75,15 +75,17 @@ def gaussian_topk(x: torch.Tensor, sparsity: float) -> torch.Tensor:
 
 def mlp(w: MlpWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor],
         run: HookRun, pre_name: str, post_name: str, pre_linear_name: str = "",
-        sparsity: float = 0.0) -> torch.Tensor:
+        sparsity: float = 0.0, *, gate_scale: float = 1.0) -> torch.Tensor:
     """x [batch, seq, d_model] -> [batch, seq, d_model].
 
-    ``mlp.hook_pre`` is the gate pre-activation (gated) or c_fc output (plain);
-    ``mlp.hook_post`` is act(gate) * up (gated) or act(pre) (plain), both [batch, seq, d_mlp];
-    ``mlp.hook_pre_linear`` (gated only, TransformerLens' name) the up projection's output.
-    `sparsity` > 0 (Gemma-3n): the activation reads :func:`gaussian_topk` of ``hook_pre``.
+    ``mlp.hook_pre`` is the gate pre-activation (gated) or c_fc output (plain), times
+    `gate_scale` (Falcon-H1's gate multiplier); ``mlp.hook_post`` is act(gate) * up (gated)
+    or act(pre) (plain), both [batch, seq, d_mlp]; ``mlp.hook_pre_linear`` (gated only,
+    TransformerLens' name) the up projection's output. `sparsity` > 0 (Gemma-3n): the
+    activation reads :func:`gaussian_topk` of ``hook_pre``.
     """
-    pre = run.apply(pre_name, F.linear(x, w.w_in, w.b_in))
+    pre = F.linear(x, w.w_in, w.b_in)
+    pre = run.apply(pre_name, pre * gate_scale if gate_scale != 1.0 else pre)
     post = (w.act or act)(gaussian_topk(pre, sparsity) if sparsity > 0 else pre)
     if w.w_up is not None:
         up = F.linear(x, w.w_up, w.b_up)

@@ -22,13 +22,14 @@ from mi_core.plugin import (
 )
 
 from mi_transformer import altup, per_layer
-from mi_transformer.attention import AttnNames, LayerSettings, Masks, attention
-from mi_transformer.config import (BlockLayout, MlpLayout, Positions, RopeConfig, RopeLayout,
+from mi_transformer.attention import LayerSettings, Masks, attention
+from mi_transformer.config import (BlockLayout, Positions, RopeConfig, RopeLayout,
                                    TransformerConfig)
-from mi_transformer.mixers import (check_state_spec, mixer_block, mixer_hook_shape,
-                                   mixer_layer_points)
+from mi_transformer.mixers import (check_state_spec, mixer_block, mixer_branch,
+                                   mixer_hook_shape, mixer_layer_points, parallel_layer_points)
 from mi_transformer.mlp import ACTIVATIONS, mlp
 from mi_transformer.moe import MoeNames, moe
+from mi_transformer.names import LayerNames
 from mi_transformer.placement import Layout
 from mi_transformer.processing import process_weights
 from mi_transformer.rope import attention_scaling, cos_sin, inv_freq
@@ -98,10 +99,11 @@ class TransformerBackend:
         #: each layer's mixer (the LayerTypes capability): attention, or a plugin's mixer
         self.layer_types = [
             ("shared_attention+" if config.shared_set(i) is not None else "") + mc.name
-            if (mc := config.mixer_of(i)) is not None
+            if (mc := config.mixer_of(i)) is not None and not config.is_parallel(i)
             else "mlp" if not config.has_attention(i)
-            else "sliding_attention" if s.window is not None
-            else "chunked_attention" if s.chunk is not None else "full_attention"
+            else ("sliding_attention" if s.window is not None
+                  else "chunked_attention" if s.chunk is not None else "full_attention")
+            + (f"+{mc.name}" if mc is not None else "")  # attention beside a mixer
             for i, s in enumerate(self.settings)]
         for i, lw in enumerate(weights.layers):
             if lw.mixer is not None:
@@ -176,12 +178,8 @@ class TransformerBackend:
                                 masks.to(x.device))
             r_tables, r_masks = on[x.device]
             if w.layers[layer].attn is None:  # a plugin's mixer or no mixer (mixers.py)
-                shared = None
-                if emb is not None and w.layers[layer].shared is not None:  # (Zamba2)
-                    e = emb.setdefault(x.device, next(iter(emb.values())).to(x.device))
-                    r = self.settings[layer].rope
-                    shared = (e, r_tables[r] if r is not None else None, explicit)
-                x = mixer_block(self, layer, x, run, past, step, r_masks, shared)
+                x = mixer_block(self, layer, x, run, past, step, r_masks,
+                                self._shared_input(layer, x.device, emb, r_tables, explicit))
             else:
                 ctx = self._layer_call(layer, step, past, kv, r_tables, r_masks, explicit, ple)
                 if streams is not None:
@@ -203,6 +201,18 @@ class TransformerBackend:
             past.length += seq
         # logits come back where the ids went in (accelerate's io_same_device)
         return run.finish(logits.to(ids.device) if placed else logits, past=past)
+
+    def _shared_input(self, layer: int, device: torch.device,
+                      emb: dict[torch.device, torch.Tensor] | None,
+                      tables: list[tuple[torch.Tensor, torch.Tensor]], explicit: bool | None
+                      ) -> tuple[torch.Tensor, Any, bool | None] | None:
+        """What a layer that runs a shared attention block before its mixer (Zamba2) needs:
+        the embeddings on `device`, its rotary table and the attention path; None otherwise."""
+        if emb is None or self.w.layers[layer].shared is None:
+            return None
+        e = emb.setdefault(device, next(iter(emb.values())).to(device))
+        r = self.settings[layer].rope
+        return e, tables[r] if r is not None else None, explicit
 
     def _block(self, i: int, x: torch.Tensor, run: HookRun, ctx: "_LayerCall") -> torch.Tensor:
         """One block, x [batch, seq, d_model] -> [batch, seq, d_model]: the sublayers
@@ -226,38 +236,49 @@ class TransformerBackend:
         mlp(ln2(x)), both branches reading the block's input (ln2 is ln1 when the block
         shares one norm). Post-norms (Gemma 2/3) normalise each branch's output. With Laurel
         (Gemma-3n) the residual after attention is (x + attn_out + laurel(ln1(x))) / sqrt 2.
+        A layer with a mixer beside attention (``layer_parallel``, Falcon-H1): x += mixer(h)
+        + attn(h) with h = ln1(x), the mixer run first (mixers.mixer_branch).
         """
         c, lw, n = self.config, self.w.layers[i], self.names[i]
         sequential = c.block is BlockLayout.SEQUENTIAL
+        scaled = lw.mixer is not None or c.attn_in_scale != 1.0  # attn.hook_in after the norm
         if lw.ln1 is not None:
-            h = lw.ln1(x, run, n.ln1_scale, n.ln1_normalized, out_name=n.attn_in)
+            hn = lw.ln1(x, run, n.ln1_scale, n.ln1_normalized,
+                        out_name="" if scaled else n.attn_in)
         else:  # no pre-norm (OLMo2): attention reads the residual stream itself
-            h = run.apply(n.attn_in, x)
+            hn = x if scaled else run.apply(n.attn_in, x)
+        mixed = None if lw.mixer is None else mixer_branch(self, i, hn, run, ctx.past, ctx.step,
+                                                           ctx.masks)
+        h = hn
+        if scaled:
+            h = run.apply(n.attn_in, h * c.attn_in_scale if c.attn_in_scale != 1.0 else h)
         a = attention(lw.attn, h, ctx.rope, ctx.masks, run, n.attn, self.settings[i],
                       explicit=ctx.explicit, cache_update=ctx.cache_update,
                       head_inputs=self._head_inputs(i, x, run), shared=ctx.shared,
                       keep=ctx.keep)
         if lw.ln1_post is not None:
             a = lw.ln1_post(a, run, n.ln1_post_scale, n.ln1_post_normalized)
+        if c.attn_out_scale != 1.0:  # Falcon-H1's attention_out_multiplier
+            a = a * c.attn_out_scale
         if c.residual_scale != 1.0:  # Granite: branch outputs scaled before the residual add
             a = a * c.residual_scale
         sc = self.scales[i]
         if sc is not None:  # MiniMax: residual * alpha + branch * beta
             a = a * sc[1]
         a = run.apply(n.attn_out, a)
-        res = h if c.norm_residual else x  # MiniMax: the residual is the norm's output
-        if sc is not None:
-            res = res * sc[0]
+        if mixed is not None:  # a mixer beside attention: both add, as their sum (Falcon-H1)
+            a = mixed + a
+        res = self._residual(i, x, hn, 0)  # MiniMax: the norm's output, times alpha
         if not n.has_mlp:  # an attention layer without an MLP (Nemotron-H)
             return res + a
         if lw.laurel is not None:  # Gemma-3n: Laurel beside attention, the sum over sqrt 2
             mid = altup.laurel_residual(x, a, run.apply(n.laurel_out, lw.laurel(h)))
             x = run.apply(n.resid_mid, mid)
         elif not sequential:
-            return x + (a + self._mlp(i, x, run, h))
+            return x + (a + self._mlp(i, x, run, hn))
         else:
             x = run.apply(n.resid_mid, res + a)
-        h2, m = self._mlp_io(i, x, run, h)
+        h2, m = self._mlp_io(i, x, run, hn)
         return self._residual(i, x, h2, 2) + m
 
     def _residual(self, i: int, x: torch.Tensor, normed: torch.Tensor, alpha: int
@@ -284,7 +305,7 @@ class TransformerBackend:
             else None,
             shared=self._shared_kv(layer, kv, device),
             keep=(lambda k_, v_: kv.__setitem__(layer, (k_, v_)))
-            if layer in self._kv_sources else None)
+            if layer in self._kv_sources else None, past=past, step=step)
 
     def _shared_kv(self, layer: int, kv: dict[int, tuple[torch.Tensor, torch.Tensor]],
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -326,7 +347,8 @@ class TransformerBackend:
             m = moe(lw.mlp, h, self.act, run, n.moe)  # type: ignore[arg-type]
         else:
             m = mlp(lw.mlp, h, self.act, run, n.mlp_pre, n.mlp_post, n.mlp_pre_linear,
-                    sparsity=c.layer_sparsity[i] if c.layer_sparsity else 0.0)
+                    sparsity=c.layer_sparsity[i] if c.layer_sparsity else 0.0,
+                    gate_scale=c.mlp_gate_scale)
         if lw.moe is not None:  # Gemma-4: experts beside the dense MLP, each post-normed
             dense = run.apply(n.dense_out, lw.ln2_post_dense(m))
             experts_in = run.apply(n.moe_in, lw.ln2_moe(mlp_in))
@@ -334,6 +356,8 @@ class TransformerBackend:
             m = dense + run.apply(n.moe_out, lw.ln2_post_moe(routed))
         if lw.ln2_post is not None:
             m = lw.ln2_post(m, run, n.ln2_post_scale, n.ln2_post_normalized)
+        if c.mlp_out_scale != 1.0:  # Falcon-H1's down multiplier
+            m = m * c.mlp_out_scale
         if c.residual_scale != 1.0:
             m = m * c.residual_scale
         if self.scales[i] is not None:
@@ -378,8 +402,9 @@ class TransformerBackend:
         c = self.config
         names = ["hook_embed"] + (["hook_pos_embed"] if c.positions is Positions.LEARNED else [])
         for i, n in enumerate(self.names):
-            names += n.in_order(c) if self.w.layers[i].attn is not None else \
-                mixer_layer_points(self, i)
+            lw = self.w.layers[i]
+            names += mixer_layer_points(self, i) if lw.attn is None else \
+                n.in_order(c) if lw.mixer is None else parallel_layer_points(self, i, n.in_order(c))
         names += ["altup.hook_out"] if c.altup is not None else []
         names += ["ln_final.hook_scale", "ln_final.hook_normalized"]
         return [HookPoint.parse(n) for n in names]
@@ -462,7 +487,8 @@ class TransformerBackend:
         ln1 = self.w.layers[i].ln1
         if ln1 is None:  # no pre-norm (OLMo2): attention reads the per-head inputs as they are
             return ins
-        return ln1(ins[0]), ln1(ins[1]), ln1(ins[2])
+        s = c.attn_in_scale
+        return tuple(ln1(t) * s if s != 1.0 else ln1(t) for t in ins)  # type: ignore[return-value]
 
     def _inv_freq(self, rope: RopeConfig, cached: torch.Tensor, positions: torch.Tensor
                   ) -> torch.Tensor:
@@ -556,7 +582,10 @@ class TransformerBackend:
         """A weight in TransformerLens naming and layout (a view where possible).
 
         Global: W_E [vocab, d_model], W_U [d_model, vocab], W_pos [positions, d_model] and
-        b_U [vocab] where the family has them, ln_final.w / ln_final.b.
+        b_U [vocab] where the family has them, ln_final.w / ln_final.b. W_U and b_U include
+        the family's logit multiplier (Granite's 1 / logits_scaling, Cohere's logit_scale,
+        Falcon-H1's lm_head_multiplier; then a new tensor): logits = ln_final(x) @ W_U + b_U
+        (before a final soft-cap), so logit attributions are in the logits' own units.
         Per layer: W_Q [heads, d_model, d_head], W_K / W_V [kv_heads, d_model, d_head],
         W_O [heads, d_head, d_model], b_Q [heads, d_head], b_K / b_V [kv_heads, d_head],
         b_O [d_model], W_in / W_gate / W_up [d_model, d_mlp] (W_in is the gate when gated),
@@ -566,8 +595,11 @@ class TransformerBackend:
         c, w = self.config, self.w
         if name == "W_E":
             return w.embed
+        scale = c.logit_scale
         if name == "W_U":
-            return w.lm_head.T
+            return w.lm_head.T if scale == 1.0 else (w.lm_head * scale).T
+        if name == "b_U" and w.lm_head_bias is not None and scale != 1.0:
+            return w.lm_head_bias * scale
         if name in ("W_pos", "b_U"):
             return self._need(w.pos_embed if name == "W_pos" else w.lm_head_bias, name, None)
         if name in ("ln_final.w", "ln_final.b"):
@@ -578,27 +610,8 @@ class TransformerBackend:
                                   f"got {layer}")
         lw: LayerWeights = w.layers[layer]
         a, m = lw.attn, lw.mlp
-        if lw.shared is not None and (name in _ATTN_WEIGHTS or name in _MLP_WEIGHTS):
-            raise WeightLoadError(
-                f"layer {layer} runs a shared attention block on [residual | embeddings] (2 "
-                f"d_model wide, with this layer's adapters) before its mixer: {name} is not a "
-                f"weight of the residual stream; the block is backend.w.layers[{layer}].shared")
-        if a is None and name in _ATTN_WEIGHTS or m is None and name in _MLP_WEIGHTS:
-            part = "attention" if name in _ATTN_WEIGHTS else "an MLP"
-            raise WeightLoadError(f"layer {layer} is a {self.layer_types[layer]!r} layer without "
-                                  f"{part}: it has no {name}")
+        self._refuse_layer_weight(name, layer)
         h, kv, hd, d = c.num_heads, c.kv_heads_of(layer), c.head_dim_of(layer), c.hidden_size
-        if c.shares_kv(layer) and name in ("W_K", "W_V", "b_K", "b_V"):
-            src = c.kv_source_of(layer)
-            raise WeightLoadError(
-                f"layer {layer} attends with the keys and values of layer {src} (shared KV): "
-                f"it has no {name} of its own; its keys are layer {src}'s ({name} at layer "
-                f"{src}, applied to layer {src}'s input)")
-        if a is not None and a.mla is not None and name in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V"):
-            raise WeightLoadError(
-                f"layer {layer} has multi-head latent attention: {name} is not a linear map of "
-                f"the residual stream (q, k and v pass through RMS-normed latents); the "
-                f"projections are backend.w.layers[{layer}].attn.mla (kv_a, kv_b, q / q_a, q_b)")
         heads = lambda t, n: t.view(n, hd, d).transpose(1, 2)  # noqa: E731  [n, d_model, d_head]
         b_v = (a.b_v if a.w_v is not None or a.w_k is None else a.b_k) if a is not None else None
         getters: dict[str, Callable[[], torch.Tensor | None]] = {
@@ -631,6 +644,34 @@ class TransformerBackend:
                                   f"ln_final.b, {', '.join(getters)}")
         return self._need(getters[name](), name, layer)
 
+    def _refuse_layer_weight(self, name: str, layer: int) -> None:
+        """WeightLoadError when layer `layer` has no `name` in the residual stream's terms: a
+        shared block's (Zamba2), a part the layer lacks, keys shared from an earlier layer,
+        latent attention's q / k / v."""
+        c, lw = self.config, self.w.layers[layer]
+        a, m = lw.attn, lw.mlp
+        if lw.shared is not None and (name in _ATTN_WEIGHTS or name in _MLP_WEIGHTS):
+            raise WeightLoadError(
+                f"layer {layer} runs a shared attention block on [residual | embeddings] (2 "
+                f"d_model wide, with this layer's adapters) before its mixer: {name} is not a "
+                f"weight of the residual stream; the block is backend.w.layers[{layer}].shared")
+        if a is None and name in _ATTN_WEIGHTS or m is None and name in _MLP_WEIGHTS:
+            part = "attention" if name in _ATTN_WEIGHTS else "an MLP"
+            raise WeightLoadError(f"layer {layer} is a {self.layer_types[layer]!r} layer without "
+                                  f"{part}: it has no {name}")
+        if c.shares_kv(layer) and name in ("W_K", "W_V", "b_K", "b_V"):
+            src = c.kv_source_of(layer)
+            raise WeightLoadError(
+                f"layer {layer} attends with the keys and values of layer {src} (shared KV): "
+                f"it has no {name} of its own; its keys are layer {src}'s ({name} at layer "
+                f"{src}, applied to layer {src}'s input)")
+        if a is not None and a.mla is not None and name in ("W_Q", "W_K", "W_V", "b_Q", "b_K",
+                                                            "b_V"):  # (a: None on a mixer layer)
+            raise WeightLoadError(
+                f"layer {layer} has multi-head latent attention: {name} is not a linear map of "
+                f"the residual stream (q, k and v pass through RMS-normed latents); the "
+                f"projections are backend.w.layers[{layer}].attn.mla (kv_a, kv_b, q / q_a, q_b)")
+
     def _need(self, t: torch.Tensor | None, name: str, layer: int | None) -> torch.Tensor:
         if t is None:
             where = f" at layer {layer}" if layer is not None else ""
@@ -644,152 +685,6 @@ class TransformerBackend:
 
 
 @attrs.define(eq=False)
-class LayerNames:
-    """Every hook name of one layer, built once at load (no string formatting per forward)."""
-
-    resid_pre: str
-    ln1_scale: str
-    ln1_normalized: str
-    attn: AttnNames
-    ln1_post_scale: str
-    ln1_post_normalized: str
-    attn_out: str
-    resid_mid: str
-    ln2_scale: str
-    ln2_normalized: str
-    mlp_pre: str
-    mlp_post: str
-    ln2_post_scale: str
-    ln2_post_normalized: str
-    mlp_out: str
-    resid_post: str
-    attn_in: str = ""  # attn.hook_in: ln1's output after gain/bias
-    mlp_in: str = ""  # mlp.hook_in
-    tl_attn_in: str = ""  # hook_attn_in: resid_pre per head [b, s, heads, d_model] (opt-in)
-    q_input: str = ""  # hook_q_input / hook_k_input / hook_v_input (opt-in)
-    k_input: str = ""
-    v_input: str = ""
-    tl_mlp_in: str = ""  # hook_mlp_in: resid_mid before ln2
-    mlp_pre_linear: str = ""  # mlp.hook_pre_linear (gated MLPs)
-    moe: MoeNames | None = None  # router and expert points of a mixture-of-experts layer
-    rotary: bool = True  # False: no hook_rot_q / hook_rot_k (no rotary, or a NoPE layer)
-    mixer_in: str = ""  # a plugin mixer's input point (the norm's output), e.g. ssm.hook_in
-    mixer_out: str = ""  # hook_mixer_out: what a plugin mixer adds to the residual stream
-    qk_norm: bool = False  # this layer has q/k norms (q_ln / k_ln points)
-    has_mlp: bool = True  # False: the layer ends after attention (no MLP points)
-    # -- Gemma-4 / Gemma-3n --
-    has_kv: bool = True  # False: keys and values shared from an earlier layer (no k / v points)
-    head_inputs: bool = True  # hook_attn_in / hook_q_input / ... (not with shared k or k = v)
-    moe_beside: bool = False  # an MoE beside the dense MLP (both sets of points)
-    laurel: bool = False
-    ple: bool = False  # the per-layer-input branch
-    altup: bool = False  # AltUp's stream points
-    ple_in: str = ""  # hook_per_layer_input [b, s, p]
-    ple_out: str = ""  # hook_per_layer_out [b, s, d_model]
-    laurel_out: str = ""  # laurel.hook_out
-    streams_pre: str = ""  # altup.hook_streams_pre [b, s, n, d_model]
-    predictions: str = ""  # altup.hook_predictions
-    activated: str = ""  # altup.hook_activated [b, s, d_model]
-    corrected: str = ""  # altup.hook_corrected
-    streams_post: str = ""  # altup.hook_streams_post
-    dense_out: str = ""  # mlp.hook_dense_out: the dense MLP's post-normed output (beside MoE)
-    moe_in: str = ""  # mlp.hook_moe_in: the experts' (normed) input
-    moe_out: str = ""  # mlp.hook_moe_out: the experts' post-normed output
-
-    @classmethod
-    def of(cls, i: int) -> "LayerNames":
-        p = f"blocks.{i}."
-        a = p + "attn."
-        return cls(
-            resid_pre=p + "hook_resid_pre", ln1_scale=p + "ln1.hook_scale",
-            ln1_normalized=p + "ln1.hook_normalized",
-            attn=AttnNames(q=a + "hook_q", k=a + "hook_k", v=a + "hook_v", rot_q=a + "hook_rot_q",
-                           rot_k=a + "hook_rot_k", scores=a + "hook_attn_scores",
-                           pattern=a + "hook_pattern", z=a + "hook_z", result=a + "hook_result",
-                           q_scale=a + "q_ln.hook_scale", k_scale=a + "k_ln.hook_scale",
-                           gate=a + "hook_gate",
-                           sinks=a + "hook_sinks", q_latent=a + "hook_q_latent",
-                           kv_latent=a + "hook_kv_latent"),
-            ln1_post_scale=p + "ln1_post.hook_scale",
-            ln1_post_normalized=p + "ln1_post.hook_normalized",
-            attn_out=p + "hook_attn_out", resid_mid=p + "hook_resid_mid",
-            ln2_scale=p + "ln2.hook_scale", ln2_normalized=p + "ln2.hook_normalized",
-            mlp_pre=p + "mlp.hook_pre", mlp_post=p + "mlp.hook_post",
-            ln2_post_scale=p + "ln2_post.hook_scale",
-            ln2_post_normalized=p + "ln2_post.hook_normalized",
-            mlp_out=p + "hook_mlp_out", resid_post=p + "hook_resid_post",
-            attn_in=a + "hook_in", mlp_in=p + "mlp.hook_in", tl_attn_in=p + "hook_attn_in",
-            q_input=p + "hook_q_input", k_input=p + "hook_k_input", v_input=p + "hook_v_input",
-            tl_mlp_in=p + "hook_mlp_in", mlp_pre_linear=p + "mlp.hook_pre_linear",
-            ple_in=p + "hook_per_layer_input", ple_out=p + "hook_per_layer_out",
-            laurel_out=p + "laurel.hook_out", streams_pre=p + "altup.hook_streams_pre",
-            predictions=p + "altup.hook_predictions", activated=p + "altup.hook_activated",
-            corrected=p + "altup.hook_corrected", streams_post=p + "altup.hook_streams_post",
-            dense_out=p + "mlp.hook_dense_out", moe_in=p + "mlp.hook_moe_in",
-            moe_out=p + "mlp.hook_moe_out")
-
-    def in_order(self, c: TransformerConfig) -> list[str]:
-        """This layer's points in execution order, only those the family has a value for:
-        no ``hook_rot_*`` without rotary, no ``hook_resid_mid`` in a parallel block, no
-        ``ln2`` points when the block shares one norm."""
-        a = self.attn
-        out = [self.streams_pre] if self.altup else []
-        out += [self.resid_pre] + ([self.predictions] if self.altup else [])
-        if self.head_inputs:  # latent attention, shared keys or keys as values: none
-            out += [self.tl_attn_in, self.q_input, self.k_input, self.v_input]
-        out += [self.ln1_scale, self.ln1_normalized] if c.pre_norms else []
-        out += [self.attn_in]
-        if c.mla is not None:
-            out += [a.q_latent] if c.mla.q_lora_rank is not None else []
-            out += [a.kv_latent]
-        kv = self.has_kv  # a layer that shares an earlier layer's keys: no k / v points
-        if c.qk_norm_after_rope:  # the q/k norms read the rotated q / k (Llama 4)
-            out += [a.q, a.k, a.v] if kv else [a.q]
-            out += [a.q_scale] if self.qk_norm else []
-            out += [a.rot_q] if self.rotary else []
-            out += [a.k_scale] if self.qk_norm and kv else []
-            out += [a.rot_k] if self.rotary and kv else []
-        else:
-            out += ([a.q_scale, a.k_scale] if kv else [a.q_scale]) if self.qk_norm else []
-            out += [a.q, a.k, a.v] if kv else [a.q]
-            out += ([a.rot_q, a.rot_k] if kv else [a.rot_q]) if self.rotary else []
-        out += [a.sinks] if c.attn_sinks else []
-        out += [a.scores, a.pattern, a.z] + ([a.gate] if c.attn_output_gate else [])
-        out += [a.result]
-        out += [self.ln1_post_scale, self.ln1_post_normalized] if c.post_norms else []
-        out += [self.attn_out]
-        if not self.has_mlp:
-            return out + [self.resid_post]
-        out += [self.laurel_out] if self.laurel else []
-        out += [self.resid_mid] if c.block is BlockLayout.SEQUENTIAL or self.laurel else []
-        out += self.mlp_points(c)
-        if self.altup:
-            out += [self.activated, self.corrected]
-        out += [self.ple_in, self.ple_out] if self.ple else []
-        out += [self.streams_post] if self.altup else []
-        return out + [self.resid_post]
-
-    def mlp_points(self, c: TransformerConfig) -> list[str]:
-        """The MLP half's points in execution order, ``hook_mlp_in`` to ``hook_mlp_out``."""
-        out = [self.tl_mlp_in]
-        if c.block is not BlockLayout.PARALLEL_SHARED_NORM and c.pre_norms:
-            out += [self.ln2_scale, self.ln2_normalized]
-        out += [self.mlp_in]
-        if self.moe is not None and not self.moe_beside:
-            out += self.moe.in_order(bool(c.moe and c.moe.shared_expert_size))
-        else:
-            out += [self.mlp_pre]
-            out += [self.mlp_pre_linear] if c.mlp_layout is not MlpLayout.PLAIN else []
-            out += [self.mlp_post]
-        if self.moe is not None and self.moe_beside:  # Gemma-4: the experts beside the MLP
-            out += [self.dense_out, self.moe_in]
-            out += self.moe.in_order(bool(c.moe and c.moe.shared_expert_size))
-            out += [self.moe_out]
-        out += [self.ln2_post_scale, self.ln2_post_normalized] if c.post_norms else []
-        return out + [self.mlp_out]
-
-
-@attrs.define(eq=False)
 class _LayerCall:
     """What one attention block needs from its forward call besides the residual stream."""
 
@@ -800,6 +695,8 @@ class _LayerCall:
     ple: torch.Tensor | None = None  # every layer's per-layer input [b, s, L, p]
     shared: tuple[torch.Tensor, torch.Tensor] | None = None  # an earlier layer's keys / values
     keep: Callable[[torch.Tensor, torch.Tensor], None] | None = None  # keep this layer's
+    past: "KVCache | None" = None  # the cache, whose slot `step` a mixer beside attention uses
+    step: int = 0
 
 
 class KVCache:

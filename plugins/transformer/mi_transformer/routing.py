@@ -25,7 +25,8 @@ def scores_and_choice(c: MoeConfig, logits: torch.Tensor, bias: torch.Tensor | N
     groups that score highest when experts are grouped (a group's score: its best expert's
     with `group_by_max`, DeepSeek-V2; else the sum of its two best biased scores, GLM /
     DeepSeek-V3); weights are the chosen experts' unbiased scores, renormalised (sum + 1e-20
-    for sigmoid scores, as GLM / DeepSeek-V3; max(sum, norm_min) for softmax, as ERNIE) and
+    for sigmoid scores, as GLM / DeepSeek-V3, or + ``sigmoid_norm_eps``, LFM2-MoE's 1e-6;
+    max(sum, norm_min) for softmax, as ERNIE) and
     multiplied by `routed_scaling`. Llama 4's router (top-k of the logits, sigmoid of the
     chosen) is sigmoid scoring without renormalisation: the sigmoid keeps the logits' order.
     """
@@ -51,7 +52,7 @@ def scores_and_choice(c: MoeConfig, logits: torch.Tensor, bias: torch.Tensor | N
     if c.norm_topk_prob:
         total = weights.sum(dim=-1, keepdim=True)
         if c.scoring == "sigmoid":
-            weights = weights / (total + 1e-20)
+            weights = weights / (total + c.sigmoid_norm_eps)
         else:
             weights = weights / total.clamp(min=c.norm_min)
     if c.routed_scaling != 1.0:

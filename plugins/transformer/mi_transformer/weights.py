@@ -31,188 +31,7 @@ from mi_transformer.moe import MoeWeights, expected_moe_shapes, float32_names, l
 from mi_transformer.norm import Norm
 from mi_transformer.placement import Layout
 from mi_transformer import shared_block
-
-
-@attrs.frozen
-class NameTable:
-    """One family's checkpoint names (module names; ``.weight`` / ``.bias`` are appended).
-
-    Per-layer names are relative to `layer` (``{i}`` is the layer index). A slot a family
-    does not have is never looked up (e.g. `ln2` in a shared-norm parallel block). `conv1d`:
-    every linear weight is stored [in, out] (GPT-2's Conv1D) and is transposed on load.
-    `base_prefix`: some hub checkpoints store the base model without it (GPT-2's
-    ``h.0.attn...`` for ``transformer.h.0.attn...``); both spellings load. `ignore`: regexes
-    of tensors that are known not to be weights (rotary caches, causal-mask buffers).
-    """
-
-    embed: str = "model.embed_tokens"
-    pos_embed: str = ""
-    final_norm: str = "model.norm"
-    lm_head: str = "lm_head"
-    layer: str = "model.layers.{i}."
-    ln1: str = "input_layernorm"
-    ln2: str = "post_attention_layernorm"
-    ln1_post: str = ""
-    ln2_post: str = ""
-    q: str = "self_attn.q_proj"
-    k: str = "self_attn.k_proj"
-    v: str = "self_attn.v_proj"
-    qkv: str = "self_attn.qkv_proj"
-    o: str = "self_attn.o_proj"
-    q_norm: str = "self_attn.q_norm"
-    k_norm: str = "self_attn.k_norm"
-    mlp_in: str = "mlp.gate_proj"  # gate (gated MLP) or the first linear (plain)
-    mlp_up: str = "mlp.up_proj"
-    mlp_gate_up: str = "mlp.gate_up_proj"
-    mlp_out: str = "mlp.down_proj"
-    mlp_act: str = "mlp.act_fn"  # a learned activation's parameters (xIELU)
-    attn: str = "self_attn"  # the attention module (MLA's projections and gpt-oss's sinks)
-    conv1d: bool = False
-    base_prefix: str = ""
-    ignore: tuple[str, ...] = (r"rotary_emb\.inv_freq$",)
-    mixer: str = "mixer"  # a non-attention mixer's module (its tensors: the MixerSpec's names)
-    #: a shared attention block's module (Zamba2; mi_transformer.shared_block), in the first
-    #: layer that uses each weight set; `shared_out`: each using layer's own projection;
-    #: `shared_prefix`: where a layer with a shared block keeps its own norm and mixer
-    shared: str = ""
-    shared_out: str = ""
-    shared_prefix: str = ""
-    #: the text model's module, under which the global tensors of the per-layer inputs and
-    #: AltUp's projections live (Gemma-3n / Gemma-4: ``model.`` or ``model.language_model.``)
-    text_model: str = "model."
-
-
-_CAUSAL_BUFFERS = (r"\.att(n|ention)\.(bias|masked_bias)$", r"rotary_emb\.inv_freq$")
-
-#: weight_names -> table. Adding a family that names its tensors differently is one entry.
-NAME_TABLES: dict[str, NameTable] = {
-    "llama": NameTable(),
-    "phi3": NameTable(),  # fused qkv_proj / gate_up_proj (QkvLayout / MlpLayout say which)
-    "olmo2": NameTable(ln1_post="post_attention_layernorm",  # post-norms only
-                       ln2_post="post_feedforward_layernorm"),
-    "gemma2": NameTable(ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
-                        ln2_post="post_feedforward_layernorm"),
-    "starcoder2": NameTable(mlp_in="mlp.c_fc", mlp_out="mlp.c_proj"),
-    # Llama 4: the MLP (dense or MoE) is feed_forward; the multimodal checkpoint's language
-    # model under language_model. (vision tower and projector ignored, text-only forward)
-    "llama4": NameTable(mlp_in="feed_forward.gate_proj", mlp_up="feed_forward.up_proj",
-                        mlp_out="feed_forward.down_proj"),
-    "llama4_mm": NameTable(embed="language_model.model.embed_tokens",
-                           final_norm="language_model.model.norm",
-                           lm_head="language_model.lm_head",
-                           layer="language_model.model.layers.{i}.",
-                           mlp_in="feed_forward.gate_proj", mlp_up="feed_forward.up_proj",
-                           mlp_out="feed_forward.down_proj",
-                           ignore=(r"^vision_model\.", r"^multi_modal_projector\.",
-                                   r"rotary_emb\.inv_freq$")),
-    # the 2025 families (config/families_recent.py)
-    "glm4": NameTable(ln1_post="post_self_attn_layernorm", ln2_post="post_mlp_layernorm"),
-    "hunyuan": NameTable(q_norm="self_attn.query_layernorm", k_norm="self_attn.key_layernorm"),
-    "apertus": NameTable(ln1="attention_layernorm", ln2="feedforward_layernorm",
-                         mlp_in="mlp.up_proj"),
-    # ERNIE-4.5 MoE: the published multi-token-prediction modules (mtp_*) are not run
-    "ernie4_5_moe": NameTable(ignore=(r"(^|\.)mtp_", r"rotary_emb\.inv_freq$")),
-    # Gemma 3 multimodal: the language model's tensors under language_model.; the vision
-    # tower and projector are ignored (the forward is text-only)
-    "gemma3_mm": NameTable(embed="language_model.model.embed_tokens",
-                           final_norm="language_model.model.norm",
-                           lm_head="language_model.lm_head",
-                           layer="language_model.model.layers.{i}.",
-                           ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
-                           ln2_post="post_feedforward_layernorm",
-                           ignore=(r"^vision_tower\.", r"^multi_modal_projector\.",
-                                   r"rotary_emb\.inv_freq$")),
-    # Gemma-4 / Gemma-3n (config/families_gemma.py): Gemma 2's norms; their extra tensors
-    # (per-layer inputs, AltUp, Laurel, the MoE beside the MLP) are named in per_layer.py,
-    # altup.py and moe.py. The multimodal checkpoints: the language model under
-    # model.language_model. (the towers and embedders ignored: the forward is text-only)
-    "gemma4": NameTable(ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
-                        ln2_post="post_feedforward_layernorm"),
-    "gemma3n": NameTable(ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
-                         ln2_post="post_feedforward_layernorm"),
-    "gemma3n_mm": NameTable(embed="model.language_model.embed_tokens",
-                            final_norm="model.language_model.norm",
-                            layer="model.language_model.layers.{i}.",
-                            ln2="pre_feedforward_layernorm",
-                            ln1_post="post_attention_layernorm",
-                            ln2_post="post_feedforward_layernorm",
-                            text_model="model.language_model.",
-                            ignore=(r"^model\.(vision_tower|audio_tower|embed_vision|"
-                                    r"embed_audio)\.", r"rotary_emb\.inv_freq$")),
-    "gemma4_mm": NameTable(embed="model.language_model.embed_tokens",
-                           final_norm="model.language_model.norm",
-                           layer="model.language_model.layers.{i}.",
-                           ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
-                           ln2_post="post_feedforward_layernorm",
-                           text_model="model.language_model.",
-                           ignore=(r"^model\.(vision_tower|audio_tower|embed_vision|"
-                                   r"embed_audio)\.", r"rotary_emb\.inv_freq$")),
-    # StableLM-2-12B's per-head q/k LayerNorms: one tensor per head ({h})
-    "stablelm": NameTable(q_norm="self_attn.q_layernorm.norms.{h}",
-                          k_norm="self_attn.k_layernorm.norms.{h}"),
-    "gpt2": NameTable(embed="transformer.wte", pos_embed="transformer.wpe",
-                      final_norm="transformer.ln_f", layer="transformer.h.{i}.", ln1="ln_1",
-                      ln2="ln_2", qkv="attn.c_attn", o="attn.c_proj", mlp_in="mlp.c_fc",
-                      mlp_out="mlp.c_proj", conv1d=True, base_prefix="transformer.",
-                      ignore=_CAUSAL_BUFFERS),
-    "gpt_neox": NameTable(embed="gpt_neox.embed_in", final_norm="gpt_neox.final_layer_norm",
-                          lm_head="embed_out", layer="gpt_neox.layers.{i}.",
-                          qkv="attention.query_key_value", o="attention.dense",
-                          mlp_in="mlp.dense_h_to_4h", mlp_out="mlp.dense_4h_to_h",
-                          ignore=_CAUSAL_BUFFERS),
-    "gptj": NameTable(embed="transformer.wte", final_norm="transformer.ln_f",
-                      layer="transformer.h.{i}.", ln1="ln_1", ln2="", q="attn.q_proj",
-                      k="attn.k_proj", v="attn.v_proj", o="attn.out_proj", mlp_in="mlp.fc_in",
-                      mlp_out="mlp.fc_out", ignore=_CAUSAL_BUFFERS),
-    "phi": NameTable(final_norm="model.final_layernorm", ln2="", o="self_attn.dense",
-                     mlp_in="mlp.fc1", mlp_out="mlp.fc2"),
-    "opt": NameTable(embed="model.decoder.embed_tokens", pos_embed="model.decoder.embed_positions",
-                     final_norm="model.decoder.final_layer_norm", layer="model.decoder.layers.{i}.",
-                     ln1="self_attn_layer_norm", ln2="final_layer_norm", o="self_attn.out_proj",
-                     mlp_in="fc1", mlp_out="fc2"),
-    "falcon": NameTable(embed="transformer.word_embeddings", final_norm="transformer.ln_f",
-                        layer="transformer.h.{i}.", ln1="input_layernorm",
-                        ln2="post_attention_layernorm", qkv="self_attention.query_key_value",
-                        o="self_attention.dense", mlp_in="mlp.dense_h_to_4h",
-                        mlp_out="mlp.dense_4h_to_h"),
-    # state-space families: one norm and a mixer per layer (mi_transformer.mixers)
-    "mamba": NameTable(embed="backbone.embeddings", final_norm="backbone.norm_f",
-                       layer="backbone.layers.{i}.", ln1="norm", ln2="", mixer="mixer"),
-    # hybrids (mi_transformer.config.families_hybrid): mixer and attention layers, each
-    # with an MLP (or MoE) after its own norm
-    "jamba": NameTable(final_norm="model.final_layernorm", ln2="pre_ff_layernorm",
-                       mlp_in="feed_forward.gate_proj", mlp_up="feed_forward.up_proj",
-                       mlp_out="feed_forward.down_proj", mixer="mamba"),
-    # Nemotron-H: one norm and one "mixer" module per layer, which is the Mamba-2 mixer, the
-    # attention or the MLP (an MLP-only layer's norm is its ln2)
-    "nemotron_h": NameTable(embed="backbone.embeddings", final_norm="backbone.norm_f",
-                            layer="backbone.layers.{i}.", ln1="norm", ln2="norm",
-                            q="mixer.q_proj", k="mixer.k_proj", v="mixer.v_proj",
-                            o="mixer.o_proj", mlp_in="mixer.up_proj", mlp_out="mixer.down_proj",
-                            mixer="mixer"),
-    "granitemoehybrid": NameTable(mlp_gate_up="shared_mlp.input_linear",
-                                  mlp_out="shared_mlp.output_linear", mixer="mamba"),
-    # linear-attention hybrids: the mixer's tensors under linear_attn. (Qwen3-Next, Qwen3.5)
-    "qwen3_next": NameTable(mixer="linear_attn"),
-    # OLMo hybrid as saved: DeltaNet layers pre-norm (attention_layer_norm before the mixer,
-    # feedforward_layer_norm before the MLP); attention layers post-norm only (OLMo2), their
-    # post-attention norm saved as feedforward_layer_norm too (transformers' reverse renaming)
-    "olmo_hybrid": NameTable(ln1="attention_layer_norm", ln2="feedforward_layer_norm",
-                             ln1_post="feedforward_layer_norm",
-                             ln2_post="post_feedforward_layernorm", mixer="linear_attn"),
-    # MiniMax: the lightning-attention mixer under self_attn. like attention
-    "minimax": NameTable(mixer="self_attn"),
-    # Zamba2: Mamba-2 layers; a layer with the shared block keeps its norm and mixer under
-    # mamba_decoder., the block under shared_transformer. (first use of each weight set)
-    "zamba2": NameTable(final_norm="model.final_layernorm", ln2="", mixer="mamba",
-                        shared="shared_transformer", shared_out="linear",
-                        shared_prefix="mamba_decoder."),
-    "falcon_two_norms": NameTable(embed="transformer.word_embeddings",
-                                  final_norm="transformer.ln_f", layer="transformer.h.{i}.",
-                                  ln1="ln_attn", ln2="ln_mlp", qkv="self_attention.query_key_value",
-                                  o="self_attention.dense", mlp_in="mlp.dense_h_to_4h",
-                                  mlp_out="mlp.dense_4h_to_h"),
-}
+from mi_transformer.name_tables import _CAUSAL_BUFFERS, NAME_TABLES, NameTable  # noqa: F401
 
 
 @attrs.frozen
@@ -269,7 +88,6 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
         **per_layer.global_shapes(cfg, t.text_model),
         **altup.global_shapes(cfg, t.text_model)}.items()})
     for i in range(cfg.num_layers):
-        m = cfg.mlp_size_of(i)
         out.update(_layer_extras(cfg, t, i))
         mixer = cfg.mixer_of(i)
         own = t.shared_prefix if cfg.shared_set(i) is not None else ""  # (Zamba2)
@@ -279,7 +97,7 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
             prefix = t.layer.format(i=i) + own + t.mixer + "."
             for name, shape in mixer.spec.tensors(mixer.settings).items():
                 out[prefix + name] = Entry("mixer:" + name, i, tuple(shape))
-        elif cfg.has_attention(i):  # (an MLP_ONLY layer has no mixer's tensors)
+        if cfg.has_attention(i):  # beside a mixer too (layer_parallel); not in MLP_ONLY
             _attention_extras(t, cfg, add, out, i)
         layer_norms = {"ln1": t.ln1, "ln2": t.ln2} if mixer is not None and \
             cfg.mixer_pre_norms else norms  # OLMo hybrid: pre-norm mixer layers
@@ -298,17 +116,25 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
                 continue
             for slot, name in _BESIDE_NORMS.items():  # the dense MLP's and the MoE's norms
                 add(i, slot, name, (d,), False)
-        if cfg.mlp_layout is MlpLayout.GATED_FUSED:
-            add(i, "gate_up", t.mlp_gate_up, _linear(t, 2 * m, d), cfg.mlp_bias)
-        else:
-            add(i, "mlp_in", t.mlp_in, _linear(t, m, d), cfg.mlp_bias)
-            if cfg.mlp_layout is MlpLayout.GATED:
-                add(i, "mlp_up", t.mlp_up, _linear(t, m, d), cfg.mlp_bias)
-        add(i, "mlp_out", t.mlp_out, _linear(t, d, m), cfg.mlp_bias)
-        if cfg.activation is Activation.XIELU:  # its learned parameters, per layer
-            for p, shape in _XIELU:
-                out[f"{t.layer.format(i=i)}{t.mlp_act}.{p}"] = Entry("act." + p, i, shape)
+        _mlp_entries(cfg, t, add, out, i)
     return out
+
+
+def _mlp_entries(cfg: TransformerConfig, t: NameTable, add: Callable[..., None],
+                 out: dict[str, Entry], i: int) -> None:
+    """Layer i's dense MLP tensors (gate / up / down as the layout stores them, xIELU's
+    learned parameters)."""
+    d, m = cfg.hidden_size, cfg.mlp_size_of(i)
+    if cfg.mlp_layout is MlpLayout.GATED_FUSED:
+        add(i, "gate_up", t.mlp_gate_up, _linear(t, 2 * m, d), cfg.mlp_bias)
+    else:
+        add(i, "mlp_in", t.mlp_in, _linear(t, m, d), cfg.mlp_bias)
+        if cfg.mlp_layout is MlpLayout.GATED:
+            add(i, "mlp_up", t.mlp_up, _linear(t, m, d), cfg.mlp_bias)
+    add(i, "mlp_out", t.mlp_out, _linear(t, d, m), cfg.mlp_bias)
+    if cfg.activation is Activation.XIELU:  # its learned parameters, per layer
+        for p, shape in _XIELU:
+            out[f"{t.layer.format(i=i)}{t.mlp_act}.{p}"] = Entry("act." + p, i, shape)
 
 
 def _layer_extras(cfg: TransformerConfig, t: NameTable, i: int) -> dict[str, Entry]:

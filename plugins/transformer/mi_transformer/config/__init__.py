@@ -68,7 +68,8 @@ from mi_transformer.config.reader import ConfigReader, UnknownKeysError
 from mi_transformer.config.registry import FAMILIES, FAMILY_PARSERS, Family, family_parsers
 
 __all__ = [
-    "ATTENTION", "AUTO_FAMILY", "Activation", "BlockLayout", "ConfigReader", "Derived",
+    "ATTENTION", "AUTO_FAMILY", "Activation", "AltUpConfig", "MLP_ONLY", "PerLayerInputConfig",
+    "parse_gemma3n", "parse_gemma3n_text", "parse_gemma4", "parse_gemma4_text", "BlockLayout", "ConfigReader", "Derived",
     "FAMILIES", "FAMILY_PARSERS", "Family", "MixerConfig", "MlaConfig", "MlpLayout",
     "MoeConfig", "NormType", "Positions", "QkvLayout", "REFUSED", "ROTARY", "ROTARY_DIM",
     "ROTARY_INTERLEAVED", "RopeConfig", "RopeLayout", "RopeScaling", "SharedBlockConfig",

@@ -134,6 +134,7 @@ class MoeConfig:
     group_by_max: bool = False  # a group scores its best expert (V2), else its best two (V3)
     routed_scaling: float = 1.0  # the routing weights multiplied by this after renormalising
     norm_min: float = 0.0  # renormalisation divides by max(sum, norm_min) (ERNIE-4.5)
+    sigmoid_norm_eps: float = 1e-20  # sigmoid scores renormalise by sum + this (LFM2-MoE: 1e-6)
     shared_name: str = "shared_expert"  # the always-on expert's module ("shared_experts")
     # -- experts and routers stored or computed differently (mi_transformer.experts) --
     router_name: str = "gate"  # the router's module inside the block ("router": gpt-oss)
@@ -357,6 +358,17 @@ class TransformerConfig:
     layer_sparsity: tuple[float, ...] = ()
     laurel_rank: int = 0  # Gemma-3n's low-rank residual block beside attention (0: none)
     altup: AltUpConfig | None = None  # several residual streams (Gemma-3n)
+    # -- attention beside a mixer in one layer, and per-branch multipliers (Falcon-H1) --
+    # per layer, True = attention AND the mixer layer_mixers names, side by side: both read
+    # ln1's output, x + mixer(h) + attn(h) (mi_transformer.mixers); () = no such layer
+    layer_parallel: tuple[bool, ...] = ()
+    attn_in_scale: float = 1.0  # attention reads ln1's output times this (attn.hook_in)
+    attn_out_scale: float = 1.0  # attention's output times this, before hook_attn_out
+    mixer_in_scale: float = 1.0  # a plugin mixer reads ln1's output times this (its hook_in)
+    mixer_out_scale: float = 1.0  # a plugin mixer's output times this, before hook_mixer_out
+    key_scale: float = 1.0  # keys times this after their projection, before hook_k and RoPE
+    mlp_gate_scale: float = 1.0  # the gate's (or c_fc's) output times this, before mlp.hook_pre
+    mlp_out_scale: float = 1.0  # the MLP's output times this, before hook_mlp_out
 
     def __attrs_post_init__(self) -> None:
         """Relations between axes; the parsers check the same on JSON keys first, so this
@@ -396,15 +408,12 @@ class TransformerConfig:
                             ("layer_chunks", self.layer_chunks),
                             ("layer_mixers", self.layer_mixers), ("layer_mlp", self.layer_mlp),
                             ("layer_residual_scales", self.layer_residual_scales),
-                            ("layer_shared", self.layer_shared)):
+                            ("layer_shared", self.layer_shared),
+                            ("layer_parallel", self.layer_parallel)):
             if flags and len(flags) != self.num_layers:
                 raise ConfigError(f"{where}: {name} has {len(flags)} entries for "
                                   f"{self.num_layers} layers")
-        named = {m.name for m in self.mixers}
-        unknown = sorted({t for t in self.layer_mixers
-                          if t not in (ATTENTION, MLP_ONLY) and t not in named})
-        if unknown:
-            raise ConfigError(f"{where}: layer_mixers names {unknown}, which no mixer config gives")
+        self._check_mixer_axes(where)
         if any(c is not None and c < 1 for c in self.layer_chunks):
             raise ConfigError(f"{where}: attention chunks {self.layer_chunks} must be >= 1")
         if self.mla is not None and (self.num_kv_heads != self.num_heads or self.head_dim != (
@@ -413,6 +422,37 @@ class TransformerConfig:
                               f"head_dim == nope + rope dims (rotary dims == rope dims)")
         if any(self.layer_moe) and self.moe is None:
             raise ConfigError(f"{where}: layer_moe marks MoE layers but no MoE config is given")
+        if not self.pre_norms and not self.post_norms:
+            raise ConfigError(f"{where}: a block needs pre-norms or post-norms")
+        if self.positions is Positions.LEARNED and self.max_positions is None:
+            raise ConfigError(f"{where}: learned positions need max_positions")
+        for name in ("attn_softcap", "final_softcap", "query_pre_attn_scalar", "embedding_scale"):
+            v = getattr(self, name)
+            if v is not None and not (v > 0 and math.isfinite(v)):
+                raise ConfigError(f"{where}: {name} = {v} must be > 0")
+
+    def _check_mixer_axes(self, where: str) -> None:
+        """The hybrid axes: mixers named, mixers beside attention, branch multipliers,
+        MiniMax's residual arithmetic and Zamba2's shared-block uses."""
+        named = {m.name for m in self.mixers}
+        unknown = sorted({t for t in self.layer_mixers
+                          if t not in (ATTENTION, MLP_ONLY) and t not in named})
+        if unknown:
+            raise ConfigError(f"{where}: layer_mixers names {unknown}, which no mixer config gives")
+        lonely = [i for i, p in enumerate(self.layer_parallel) if p and self.mixer_of(i) is None]
+        if lonely:
+            raise ConfigError(f"{where}: layer_parallel marks layers {lonely}, whose "
+                              f"layer_mixers entry names no mixer to run beside attention")
+        if any(self.layer_parallel) and self.block is not BlockLayout.SEQUENTIAL:
+            raise ConfigError(f"{where}: a mixer beside attention (layer_parallel) needs the "
+                              f"sequential block (the MLP after both)")
+        for name in ("attn_in_scale", "attn_out_scale", "mixer_in_scale", "mixer_out_scale",
+                     "key_scale", "mlp_gate_scale", "mlp_out_scale"):
+            if not math.isfinite(getattr(self, name)):
+                raise ConfigError(f"{where}: {name} = {getattr(self, name)} must be finite")
+        if self.mlp_gate_scale != 1.0 and any(self.layer_moe):
+            raise ConfigError(f"{where}: mlp_gate_scale is not implemented for "
+                              f"mixture-of-experts layers")
         if (self.norm_residual or self.layer_residual_scales) and (
                 self.block is not BlockLayout.SEQUENTIAL or self.norm_residual and (
                     not self.pre_norms or self.post_norms)):
@@ -424,14 +464,6 @@ class TransformerConfig:
                             for i, j in enumerate(self.layer_shared))):
             raise ConfigError(f"{where}: layer_shared {self.layer_shared} must number the "
                               f"shared block's uses 0, 1, ... in order, on mixer layers")
-        if not self.pre_norms and not self.post_norms:
-            raise ConfigError(f"{where}: a block needs pre-norms or post-norms")
-        if self.positions is Positions.LEARNED and self.max_positions is None:
-            raise ConfigError(f"{where}: learned positions need max_positions")
-        for name in ("attn_softcap", "final_softcap", "query_pre_attn_scalar", "embedding_scale"):
-            v = getattr(self, name)
-            if v is not None and not (v > 0 and math.isfinite(v)):
-                raise ConfigError(f"{where}: {name} = {v} must be > 0")
 
     def _check_gemma_axes(self, where: str) -> None:
         """The per-layer geometry and sharing axes (Gemma-4, Gemma-3n)."""
@@ -516,7 +548,12 @@ class TransformerConfig:
             next(m for m in self.mixers if m.name == name)
 
     def has_attention(self, layer: int) -> bool:
-        return not self.layer_mixers or self.layer_mixers[layer] == ATTENTION
+        return not self.layer_mixers or self.layer_mixers[layer] == ATTENTION or \
+            self.is_parallel(layer)
+
+    def is_parallel(self, layer: int) -> bool:
+        """`layer` runs attention and its mixer side by side (``layer_parallel``)."""
+        return bool(self.layer_parallel) and self.layer_parallel[layer]
 
     def has_mlp(self, layer: int) -> bool:
         return not self.layer_mlp or self.layer_mlp[layer]

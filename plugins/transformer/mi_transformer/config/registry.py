@@ -19,6 +19,7 @@ from mi_transformer.config.families_hybrid import (
     HYBRID_HARMLESS, JAMBA_READS, NEMOTRON_H_HARMLESS,
     NEMOTRON_H_READS, parse_bamba, parse_granitemoehybrid, parse_jamba, parse_nemotron_h,
 )
+from mi_transformer.config.families_hybrid2 import HYBRID2_FAMILIES
 from mi_transformer.config.families_llama import (
     _GEMMA3_MM_KEYS, _GEMMA_HARMLESS, parse_cohere, parse_gemma, parse_gemma2, parse_gemma3,
     parse_gemma3_text, parse_granite, parse_helium, parse_llama, parse_mistral, parse_olmo,
@@ -251,6 +252,11 @@ FAMILIES.update({f.model_type: f for f in [
 # Gemma-4, Gemma-3n (config/families_gemma.py): key sets whole, rotate-half rotary
 FAMILIES.update({mt: _family(mt, parse, reads, harmless, note)
                  for mt, parse, reads, harmless, note in GEMMA_FAMILIES})
+
+
+# Falcon-H1 (attention beside Mamba-2), LFM2 (short convolution): config/families_hybrid2.py
+FAMILIES.update({mt: _family(mt, parse, reads, harmless, note, neutral={**ROTARY, **neutral})
+                 for mt, parse, reads, harmless, note, neutral in HYBRID2_FAMILIES})
 
 
 def family_parsers() -> dict[str, Callable[[ConfigReader], TransformerConfig]]:
