@@ -13,7 +13,8 @@ experts of 512 top-2 + a shared MLP of 1024; Nemotron-H: pattern M-M*M-, relu2 M
 3072). The gated DeltaNet hybrids: d_model 1024, vocab 8000 (small files on a shared disk),
 gated DeltaNet 8 key / 16 value heads x 128 (Qwen3-Next's head sizes), conv 4, attention
 every 4th layer (8 heads x 128, 2 KV heads, output gate, rotary 0.25 for the Qwen ones);
-Qwen3-Next's MoE 16 experts top 4 x 256 plus a 256 shared expert, the dense MLPs 2816.
+Qwen3-Next's and Qwen3.5-MoE's MoE 16 experts top 4 x 256 plus a 256 shared expert, the dense
+MLPs 2816.
 Built with
 transformers, saved as safetensors, loaded by us from that directory. CPU, batch 2 x
 `--seq` random ids. Each row: the median of `--reps` runs taken round-robin, our empty-hook
@@ -45,7 +46,7 @@ from _timing import round_robin  # bench/ is on sys.path when run as a script
 
 BATCH = 2
 FAMILIES = ("mamba", "falcon_mamba", "mamba2", "jamba", "bamba", "granitemoehybrid",
-            "nemotron_h", "qwen3_next", "qwen3_5_text", "olmo_hybrid")
+            "nemotron_h", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid")
 _ATTN = dict(num_attention_heads=12, num_key_value_heads=4)
 _M2 = dict(mamba_n_heads=24, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128,
            mamba_chunk_size=256)
@@ -79,11 +80,11 @@ def _hf(kind: str, layers: int, dtype: torch.dtype) -> Any:
         if kind == "nemotron_h":
             del common["num_hidden_layers"]  # the pattern says how many
         cfg = tf.AutoConfig.for_model(kind, **common, **extra)
-    elif kind in ("qwen3_next", "qwen3_5_text", "olmo_hybrid"):
+    elif kind in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid"):
         extra: dict[str, Any] = dict(num_experts=16, num_experts_per_tok=4,
                                      moe_intermediate_size=256,
                                      shared_expert_intermediate_size=256) \
-            if kind == "qwen3_next" else {}
+            if kind in ("qwen3_next", "qwen3_5_moe_text") else {}
         kw = dict(_LINEAR, num_hidden_layers=layers, **extra)
         if kind == "olmo_hybrid":  # as released: no rotary; key and value widths equal
             kw.pop("head_dim")
