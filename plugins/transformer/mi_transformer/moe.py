@@ -329,8 +329,11 @@ def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor],
     stacked = None
     if c.fused:
         experts = load_fused(m, c, get)
-    elif c.fused_experts:  # the checkpoint's two stacked tensors, as stored
-        stacked = get(m + g + ".weight"), get(m + dn + ".weight")
+    elif c.fused_experts:  # the checkpoint's two stacked tensors, as stored (copied only
+        # when the file's layout leaves them off grouped_mm's 16-byte alignment)
+        gate_up, down = (get(m + n + ".weight") for n in (g, dn))
+        gate_up, down = (t.clone() if t.data_ptr() % 16 else t for t in (gate_up, down))
+        stacked = gate_up, down
     elif stack:
         first = get(f"{m}experts.0.{g}.weight")
         f, d = first.shape
