@@ -17,7 +17,8 @@ first layer). The gated DeltaNet hybrids: d_model 1024,
 vocab 8000 (small files on a shared disk),
 gated DeltaNet 8 key / 16 value heads x 128 (Qwen3-Next's head sizes), conv 4, attention
 every 4th layer (8 heads x 128, 2 KV heads, output gate, rotary 0.25 for the Qwen ones);
-Qwen3-Next's MoE 16 experts top 4 x 256 plus a 256 shared expert, the dense MLPs 2816.
+Qwen3-Next's and Qwen3.5-MoE's MoE 16 experts top 4 x 256 plus a 256 shared expert, the dense
+MLPs 2816.
 Zamba2 (d_model 768): Mamba-2 24 heads x 64 (d_state 64, 1 group, chunk 256) on every layer,
 the shared block (12 heads x 128 on 1536 channels, RoPE, MLP 3072, two weight sets, LoRA rank
 128 on q / k / v and the MLP) on layers 2 and 5 (and every 3rd after). MiniMax (d_model 768):
@@ -31,7 +32,11 @@ forward and transformers' forward (``use_cache=False``), their ratio, and the ma
 difference. Target: ours <= 1.05x transformers.
 
     .venv/bin/python bench/bench_ssm.py [--reps 5] [--threads N] [--seq 256] [--layers 6]
-        [--dtype float32|bfloat16] [--only mamba,falcon_mamba,mamba2,jamba,bamba,...,lfm2]
+        [--dtype float32|bfloat16] [--timer wall|cpu]
+        [--only mamba,falcon_mamba,mamba2,jamba,bamba,...,lfm2]
+
+``--timer cpu`` measures process CPU time (all threads), which a machine shared with other
+jobs inflates far less than wall time.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +56,8 @@ from _timing import round_robin  # bench/ is on sys.path when run as a script
 
 BATCH = 2
 FAMILIES = ("mamba", "falcon_mamba", "mamba2", "jamba", "bamba", "granitemoehybrid",
-            "nemotron_h", "qwen3_next", "qwen3_5_text", "olmo_hybrid", "zamba2", "minimax",
-            "minimax_1e", "falcon_h1", "lfm2", "lfm2_moe")
+            "nemotron_h", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid",
+            "zamba2", "minimax", "minimax_1e", "falcon_h1", "lfm2", "lfm2_moe")
 _ATTN = dict(num_attention_heads=12, num_key_value_heads=4)
 _M2 = dict(mamba_n_heads=24, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128,
            mamba_chunk_size=256)
@@ -122,11 +128,11 @@ def _hf(kind: str, layers: int, dtype: torch.dtype) -> Any:
             extra["layer_types"] = ["full_attention" if i % 3 == 2 else "conv"
                                     for i in range(layers)]
         cfg = tf.AutoConfig.for_model(kind, **common, **extra)
-    elif kind in ("qwen3_next", "qwen3_5_text", "olmo_hybrid"):
+    elif kind in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid"):
         extra: dict[str, Any] = dict(num_experts=16, num_experts_per_tok=4,
                                      moe_intermediate_size=256,
                                      shared_expert_intermediate_size=256) \
-            if kind == "qwen3_next" else {}
+            if kind in ("qwen3_next", "qwen3_5_moe_text") else {}
         kw = dict(_LINEAR, num_hidden_layers=layers, **extra)
         if kind == "olmo_hybrid":  # as released: no rotary; key and value widths equal
             kw.pop("head_dim")
@@ -159,7 +165,8 @@ def bench(kind: str, args: argparse.Namespace, workdir: Path) -> dict[str, float
             return hf(ids, use_cache=False).logits
 
     diff = (ours().float() - theirs().float()).abs().max().item()
-    t = round_robin({"ours": ours, "theirs": theirs}, args.reps)
+    clock = time.process_time if args.timer == "cpu" else time.perf_counter
+    t = round_robin({"ours": ours, "theirs": theirs}, args.reps, clock)
     return {"ours": t["ours"], "theirs": t["theirs"], "ratio": t["ours"] / t["theirs"],
             "diff": diff}
 
@@ -171,13 +178,14 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--timer", choices=["wall", "cpu"], default="wall")
     ap.add_argument("--only", default=",".join(FAMILIES))
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"d_model 768 (hybrids 1024), {args.layers} layers, {BATCH} x {args.seq} tokens, "
           f"{args.dtype}, CPU, "
-          f"torch threads {torch.get_num_threads()}, median of {args.reps}\n")
+          f"torch threads {torch.get_num_threads()}, timer {args.timer}, median of {args.reps}\n")
     print("| family | ours (s) | transformers (s) | ours / transformers | max logit diff |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:

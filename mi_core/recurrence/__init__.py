@@ -19,10 +19,13 @@ from mi_core.recurrence.diagonal import (
     pad_time, read_states,
 )
 from mi_core.recurrence.mixer import Mixer, write_scales, written_keys
-from mi_core.recurrence.rank1 import rank1_effective_attention, rank1_scan, rank1_states
+from mi_core.recurrence.rank1 import (
+    delta_scan, rank1_effective_attention, rank1_scan, rank1_states,
+)
 
 __all__ = [
-    "Mixer", "chunks", "decay_matrix", "diagonal_effective_attention", "diagonal_scan",
+    "Mixer", "chunks", "decay_matrix", "delta_scan", "diagonal_effective_attention",
+    "diagonal_scan",
     "diagonal_states", "intra", "pad_time", "rank1_effective_attention", "rank1_scan",
     "rank1_states", "read_states", "write_scales", "written_keys",
 ]

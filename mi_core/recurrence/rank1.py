@@ -13,6 +13,10 @@ the gated delta rule ``S_t = w_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t
   token is bounded (>= about -0.6 here, so over 16 tokens each factor stays within exp(+-5));
   a mixer with faster decays must use a shorter chunk. A scalar decay per head has no such
   precondition: its pairwise decays form one exact L x L matrix (exponents <= 0).
+- :func:`delta_scan`, the same forward for the delta rule with one scalar decay per head
+  (``S_t = w_t (I - kw_t k_t^T) S_{t-1} + kw_t v_t^T``), in the chunked form of the delta
+  rule (the WY form: one triangular solve per chunk, the state carried chunk to chunk as
+  [K, V] only), about half the matmul work of the general form.
 - :func:`rank1_states`, the exact recurrence token by token (every per-step state).
 - :func:`rank1_effective_attention`, A [B, H, T, T] with ``A @ v == y`` for the call.
 """
@@ -71,6 +75,66 @@ def rank1_scan(q: torch.Tensor, log_decay: torch.Tensor, k: torch.Tensor, v: tor
         s = trans[:, :, c] @ s + offs[:, :, c]
     y = y + qs @ torch.stack(starts, dim=2)
     return y.permute(0, 2, 3, 1, 4).reshape(bsz, t + pad, h, -1)[:, :t], s
+
+
+def delta_scan(q: torch.Tensor, log_decay: torch.Tensor, k_write: torch.Tensor,
+               v: torch.Tensor, k: torch.Tensor, state: torch.Tensor, chunk: int = 64
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule ``S_t = w_t (I - kw_t k_t^T) S_{t-1} + kw_t v_t^T``,
+    ``y_t = S_t^T q_t`` (w = exp(log_decay), one scalar per head): :func:`rank1_scan` with
+    ``a = k``, ``b = -w kw``, computed in the delta rule's own chunked form.
+
+    q, k, k_write [B, T, H, K] F32 (k_write: the written key, beta k scaled by state
+    knockout / steering); log_decay [B, T, H] or [B, T, H, 1] (<= 0); v [B, T, H, V]; state
+    [B, H, K, V]. Returns (y [B, T, H, V], state after the call).
+
+    In a chunk starting from S0, with G the inclusive cumulative log-decay (float64, so the
+    pairwise decays exp(G_t - G_s) are exact), the values the state loses before each write,
+    ``u_t = v_t - k_t^T S_t^pre``, solve ``(I + A) U = V - (e^G k) S0`` with A strictly lower,
+    ``A[t, s] = e^(G_t - G_s) (k_t . kw_s)``: one unit-triangular solve with both right-hand
+    sides. Then ``Y = (e^G q) S0 + M U`` (``M[t, s] = e^(G_t - G_s) (q_t . kw_s)``, s <= t)
+    and ``S_end = e^(G_L) S0 + (e^(G_L - G) kw)^T U``; every exponent is <= 0.
+    """
+    bsz, t, h, kd = q.shape
+    lg = log_decay if log_decay.dim() == 3 else log_decay[..., 0]            # [B, T, H]
+    if t == 1:  # one recurrent step (generation)
+        w1 = lg[:, 0].exp()[..., None, None]
+        k1, kw1, v1 = k[:, 0], k_write[:, 0], v[:, 0]
+        s = w1 * state
+        u = v1 - (k1.unsqueeze(-2) @ s).squeeze(-2)                       # [B, H, V]
+        s = s + kw1.unsqueeze(-1) * u.unsqueeze(-2)
+        return (q[:, 0].unsqueeze(-2) @ s).transpose(1, 2), s
+    L = max(1, min(chunk, t))
+    pad = (-t) % L
+    # End padding: decay 1, k = kw = 0: no write, the final state unchanged.
+    # [B, H, n, L, K] made contiguous once: the batched matmuls below read them repeatedly
+    qc, kc, kwc, vc = (chunks(x, L).contiguous() for x in pad_time([q, k, k_write, v], pad))
+    lgc = chunks(pad_time([lg.unsqueeze(-1)], pad)[0], L)[..., 0]          # [B, H, n, L]
+    g = lgc.double().cumsum(-1)
+    # exp(G_t - G_s) for s <= t: the differences exact in float64, each <= 0 (so float32
+    # suffices for its exp); one matrix serves A (whose unit diagonal the solve assumes) and M
+    incl = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+    diff = (g.unsqueeze(-1) - g.unsqueeze(-2)).float()
+    dec = diff.masked_fill_(~incl, float("-inf")).exp_()                  # [B, H, n, L, L]
+    kwt = kwc.transpose(-1, -2)
+    a = (kc @ kwt).mul_(dec)            # strictly lower part used: A[t, s] = e^.. (k_t . kw_s)
+    eg = g.exp().float().unsqueeze(-1)                                     # [B, H, n, L, 1]
+    u_v = torch.linalg.solve_triangular(a, vc, upper=False, unitriangular=True)
+    w_k = torch.linalg.solve_triangular(a, eg * kc, upper=False, unitriangular=True)
+    m = (qc @ kwt).mul_(dec)                                               # U = u_v - w_k S0
+    qe = eg * qc
+    gl = g[..., -1:]
+    kend = ((gl - g).exp().float().unsqueeze(-1) * kwc).transpose(-1, -2)  # [B, H, n, K, L]
+    wl = gl.exp().float().unsqueeze(-1)                                    # [B, H, n, 1, 1]
+    ys = []
+    s = state
+    for c in range(qc.shape[2]):
+        uc = u_v[:, :, c] - w_k[:, :, c] @ s
+        ys.append(qe[:, :, c] @ s + m[:, :, c] @ uc)
+        s = wl[:, :, c] * s + kend[:, :, c] @ uc
+    y = torch.stack(ys, dim=2)                                             # [B, H, n, L, V]
+    # contiguous [B, T, H, V]: the mixer's norm and gate read it elementwise
+    return y.permute(0, 2, 3, 1, 4).reshape(bsz, t + pad, h, -1)[:, :t].contiguous(), s
 
 
 def _intra(q: torch.Tensor, gq: torch.Tensor, k: torch.Tensor, gk: torch.Tensor,

@@ -9,7 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mi_core.recurrence import rank1_effective_attention, rank1_scan, rank1_states, read_states
+from mi_core.recurrence import (
+    delta_scan, rank1_effective_attention, rank1_scan, rank1_states, read_states,
+)
 
 B, T, H, K, V = 2, 45, 3, 8, 6
 
@@ -55,6 +57,23 @@ def test_the_chunked_gated_delta_rule_is_the_recurrence(span, chunk) -> None:
     assert torch.isfinite(y).all()
     assert (y - y_ref).abs().max().item() < 1e-4 and (s - s_ref).abs().max().item() < 1e-4
     y1, s1 = rank1_scan(q[:, :1], lg[:, :1], kw[:, :1], v[:, :1], a[:, :1], b[:, :1], s0)
+    y1_ref, s1_ref = naive_gated_delta(q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1], s0)
+    assert (y1 - y1_ref).abs().max().item() < 1e-5 and (s1 - s1_ref).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("span, chunk", [(0.5, 16), (16.0, 16), (16.0, 64), (3.0, 1),
+                                         (16.0, 7)],
+                         ids=["slow", "fast16", "fast64", "chunk1", "chunk7_padded"])
+def test_the_delta_rule_s_own_chunked_form_is_the_recurrence(span, chunk) -> None:
+    """delta_scan (the WY form the gated DeltaNet forward uses): the same recurrence, chunks
+    that do not divide the call included (end padding), and one step."""
+    q, k, v, g, beta, s0 = _inputs(span)
+    _, _, _, kw = _rank1(k, g, beta)
+    y, s = delta_scan(q, g, kw, v, k, s0, chunk=chunk)
+    y_ref, s_ref = naive_gated_delta(q, k, v, g, beta, s0)
+    assert torch.isfinite(y).all() and y.is_contiguous()
+    assert (y - y_ref).abs().max().item() < 1e-5 and (s - s_ref).abs().max().item() < 1e-5
+    y1, s1 = delta_scan(q[:, :1], g[:, :1, :, None], kw[:, :1], v[:, :1], k[:, :1], s0)
     y1_ref, s1_ref = naive_gated_delta(q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1], s0)
     assert (y1 - y1_ref).abs().max().item() < 1e-5 and (s1 - s1_ref).abs().max().item() < 1e-5
 

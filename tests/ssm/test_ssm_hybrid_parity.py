@@ -80,20 +80,22 @@ def test_token_by_token_with_the_cache_equals_the_sequence(hybrid) -> None:
     assert (torch.cat(steps, dim=1) - full).abs().max().item() < TOL
 
 
-@pytest.mark.parametrize("name", [
-    "jamba", "nemotron_h",
-    # measured: our bf16 mean error 0.0100 vs transformers' 0.0083 (1.21x; max within 2x);
-    # not yet explained (docs/DEVIATIONS.md): strict, so fixing it turns this red
-    pytest.param("granitemoehybrid", marks=pytest.mark.xfail(
-        strict=True, reason="Granite 4.0-H bf16 mean error 1.21x transformers' (open)"))])
+@pytest.mark.parametrize("name", ["jamba", "nemotron_h", "granitemoehybrid"])
 def test_bfloat16_is_no_worse_than_transformers_in_bfloat16(name: str) -> None:
     """Against our F32 logits, our bf16 logits are as close as transformers' own bf16 forward
     (mean error within 10%, max within 2x: the bar of the other families); the scans run in
-    F32 on both sides."""
+    F32 on both sides.
+
+    32 x 24 tokens: with MoE layers (Jamba, Granite 4.0-H) a token whose router logits are
+    within bf16's rounding of a tie goes to another expert in either bf16 forward, and on
+    2 x 24 tokens one such flip decided the mean: Granite measured 1.21x at these ids
+    (ours flipped two near-ties, F32 margins 0.0016 and 0.0071 against a router error of
+    0.022; transformers one), 0.64-1.33x over 20 other id draws, median 1.005x; at 32 x 24
+    Granite 1.00x, Jamba 0.94x, Nemotron-H 1.08x."""
     from transformers import AutoModelForCausalLM
 
     t = tiny_hybrid(name)
-    ids = ssm_ids(2, 24, seed=7)
+    ids = ssm_ids(32, 24, seed=7)
     exact = hybrid_model(name).forward(ids).output
     hf = AutoModelForCausalLM.from_pretrained(t.path, dtype=torch.bfloat16).eval()
     with torch.no_grad():

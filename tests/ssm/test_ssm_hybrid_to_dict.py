@@ -33,7 +33,7 @@ def test_the_config_transformers_to_dict_gives_loads_with_transformers_numbers(
     (d / "config.json").write_text(text)
     for f in t.path.glob("*.safetensors"):
         (d / f.name).symlink_to(f)
-    vocab = t.hf.config.vocab_size
+    vocab = t.hf.config.get_text_config().vocab_size  # a wrapper: its text config
     ids = torch.randint(3, vocab, (1, 9), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         want = t.hf(ids).logits

@@ -82,7 +82,7 @@ def test_cached_greedy_generation_equals_transformers_tokens(family, tiny_linear
     with torch.no_grad():  # transformers' own cache (conv / recurrent states and KV)
         ref = t.hf.generate(ids, max_new_tokens=10, do_sample=False)
     out = model.generate(ids, max_new_tokens=10).tokens
-    eos = t.hf.config.eos_token_id
+    eos = t.hf.config.get_text_config().eos_token_id  # a wrapper: its text config
     for row in range(2):
         gen, theirs = out[row, 9:].tolist(), ref[row, 9:].tolist()
         n = gen.index(eos) + 1 if eos in gen else len(gen)

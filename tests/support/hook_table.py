@@ -24,7 +24,8 @@ END = "<!-- hook-table:end -->"
 _LAYER = re.compile(r"^blocks\.(\d+)\.")
 #: multimodal checkpoints whose language model is loaded: the points of their text type
 WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text", "gemma4": "gemma4_text",
-            "gemma3n": "gemma3n_text"}
+            "gemma3n": "gemma3n_text", "qwen3_5": "qwen3_5_text",
+            "qwen3_5_moe": "qwen3_5_moe_text"}
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
 
 

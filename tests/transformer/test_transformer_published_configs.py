@@ -1,7 +1,8 @@
 """Published checkpoints load as published (config level: detection + parse), or are refused
 with the plain message: the corpus of tests/support/published_configs.py.
 
-Reference: the ``config.json`` files of 44 popular hub checkpoints and the config transformers
+Reference: the ``config.json`` files of 44 popular hub checkpoints, two reconstructed Qwen3.5
+ones (multimodal, as released) and the config transformers
 writes for a GGUF file (tests/transformer/published_configs/, sources in the support module).
 A directory holding only the config is enough for detection (no weights are read).
 """

@@ -10,11 +10,12 @@ the log-decay ``g = -exp(A_log) softplus(a + dt_bias)``::
     S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   y_t = S_t^T q_t
 
 (key-value layout, S [d_k, d_v]); output ``out_proj(rmsnorm_per_head(y) * w * silu(z))``.
-This is the shared recurrence layer's diagonal + rank-1 scan (:mod:`mi_core.recurrence.rank1`)
-with one scalar decay per head: ``a = k``, ``b = -exp(g) beta k``, written key ``beta k``;
-chunked (64 tokens) for the forward, the exact recurrence only when ``attn.hook_state`` is
-hooked. Two checkpoint layouts: Qwen3-Next's fused ``in_proj_qkvz`` / ``in_proj_ba``
-(interleaved per key head), Qwen3.5's separate ``in_proj_qkv`` / ``in_proj_z`` /
+This is the shared recurrence layer's diagonal + rank-1 transition
+(:mod:`mi_core.recurrence.rank1`) with one scalar decay per head: ``a = k``,
+``b = -exp(g) beta k``, written key ``beta k``; chunked (64 tokens) for the forward (the
+delta rule's own chunked form, ``delta_scan``), the exact recurrence only when
+``attn.hook_state`` is hooked. Two checkpoint layouts: Qwen3-Next's fused ``in_proj_qkvz`` /
+``in_proj_ba`` (interleaved per key head), Qwen3.5's separate ``in_proj_qkv`` / ``in_proj_z`` /
 ``in_proj_b`` / ``in_proj_a``, and OLMo hybrid's ``q_proj`` / ``k_proj`` / ``v_proj`` /
 ``a_proj`` / ``b_proj`` / ``g_proj`` / ``o_proj`` / ``o_norm`` and one conv per projection
 (``q_conv1d`` / ``k_conv1d`` / ``v_conv1d``, as saved; with ``beta = 2 sigmoid(b)``
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 
 from mi_core.plugin import ConfigError, ConfigFields, HookRun
 from mi_core.recurrence import (
-    rank1_effective_attention, rank1_scan, rank1_states, read_states, write_scales,
+    delta_scan, rank1_effective_attention, rank1_states, read_states, write_scales,
 )
 
 from mi_ssm.common import SsmState, causal_conv
@@ -235,15 +236,16 @@ class GatedDeltaMixer:
             g = g * active[:, :, None]
         lg = g.unsqueeze(-1)                                              # [b, t, h, 1]
         a, kw = k, k * scale.unsqueeze(-1)
-        bb = -(lg.exp() * kw)
         s0 = state.ssm if state is not None else v.new_zeros(b, h, self.s.d_k, self.s.d_v)
         n = self.names
-        if run.wants(n.effective_attn):
-            run.apply(n.effective_attn, rank1_effective_attention(q, kw, lg, a, bb))
-        if run.wants(n.state):
-            states = run.apply(n.state, rank1_states(lg, kw, v, a, bb, s0))
-            return read_states(q, states), states[:, -1]
-        return rank1_scan(q, lg, kw, v, a, bb, s0, chunk=self.chunk)
+        if run.wants(n.effective_attn) or run.wants(n.state):  # the general rank-1 layout
+            bb = -(lg.exp() * kw)
+            if run.wants(n.effective_attn):
+                run.apply(n.effective_attn, rank1_effective_attention(q, kw, lg, a, bb))
+            if run.wants(n.state):
+                states = run.apply(n.state, rank1_states(lg, kw, v, a, bb, s0))
+                return read_states(q, states), states[:, -1]
+        return delta_scan(q, lg, kw, v, a, s0, chunk=self.chunk)
 
 
 def _l2(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

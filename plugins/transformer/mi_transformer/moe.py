@@ -9,9 +9,15 @@ output or, as in Llama 4, its input). Every expert is a gated MLP ``down(act(gat
 up(x))``, or a stacked checkpoint's slice with gpt-oss's clamped SwiGLU
 (:mod:`mi_transformer.experts`).
 
-The fast path never computes an expert on tokens not routed to it: tokens are sorted by the
-expert they go to, each expert runs once on its slice, and the weighted results are added back
-with ``index_add_`` (the arithmetic transformers uses, token for token).
+No expert runs on tokens not routed to it: the (token, slot) pairs are sorted by expert, each
+expert's slice of rows is computed once, weighted, and each token's output is the sum of its
+top-k rows. With the experts stacked (:attr:`MoeWeights.stacked`: Granite's checkpoint
+tensors as stored, per-expert checkpoints stacked once at load) and ``torch.nn.functional.
+grouped_mm`` usable (float32 / bf16 / fp16, 16-byte strides, no autograd), the rows come from
+two grouped matmuls over every expert at once, without a host sync: the path transformers 5
+takes (``grouped_mm`` experts). Otherwise (gpt-oss's and Llama 4's experts, offloaded
+blocks, float64, autograd) each expert runs on its own slice in a loop. The per-token sum is
+the same either way, so hooks change no number.
 
 Hook points of an MoE layer ``i`` (``p = blocks.{i}.mlp.``):
 
@@ -21,7 +27,8 @@ Hook points of an MoE layer ``i`` (``p = blocks.{i}.mlp.``):
   ``p + hook_expert_indices`` [batch, seq, top_k] (int64), the routing actually used.
 * ``p + experts.{e}.hook_out`` [batch, seq, d_model]: expert e's weighted contribution
   (routing weight times its output; Llama 4: its output on the weighted input), zero at
-  tokens not routed to it.
+  tokens not routed to it. Built (one scatter) only for the experts hooked; an intervention's
+  change is added to the layer's output.
 * ``p + shared_expert.hook_out`` [batch, seq, d_model]: the shared expert's contribution,
   its sigmoid gate applied (Qwen2-MoE), or DeepSeek's shared experts / Llama 4's.
 
@@ -57,6 +64,31 @@ class ExpertWeights:
         return F.linear(act(F.linear(x, self.w_gate)) * F.linear(x, self.w_up), self.w_down)
 
 
+@attrs.frozen(eq=False)
+class StackedExpert:
+    """Expert e of a layer whose experts are stacked (:attr:`MoeWeights.stacked`); called as
+    :class:`ExpertWeights`. Its tensors are views of the stack, so an in-place edit reaches
+    the grouped forward too; they cannot be rebound (frozen), which would leave the stack
+    stale."""
+
+    gate_up: torch.Tensor  # [2 d_expert, d_model]: rows [gate | up], a view of the stack
+    w_down: torch.Tensor  # [d_model, d_expert]
+
+    @property
+    def w_gate(self) -> torch.Tensor:
+        return self.gate_up[: self.gate_up.shape[0] // 2]
+
+    @property
+    def w_up(self) -> torch.Tensor:
+        return self.gate_up[self.gate_up.shape[0] // 2:]
+
+    def __call__(self, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
+                 ) -> torch.Tensor:
+        """x [n, d_model] -> [n, d_model]."""
+        gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+        return F.linear(act(gate) * up, self.w_down)
+
+
 @attrs.define(eq=False)
 class MoeNames:
     """Hook names of one MoE layer, built once at load."""
@@ -86,7 +118,7 @@ class MoeWeights:
 
     config: MoeConfig
     router: torch.Tensor  # [n_experts, d_model]
-    experts: list[ExpertWeights] | list[FusedExpert]
+    experts: list[ExpertWeights] | list[FusedExpert] | list[StackedExpert]
     shared: ExpertWeights | None = None
     shared_gate: torch.Tensor | None = None  # [1, d_model]
     selection_bias: torch.Tensor | None = None  # [n_experts]: choice only (GLM-4.5, V3)
@@ -94,6 +126,9 @@ class MoeWeights:
     eps: float = 1e-6  # the router input norm's epsilon (Gemma-4: rms_norm_eps)
     router_scale: torch.Tensor | None = None  # [d_model]: the router's input scale (Gemma-4)
     per_expert_scale: torch.Tensor | None = None  # [n_experts]: times the top-k weights
+    #: (gate_up [n_experts, 2 d_expert, d_model] rows [gate | up], down [n_experts, d_model,
+    #: d_expert]) when the experts are StackedExpert views of them: the grouped forward
+    stacked: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def route(w: MoeWeights, x: torch.Tensor, run: HookRun, names: MoeNames
@@ -148,27 +183,35 @@ def moe(w: MoeWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tens
     flat = x.reshape(-1, d)
     flat_w = top_w.reshape(-1)  # [tokens * top_k]
     flat_i = top_i.reshape(-1).long()
-    # Sort the (token, slot) pairs by expert: each expert's tokens form one contiguous slice.
+    # Sort the (token, slot) pairs by expert: each expert's rows form one contiguous slice.
     order = torch.argsort(flat_i, stable=True)
-    counts = torch.bincount(flat_i, minlength=c.num_experts).tolist()  # one sync per layer
-    out = torch.zeros_like(flat)
-    start = 0
-    for e, n in enumerate(counts):
-        hooked = run.wants(names.expert_out[e])
-        if n == 0 and not hooked:
-            continue
-        sel = order[start:start + n]
-        start += n
-        tok = sel // c.top_k
-        if c.weights_scale_input:  # Llama 4: the expert reads its weighted input
-            y = w.experts[e](flat[tok] * flat_w[sel, None], act)
-        else:
-            y = w.experts[e](flat[tok], act) * flat_w[sel, None]
-        if hooked:  # the dense [batch, seq, d_model] view, zero where not routed
-            dense = torch.zeros_like(flat).index_copy_(0, tok, y)
-            out = out + run.apply(names.expert_out[e], dense.view(b, s, d)).reshape(-1, d)
-        else:
-            out.index_add_(0, tok, y)
+    tok = order // c.top_k
+    hooked = [] if run.spec.is_empty() else \
+        [e for e in range(c.num_experts) if run.wants(names.expert_out[e])]
+    counts: list[int] | None = None
+    if _grouped_ok(w, flat):
+        rows = _grouped_rows(w.stacked, flat[tok], flat_w[order], flat_i[order], act)
+    else:
+        counts = torch.bincount(flat_i, minlength=c.num_experts).tolist()  # one host sync
+        rows = _looped_rows(w, flat, flat_w, order, tok, counts, act)
+    per_slot = torch.empty_like(rows)
+    per_slot[order] = rows
+    out = per_slot.view(-1, c.top_k, d).sum(dim=1)  # [tokens, d_model]
+    if hooked:
+        if counts is None:
+            counts = torch.bincount(flat_i, minlength=c.num_experts).tolist()
+        starts = [0]
+        for n in counts:
+            starts.append(starts[-1] + n)
+        for e in hooked:  # the dense [batch, seq, d_model] view, zero where not routed
+            sl = slice(starts[e], starts[e + 1])
+            dense = torch.zeros_like(flat).index_copy_(0, tok[sl], rows[sl]).view(b, s, d)
+            name = names.expert_out[e]
+            if run.spec.has_intervention_at(name):
+                before = dense.clone()
+                out = out + (run.apply(name, dense) - before).reshape(-1, d)
+            else:
+                run.apply(name, dense)
     out = out.view(b, s, d)
     if w.shared is not None:
         sh = w.shared(x, act)
@@ -176,6 +219,69 @@ def moe(w: MoeWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tens
             sh = torch.sigmoid(F.linear(x, w.shared_gate)) * sh
         out = out + run.apply(names.shared_out, sh)
     return out
+
+
+def _looped_rows(w: MoeWeights, flat: torch.Tensor, flat_w: torch.Tensor, order: torch.Tensor,
+                 tok: torch.Tensor, counts: list[int],
+                 act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """[tokens * top_k, d_model] in expert order: each expert on its own slice of rows."""
+    rows = flat.new_empty(order.shape[0], flat.shape[-1])
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        sel, xe = order[start:start + n], flat[tok[start:start + n]]
+        if w.config.weights_scale_input:  # Llama 4: the expert reads its weighted input
+            rows[start:start + n] = w.experts[e](xe * flat_w[sel, None], act)
+        else:
+            rows[start:start + n] = w.experts[e](xe, act) * flat_w[sel, None]
+        start += n
+    return rows
+
+
+def _grouped_rows(stacked: tuple[torch.Tensor, torch.Tensor] | None, xs: torch.Tensor,
+                  ws: torch.Tensor, ids: torch.Tensor,
+                  act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The same rows from two grouped matmuls: xs [S, d_model] sorted by expert (`ids`),
+    ws [S] their routing weights."""
+    assert stacked is not None
+    gate_up, down = stacked
+    offs = torch.bincount(ids, minlength=gate_up.shape[0]).cumsum(0).to(torch.int32)
+    gate, up = F.grouped_mm(xs, gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)
+    return F.grouped_mm(act(gate) * up, down.transpose(1, 2), offs=offs) * ws[:, None]
+
+
+_GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """grouped_mm's operand rule: 16-byte aligned data and strides (besides unit ones)."""
+    size = t.element_size()
+    return t.data_ptr() % 16 == 0 and all(
+        st == 1 or n == 1 or (st * size) % 16 == 0 for st, n in zip(t.stride(), t.shape))
+
+
+def _grouped_ok(w: MoeWeights, flat: torch.Tensor) -> bool:
+    """Whether the grouped forward applies: stacked plain experts with the weight on the
+    output, a dtype and device torch's grouped_mm serves, and no autograd (its CPU backward
+    fails on empty groups)."""
+    st = w.stacked
+    if st is None or w.config.weights_scale_input or not hasattr(F, "grouped_mm"):
+        return False
+    gate_up, down = st
+    if flat.dtype not in _GROUPED_DTYPES or gate_up.dtype != flat.dtype or not flat.shape[0]:
+        return False
+    if torch.is_grad_enabled() and (flat.requires_grad or gate_up.requires_grad
+                                    or down.requires_grad):
+        return False
+    if flat.device.type == "cuda":
+        if torch.cuda.get_device_capability(flat.device) < (8, 0):
+            return False
+    elif flat.device.type != "cpu":
+        return False
+    f = down.shape[-1]
+    return (_aligned(gate_up) and _aligned(down) and (flat.shape[-1] * flat.element_size()) % 16
+            == 0 and (f * flat.element_size()) % 16 == 0)
 
 
 def expected_moe_shapes(prefix: str, c: MoeConfig, d_model: int) -> dict[str, tuple[int, ...]]:
@@ -229,29 +335,46 @@ def float32_names(c: MoeConfig) -> set[str]:
     return {r + "weight"} | ({f"{c.block}.{c.selection_bias}"} if c.selection_bias else set())
 
 
-def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor], eps: float = 1e-6
-             ) -> MoeWeights:
+def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor], eps: float = 1e-6,
+             stack: bool = True) -> MoeWeights:
     """One layer's MoeWeights; `get(name)` returns a loaded tensor (shapes already checked
-    against :func:`expected_moe_shapes`). Fused tensors are split into views."""
+    against :func:`expected_moe_shapes`). Fused tensors are split into views. `stack`: copy
+    per-expert tensors into two stacked ones (once, at load: the grouped forward; the
+    experts are then views of them); an offloaded block, assembled per forward, does not."""
     m = prefix + c.block + "." if c.block else prefix
     r = f"{m}{c.router_name}."
     g, u, dn = c.expert_names
-    experts: list[ExpertWeights] | list[FusedExpert]
+    experts: list[ExpertWeights] | list[FusedExpert] | list[StackedExpert]
+    stacked = None
     rm = r[:-len(c.router_name.rsplit(".", 1)[-1]) - 1]  # the router module (Gemma-4)
     if c.fused_linear:  # views [d_model, 2 d_expert] / [d_expert, d_model] of the stacks
         gate_up, down = get(m + "experts.gate_up_proj"), get(m + "experts.down_proj")
         experts = [FusedExpert(gate_up[e].T, down[e].T, False) for e in range(c.num_experts)]
     elif c.fused:
         experts = load_fused(m, c, get)
-    elif c.fused_experts:  # split into views of the two stacked tensors
-        gate_up, down = get(m + g + ".weight"), get(m + dn + ".weight")
-        experts = [ExpertWeights(*gate_up[e].chunk(2, dim=0), down[e])
-                   for e in range(c.num_experts)]
+    elif c.fused_experts:  # the checkpoint's two stacked tensors, as stored (copied only
+        # when the file's layout leaves them off grouped_mm's 16-byte alignment)
+        gate_up, down = (get(m + n + ".weight") for n in (g, dn))
+        gate_up, down = (t.clone() if t.data_ptr() % 16 else t for t in (gate_up, down))
+        stacked = gate_up, down
+    elif stack:
+        first = get(f"{m}experts.0.{g}.weight")
+        f, d = first.shape
+        gate_up = first.new_empty(c.num_experts, 2 * f, d)
+        down = first.new_empty(c.num_experts, d, f)
+        for e in range(c.num_experts):
+            ep = f"{m}experts.{e}."
+            gate_up[e, :f] = first if e == 0 else get(ep + g + ".weight")
+            gate_up[e, f:] = get(ep + u + ".weight")
+            down[e] = get(ep + dn + ".weight")
+        stacked = gate_up, down
     else:
         experts = [ExpertWeights(get(f"{m}experts.{e}.{g}.weight"),
                                  get(f"{m}experts.{e}.{u}.weight"),
                                  get(f"{m}experts.{e}.{dn}.weight"))
                    for e in range(c.num_experts)]
+    if stacked is not None:
+        experts = [StackedExpert(stacked[0][e], stacked[1][e]) for e in range(c.num_experts)]
     shared = None
     if c.shared_expert_size and c.shared_module:
         sp = prefix + c.shared_module + "."
@@ -267,4 +390,4 @@ def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor], eps:
                       router_bias=get(r + "bias") if c.router_bias else None, eps=eps,
                       router_scale=get(rm + "scale") if c.router_input_scale else None,
                       per_expert_scale=get(rm + "per_expert_scale")
-                      if c.router_input_scale else None)
+                      if c.router_input_scale else None, stacked=stacked)

@@ -174,6 +174,16 @@ NAME_TABLES: dict[str, NameTable] = {
                       mlp_up="feed_forward.w3", mlp_out="feed_forward.w2", mixer="conv"),
     # linear-attention hybrids: the mixer's tensors under linear_attn. (Qwen3-Next, Qwen3.5)
     "qwen3_next": NameTable(mixer="linear_attn"),
+    # Qwen3.5 (text, MoE text): the same names; the released multi-token-prediction block
+    # (mtp.*) is not part of the causal-LM forward (transformers ignores it too)
+    "qwen3_5": NameTable(mixer="linear_attn", ignore=(r"^mtp\.", r"rotary_emb\.inv_freq$")),
+    # Qwen3.5 as released (multimodal): the language model under model.language_model., the
+    # head at the top; the vision tower (model.visual.) and mtp.* are not loaded
+    "qwen3_5_mm": NameTable(embed="model.language_model.embed_tokens",
+                            final_norm="model.language_model.norm",
+                            layer="model.language_model.layers.{i}.", mixer="linear_attn",
+                            ignore=(r"^model\.visual\.", r"^mtp\.",
+                                    r"rotary_emb\.inv_freq$")),
     # OLMo hybrid as saved: DeltaNet layers pre-norm (attention_layer_norm before the mixer,
     # feedforward_layer_norm before the MLP); attention layers post-norm only (OLMo2), their
     # post-attention norm saved as feedforward_layer_norm too (transformers' reverse renaming)

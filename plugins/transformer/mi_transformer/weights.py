@@ -541,7 +541,8 @@ class OffloadedLayers(Sequence[LayerWeights]):
             if key[0] == i or key[0] == owner and key[1].startswith("shared:"):
                 w = t.to(device=dev, dtype=self.targets[key], non_blocking=True)
                 mine[key] = w.t().contiguous() if self._conv1d and w.dim() == 2 else w
-        lw = _Slots(self.cfg, mine, self.dtype, dev).layer(i)
+        # no stacking: it would copy the block's experts on every forward
+        lw = _Slots(self.cfg, mine, self.dtype, dev, stack_experts=False).layer(i)
         self._last = (i, lw)
         return lw
 
@@ -555,6 +556,7 @@ class _Slots:
     tensors: dict[tuple[int | None, str], torch.Tensor]
     dtype: torch.dtype  # of the unit gains of norms without weights
     device: torch.device
+    stack_experts: bool = True  # per-expert tensors stacked for the grouped MoE forward
 
     def opt(self, layer: int | None, slot: str) -> torch.Tensor | None:
         return self.tensors.get((layer, slot))
@@ -669,7 +671,9 @@ class _Slots:
         cfg, tensors, opt = self.cfg, self.tensors, self.opt
         m = cfg.mlp_size_of(i)
         if cfg.moe is not None and cfg.layer_moe and cfg.layer_moe[i] and not cfg.moe.beside_mlp:
-            return load_moe("", cfg.moe, lambda name: tensors[(i, "moe:" + name)])
+            # popped: a per-expert tensor stacked at load is not held twice meanwhile
+            return load_moe("", cfg.moe, lambda name: tensors.pop((i, "moe:" + name)),
+                            stack=self.stack_experts)
         if cfg.mlp_layout is MlpLayout.GATED_FUSED:
             gate, up = tensors[(i, "gate_up.weight")].split([m, m], dim=0)
             bgu = opt(i, "gate_up.bias")

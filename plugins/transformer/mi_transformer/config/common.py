@@ -45,12 +45,18 @@ _ROPE_KEYS = {"default": set(), "linear": {"factor"},
                            "long_factor", "attention_factor"}}
 
 
+#: A family's reader of keys it allows inside the RoPE dict beyond :data:`_ROPE_KEYS` (it
+#: reads and checks them on the dict's reader; Qwen3.5's mRoPE sections).
+RopeExtra = Callable[[ConfigReader], None]
+
+
 def _rope(r: ConfigReader, key: str, theta: float | None, max_pos: int | None,
-          top_original: int | None = None) -> RopeConfig:
+          top_original: int | None = None, extra_keys: RopeExtra | None = None) -> RopeConfig:
     """One RoPE from a `rope_parameters`-style or `rope_scaling`-style dict plus a base.
 
     `top_original`: a top-level ``original_max_position_embeddings`` (Phi-3), which
-    transformers prefers over the dict's for llama3 / yarn / longrope."""
+    transformers prefers over the dict's for llama3 / yarn / longrope. `extra_keys`: reads
+    the family's own keys in the dict (anything else unknown is refused)."""
     params = r.mapping(key) if key in r.cfg else None
     p = r.sub(key, params or {})
     legacy = p.str("type", None)  # transformers 5 keeps the old spelling beside rope_type
@@ -60,6 +66,8 @@ def _rope(r: ConfigReader, key: str, theta: float | None, max_pos: int | None,
                           f"{', '.join(_ROPE_KEYS)})")
     theta = p.float("rope_theta", theta if theta is not None else 10000.0, gt=0)
     p.float("partial_rotary_factor", None, gt=0, le=1)  # read by the caller
+    if extra_keys is not None:
+        extra_keys(p)
     extra = p.unread(_ROPE_KEYS[kind])
     if extra:
         raise ConfigError(f"{p.src}: keys {extra} are not understood for RoPE type {kind!r}")
@@ -121,8 +129,10 @@ _LAYER_TYPE_KEYS = ("full_attention", "sliding_attention")
 
 
 def _ropes_by_type(r: ConfigReader, local_theta_key: str | None = None,
-                   theta_key: str = "rope_theta") -> dict[str, RopeConfig]:
-    """{"full_attention": RopeConfig, "sliding_attention": RopeConfig} from either format."""
+                   theta_key: str = "rope_theta", extra_keys: RopeExtra | None = None
+                   ) -> dict[str, RopeConfig]:
+    """{"full_attention": RopeConfig, "sliding_attention": RopeConfig} from either format
+    (`extra_keys`: see :func:`_rope`)."""
     max_pos = r.int("max_position_embeddings", None)
     theta = r.float(theta_key, None, gt=0)
     params = r.mapping("rope_parameters")
@@ -131,16 +141,16 @@ def _ropes_by_type(r: ConfigReader, local_theta_key: str | None = None,
         extra = sorted(set(params) - set(_LAYER_TYPE_KEYS))
         if extra:
             raise ConfigError(f"{sub.src}: keys {extra} are not understood")
-        out = {k: _rope(sub, k, theta, max_pos) for k in _LAYER_TYPE_KEYS
+        out = {k: _rope(sub, k, theta, max_pos, extra_keys=extra_keys) for k in _LAYER_TYPE_KEYS
                if sub.mapping(k) is not None}
         out.setdefault("full_attention", out.get("sliding_attention", RopeConfig()))
         out.setdefault("sliding_attention", out["full_attention"])
         return out
     top_original = r.int("original_max_position_embeddings", None)
     if params:  # transformers 5, flat
-        glob = _rope(r, "rope_parameters", theta, max_pos, top_original)
+        glob = _rope(r, "rope_parameters", theta, max_pos, top_original, extra_keys)
     else:  # hub format: rope_theta + rope_scaling
-        glob = _rope(r, "rope_scaling", theta, max_pos, top_original)
+        glob = _rope(r, "rope_scaling", theta, max_pos, top_original, extra_keys)
     local = glob
     if local_theta_key is not None and not params:
         # Gemma 3 hub format: local layers use `rope_local_base_freq` and no scaling.

@@ -26,8 +26,10 @@ from mi_transformer.config.families_llama import (
     parse_olmo2, parse_phi3, parse_qwen2, parse_qwen3, parse_smollm3, parse_starcoder2,
 )
 from mi_transformer.config.families_linear import (
-    OLMO_HYBRID_HARMLESS, OLMO_HYBRID_READS, QWEN3_5_TEXT_READS, QWEN3_NEXT_READS,
-    parse_olmo_hybrid, parse_qwen3_5_text, parse_qwen3_next,
+    OLMO_HYBRID_HARMLESS, OLMO_HYBRID_READS, QWEN3_5_HARMLESS, QWEN3_5_MM_KEYS,
+    QWEN3_5_MOE_HARMLESS, QWEN3_5_MOE_NEUTRAL, QWEN3_5_MOE_TEXT_READS, QWEN3_5_NEUTRAL,
+    QWEN3_5_TEXT_READS, QWEN3_NEXT_READS, parse_olmo_hybrid, parse_qwen3_5, parse_qwen3_5_moe,
+    parse_qwen3_5_moe_text, parse_qwen3_5_text, parse_qwen3_next,
 )
 from mi_transformer.config.families_minimax import (MINIMAX_HARMLESS, MINIMAX_READS,
                                                     parse_minimax)
@@ -217,7 +219,16 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     _family("qwen3_next", parse_qwen3_next, _LLAMA | QWEN3_NEXT_READS, harmless=_MOE_HARMLESS,
             note="gated DeltaNet (mi-ssm) + gated attention, MoE with a shared expert"),
     _family("qwen3_5_text", parse_qwen3_5_text, _LLAMA | QWEN3_5_TEXT_READS,
+            harmless=QWEN3_5_HARMLESS, neutral=QWEN3_5_NEUTRAL,
             note="gated DeltaNet (mi-ssm) + gated attention, dense MLP"),
+    _family("qwen3_5_moe_text", parse_qwen3_5_moe_text, _LLAMA | QWEN3_5_MOE_TEXT_READS,
+            harmless=QWEN3_5_MOE_HARMLESS, neutral=QWEN3_5_MOE_NEUTRAL,
+            note="gated DeltaNet (mi-ssm) + gated attention, MoE with a shared expert"),
+    _family("qwen3_5", parse_qwen3_5, {"text_config", "tie_word_embeddings", *QWEN3_5_MM_KEYS},
+            note="multimodal checkpoint: the language model (qwen3_5_text) only"),
+    _family("qwen3_5_moe", parse_qwen3_5_moe,
+            {"text_config", "tie_word_embeddings", *QWEN3_5_MM_KEYS},
+            note="multimodal checkpoint: the language model (qwen3_5_moe_text) only"),
     _family("olmo_hybrid", parse_olmo_hybrid, _LLAMA | OLMO_HYBRID_READS,
             harmless=OLMO_HYBRID_HARMLESS,
             note="gated DeltaNet (mi-ssm, pre-norm) + OLMo2 attention (post-norm)"),
