@@ -18,7 +18,8 @@ BACKEND = "transformer"
 _GGUF = ("llama, qwen2, qwen3, gemma, gemma2, gemma3, phi2, phi3, starcoder2, olmo2, olmoe, "
          "gpt2, gptneox, falcon, stablelm, command-r, granite, qwen2moe, qwen3moe, exaone4, "
          "seed_oss, ernie4_5, glm4, glm4moe, ernie4_5-moe, hunyuan-dense, apertus, gpt-oss, "
-         "deepseek2, llama4, olmo, smollm3, mamba, mamba2, jamba")
+         "deepseek2, llama4, olmo, smollm3, mamba, mamba2, jamba, granitehybrid, nemotron_h, "
+         "qwen3next, qwen35, qwen35moe")
 
 
 @plugin_impl
