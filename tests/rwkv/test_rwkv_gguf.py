@@ -120,6 +120,16 @@ def test_rwkv_gguf_belongs_to_mi_rwkv_at_detection(case, version):
     assert tr.score == 0 and f"does not implement GGUF architecture 'rwkv{version}'" in tr.reason
 
 
+def test_mi_check_says_an_rwkv_gguf_is_supported_by_mi_rwkv(case, capsys):
+    """mi-transformer's header reader for ``mi check`` leaves other plugins' architectures
+    alone (it still refuses a text file named .gguf: tests/cli/test_cli_fast.py)."""
+    from mi_cli.main import main
+
+    _, path = case(6)
+    assert main(["check", str(path)]) == 0
+    assert capsys.readouterr().out.startswith(f"{path}: model_type=None, supported by rwkv6")
+
+
 @pytest.mark.parametrize("version", [6, 7])
 def test_cached_generation_from_the_gguf_equals_the_safetensors_model(case, version):
     d, path = case(version)
@@ -201,6 +211,15 @@ def test_a_missing_metadata_key_is_a_config_error_naming_it(case, tmp_path, vers
     _, path = case(version)
     bad = _rewrite(path, tmp_path / "nokey.gguf", meta={key: (None, "")})
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        mi.MIModel.from_pretrained(bad)
+
+
+def test_a_billion_layers_is_refused_before_a_tensor_is_read(case, tmp_path):
+    from tests.transformer.test_transformer_gguf_new_arches import _rewrite
+
+    _, path = case(7)
+    bad = _rewrite(path, tmp_path / "big.gguf", meta={"rwkv7.block_count": (10**9, "UINT32")})
+    with pytest.raises(ConfigError, match=r"GGUF metadata.*num_hidden_layers = 1000000000"):
         mi.MIModel.from_pretrained(bad)
 
 

@@ -251,13 +251,16 @@ def read_rwkv_gguf(path: Path) -> tuple[int, dict[str, Any], GgufTensors, Any]:
     file, key or tensor."""
     from mi_core.gguf import iter_dequantized, read_gguf_header
 
-    from mi_rwkv.config import parse_v6, parse_v7
+    from mi_rwkv.config import check_size, parse_v6, parse_v7
 
     path = Path(path)
     header = read_gguf_header(path)
     version, cfg = rwkv_config(header)
-    # the sizes are checked before any tensor is read (a billion layers is refused)
-    (parse_v6 if version == 6 else parse_v7)(cfg, {}, f"{path} (config from GGUF metadata)")
+    # before any tensor is read: a billion layers is refused, and the weights must fit in
+    # RAM, where they are dequantised (float32)
+    where = f"{path} (config from GGUF metadata)"
+    check_size((parse_v6 if version == 6 else parse_v7)(cfg, {}, where), where, torch.float32,
+               torch.device("cpu"))
     tensors: dict[str, torch.Tensor] = {}
     for t, arr in iter_dequantized(header):
         for name, w in _rename(version, cfg, t.name, torch.from_numpy(arr), path):
