@@ -1,12 +1,12 @@
-"""The GGUF file format (llama.cpp's): the header (metadata key/values and the tensor table),
+"""The GGUF file format (ggml's): the header (metadata key/values and the tensor table),
 parsed with a small reader of its own, and tensor-by-tensor dequantisation from a read-only
 memory map.
 
 A ring of the kernel, as :mod:`mi_core.recurrence` is: not loaded by ``import mi_core`` (it
-needs numpy, and the optional ``gguf`` package to dequantise), imported by the backend plugins
-that read GGUF files (mi-transformer's architectures, mi-rwkv's ``rwkv6`` / ``rwkv7``), which
-must not import each other. Their detection reads ``general.architecture`` with
-:func:`gguf_architecture` (the first key/values only).
+needs numpy, and the optional ``gguf`` package to dequantise), imported by every backend
+plugin that reads GGUF files (plugins must not import each other, so the reader lives here).
+Each plugin's detection reads ``general.architecture`` with :func:`gguf_architecture` (the
+first key/values only) and claims the architectures it implements.
 
 ``gguf.GGUFReader`` builds one numpy view per metadata string, which takes seconds on a
 49k-token vocabulary; the format is simple, and the result is checked against ``GGUFReader``
