@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KERNEL_DEPS = {"torch", "pluggy", "safetensors", "huggingface_hub", "tokenizers", "attrs",
                "cattrs"}
 RINGS = ("mi_core.interp", "mi_core.tl", "mi_core.viz", "mi_core.scale", "mi_core.util",
-         "mi_core.recurrence", "mi_core.cli", "mi_cli")
+         "mi_core.recurrence", "mi_core.gguf", "mi_core.cli", "mi_cli")
 PACKAGES = ["mi_core", "mi_cli", "mi_transformer", "mi_rwkv", "mi_ssm", "mi_sae", "mi_clt",
             "mi_probing", "mi_toy"]
 

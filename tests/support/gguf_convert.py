@@ -139,7 +139,9 @@ def _stack_experts(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def write(out: Path, arch: str, cfg: Any, sd: dict[str, torch.Tensor], *,
           block_count: int | None = None, params: Callable[[Any, dict, dict], None] | None = None,
           modify: Modify | None = None, extra: Tensors | None = None,
-          raw: dict[str, tuple[np.ndarray, Any]] | None = None, generic: bool = True) -> Path:
+          raw: dict[str, tuple[np.ndarray, Any]] | None = None, generic: bool = True,
+          hp: dict[str, Any] | None = None,
+          vocab: Callable[[Any, dict[str, Any]], None] | None = None) -> Path:
     """A GGUF of `arch` from the checkpoint `sd` (float tensors, HF names) and config `cfg`,
     in the converter's order (``ModelBase.write``: tensors, then metadata): every tensor
     renamed by ``TextModel.filter_tensors``, passed through `modify(name, array, hparams)`
@@ -147,10 +149,15 @@ def write(out: Path, arch: str, cfg: Any, sd: dict[str, torch.Tensor], *,
     tensor map, `extra` tensors under their GGUF names, `raw` GGUF name -> (bytes, ggml
     type) as is (MXFP4 blocks); then the generic metadata (unless not `generic`: Mamba's
     converters write their own), `params(writer, hparams, rope)` and the tokenizer (GPT-2's
-    byte alphabet)."""
+    byte alphabet). `hp`: the hparams the converter reads when they are not `cfg.to_dict()`
+    (config.json as published, where transformers 5 spells it otherwise). `vocab(writer,
+    hparams)`: the tokenizer metadata when not GPT-2's byte alphabet."""
     import gguf
 
-    hp, rope = hparams(cfg)
+    if hp is None:
+        hp, rope = hparams(cfg)
+    else:
+        rope = dict(hp.get("rope_parameters") or hp.get("rope_scaling") or {})
     n = block_count or hp["num_hidden_layers"]
     model_arch = next(a for a, s in gguf.MODEL_ARCH_NAMES.items() if s == arch)
     names = gguf.get_tensor_name_map(model_arch, n)
@@ -172,9 +179,12 @@ def write(out: Path, arch: str, cfg: Any, sd: dict[str, torch.Tensor], *,
         _generic(w, hp, rope, n)
     if params is not None:
         params(w, hp, rope)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(gpt2_byte_tokens(hp["vocab_size"]))
-    w.add_token_types([1] * hp["vocab_size"])
+    if vocab is not None:
+        vocab(w, hp)
+    else:
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list(gpt2_byte_tokens(hp["vocab_size"]))
+        w.add_token_types([1] * hp["vocab_size"])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

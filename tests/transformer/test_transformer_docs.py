@@ -58,3 +58,4 @@ def test_every_family_has_a_row_in_the_hook_table():
 
     built = {mt for _, mt, _ in hook_table.tiny_configs()} | set(hook_table.WRAPPERS)
     assert set(FAMILIES) <= built, sorted(set(FAMILIES) - built)
+

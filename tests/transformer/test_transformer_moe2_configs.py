@@ -310,20 +310,14 @@ def test_llama3_rope_with_equal_frequency_factors_is_transformers_step():
     assert got.isfinite().all() and not torch.equal(got, inv_freq(smooth, 16))
 
 
-@pytest.mark.parametrize("arch", ["granitehybrid", "nemotron_h", "qwen3next"])
-def test_gguf_of_families_read_from_safetensors_only_is_refused_plainly_pointing_to_them(arch):
-    """A llama.cpp GGUF architecture whose family loads from safetensors but whose GGUF is not
-    mapped: the refusal says so in its first words and names the model_type that loads.
-    (gpt-oss, DeepSeek and Llama 4 GGUFs load: test_transformer_gguf_new_arches.py.)"""
-    from types import SimpleNamespace
+@pytest.mark.parametrize("arch", ["granitehybrid", "nemotron_h", "qwen3next", "qwen35"])
+def test_gguf_of_the_hybrid_families_is_read(arch):
+    """The hybrids' GGUF architectures, once refused with a pointer to safetensors, are read
+    (parity: test_transformer_gguf_hybrids.py); none is refused that way any more."""
+    from mi_transformer.gguf import GGUF_ARCHES
+    from mi_transformer.gguf.arches import SAFETENSORS_ONLY
 
-    from mi_transformer.gguf.arches import gguf_arch
-
-    header = SimpleNamespace(metadata={"general.architecture": arch}, path="m.gguf")
-    with pytest.raises(mi.UnsupportedModelError,
-                       match=rf"^no installed plugin implements GGUF architecture '{arch}'.*"
-                             rf"loads from its safetensors checkpoint"):
-        gguf_arch(header)
+    assert arch in GGUF_ARCHES and not SAFETENSORS_ONLY
 
 
 def test_deepseek_v3_as_published_in_fp8_equals_transformers_dequantization(tmp_path, moe2,

@@ -1,9 +1,10 @@
-"""Checkpoint loading: HF-format RWKV-6 and fla-format RWKV-7 safetensors (never pickles)."""
+"""Checkpoint loading: HF-format RWKV-6 and fla-format RWKV-7 safetensors (never pickles), and
+llama.cpp's GGUF files of both (:mod:`mi_rwkv.gguf`: the same tensor names and config keys)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -35,7 +36,7 @@ def _listing(names: list[str], limit: int = 12) -> str:
     return shown + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
 
 
-def _account(ckpt: SafetensorsCheckpoint, expected: dict[str, tuple[int, ...]],
+def _account(ckpt: Any, expected: dict[str, tuple[int, ...]],
              heads: tuple[str, ...], cfg: RwkvConfig, where: str) -> None:
     """Every tensor is expected (or a head), none is missing or mis-shaped, all are floats.
 
@@ -53,6 +54,8 @@ def _account(ckpt: SafetensorsCheckpoint, expected: dict[str, tuple[int, ...]],
               f"({where}) does not use: {_listing(extra)}"] if extra else [])
     if parts:
         raise WeightLoadError(f"{files}: " + " | ".join(parts))
+    if not isinstance(ckpt, SafetensorsCheckpoint):  # GGUF: dequantised to float32
+        return
     not_float = [f"{n} ({meta['dtype']})" for f in ckpt.files
                  for n, meta in safetensors_header(f).items()
                  if n != "__metadata__" and meta.get("dtype") not in _FLOAT_DTYPES]
@@ -61,7 +64,16 @@ def _account(ckpt: SafetensorsCheckpoint, expected: dict[str, tuple[int, ...]],
                               "float weights only (quantised checkpoints are not supported)")
 
 
-def _open(src: ModelSource, version: int) -> tuple[SafetensorsCheckpoint, dict, Path]:
+def _open(src: ModelSource, version: int) -> tuple[Any, dict, str, Any]:
+    """(checkpoint, config dict, where the config came from, tokenizer or None): a
+    safetensors directory, or a GGUF file (:func:`mi_rwkv.gguf.read_rwkv_gguf`)."""
+    if src.path.is_file() and src.path.suffix.lower() == ".gguf":
+        from mi_rwkv.gguf import read_rwkv_gguf
+
+        found, raw, tensors, tok = read_rwkv_gguf(src.path)
+        if found != version:
+            raise UnsupportedModelError(f"{src.path}: an RWKV-{found} GGUF, not RWKV-{version}")
+        return tensors, raw, f"{src.path} (config from GGUF metadata)", tok
     path = src.path if src.path.is_dir() else src.path.parent
     cfg = src.config if src.config is not None else read_config(path)
     if cfg is None:
@@ -71,17 +83,17 @@ def _open(src: ModelSource, version: int) -> tuple[SafetensorsCheckpoint, dict, 
     if found != version:
         raise UnsupportedModelError(f"{path}: model_type {cfg.get('model_type')!r} is not "
                                     f"RWKV-{version}")
-    return ckpt, cfg, path
+    return ckpt, cfg, str(path / "config.json"), None
 
 
-def _reader(ckpt: SafetensorsCheckpoint, device: torch.device, dtype: torch.dtype
+def _reader(ckpt: Any, device: torch.device, dtype: torch.dtype
             ) -> Callable[[str], torch.Tensor]:
     """Tensor name -> tensor cast to `dtype` on `device`; the checkpoint checks each one as
     it is read (integer dtype, NaN / inf after the cast) and names it."""
     return lambda name: ckpt.get(name, dtype=dtype, device=device)
 
 
-def _head(ckpt: SafetensorsCheckpoint, cfg: RwkvConfig, names: tuple[str, ...],
+def _head(ckpt: Any, cfg: RwkvConfig, names: tuple[str, ...],
           embed: torch.Tensor, get: Callable[[str], torch.Tensor]) -> torch.Tensor:
     """The output head: the checkpoint's, or the embedding when tied (a stored head that
     differs from the embedding while tie_word_embeddings is true is refused)."""
@@ -108,9 +120,9 @@ def _head(ckpt: SafetensorsCheckpoint, cfg: RwkvConfig, names: tuple[str, ...],
 
 def load_rwkv6(src: ModelSource, device: torch.device, dtype: torch.dtype) -> RwkvBackend:
     """An HF-format RWKV-6 directory (``rwkv.blocks.{i}.attention.*``) as a backend."""
-    ckpt, raw, path = _open(src, 6)
-    cfg = parse_v6(raw, ckpt.shapes, str(path / "config.json"))
-    check_size(cfg, str(path / "config.json"), dtype, device)
+    ckpt, raw, where, tok = _open(src, 6)
+    cfg = parse_v6(raw, ckpt.shapes, where)
+    check_size(cfg, where, dtype, device)
     c, h, d = cfg.hidden_size, cfg.num_heads, cfg.head_dim
     expected = {"rwkv.embeddings.weight": (cfg.vocab_size, c), "rwkv.blocks.0.pre_ln.weight": (c,),
                 "rwkv.blocks.0.pre_ln.bias": (c,), "rwkv.ln_out.weight": (c,), "rwkv.ln_out.bias": (c,)}
@@ -118,7 +130,7 @@ def load_rwkv6(src: ModelSource, device: torch.device, dtype: torch.dtype) -> Rw
         expected.update(v6_expected_shapes(f"rwkv.blocks.{i}.", c, h, d, cfg.intermediate_size,
                                            cfg.time_mix_rank, cfg.time_decay_rank))
     heads = ("head.weight",)
-    _account(ckpt, expected, heads, cfg, str(path / "config.json"))
+    _account(ckpt, expected, heads, cfg, where)
     get = _reader(ckpt, device, dtype)
     layers = []
     for i in range(cfg.num_layers):
@@ -130,6 +142,7 @@ def load_rwkv6(src: ModelSource, device: torch.device, dtype: torch.dtype) -> Rw
                           (get("rwkv.blocks.0.pre_ln.weight"), get("rwkv.blocks.0.pre_ln.bias")),
                           (get("rwkv.ln_out.weight"), get("rwkv.ln_out.bias")),
                           _head(ckpt, cfg, heads, embed, get), device, dtype)
+    backend.tokenizer = tok  # a GGUF's World vocabulary (None: found beside the checkpoint)
     return backend
 
 
@@ -139,9 +152,9 @@ def load_rwkv7(src: ModelSource, device: torch.device, dtype: torch.dtype) -> Rw
     Older checkpoints that store the six lerp coefficients as one ``attn.x_x`` (6, C)
     (order r, w, k, v, a, g) are migrated on load.
     """
-    ckpt, raw, path = _open(src, 7)
-    cfg = parse_v7(raw, ckpt.shapes, str(path / "config.json"))
-    check_size(cfg, str(path / "config.json"), dtype, device)
+    ckpt, raw, where, tok = _open(src, 7)
+    cfg = parse_v7(raw, ckpt.shapes, where)
+    check_size(cfg, where, dtype, device)
     c, h, d = cfg.hidden_size, cfg.num_heads, cfg.head_dim
     expected = {"model.embeddings.weight": (cfg.vocab_size, c), "model.layers.0.pre_norm.weight": (c,),
                 "model.layers.0.pre_norm.bias": (c,), "model.norm.weight": (c,), "model.norm.bias": (c,)}
@@ -156,7 +169,7 @@ def load_rwkv7(src: ModelSource, device: torch.device, dtype: torch.dtype) -> Rw
             block[xx] = (6, c)
         expected.update(block)
     heads = ("lm_head.weight", "model.lm_head.weight")
-    _account(ckpt, expected, heads, cfg, str(path / "config.json"))
+    _account(ckpt, expected, heads, cfg, where)
     get = _reader(ckpt, device, dtype)
     layers = []
     for i in range(cfg.num_layers):
@@ -172,4 +185,5 @@ def load_rwkv7(src: ModelSource, device: torch.device, dtype: torch.dtype) -> Rw
                           (get("model.layers.0.pre_norm.weight"), get("model.layers.0.pre_norm.bias")),
                           (get("model.norm.weight"), get("model.norm.bias")),
                           _head(ckpt, cfg, heads, embed, get), device, dtype)
+    backend.tokenizer = tok
     return backend

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from mi_core.plugin import (
-    BackendSpec, ConfigError, Detection, ModelSource, TokenizerSpec, UnsupportedModelError,
+    BackendSpec, ConfigError, Detection, MIError, ModelSource, TokenizerSpec,
+    UnsupportedModelError,
 )
 from mi_core import plugin_impl
 
@@ -23,15 +24,34 @@ _MARKERS = {
 @plugin_impl
 def mi_register_backends() -> list[BackendSpec]:
     return [
-        BackendSpec("rwkv6", load_rwkv6, "RWKV-6 (Finch), HF format (rwkv.blocks.*)"),
-        BackendSpec("rwkv7", load_rwkv7, "RWKV-7 (Goose), flash-linear-attention format (model.layers.*)"),
+        BackendSpec("rwkv6", load_rwkv6, "RWKV-6 (Finch), HF format (rwkv.blocks.*) or GGUF"),
+        BackendSpec("rwkv7", load_rwkv7, "RWKV-7 (Goose), flash-linear-attention format "
+                                         "(model.layers.*) or GGUF"),
     ]
+
+
+def _detect_gguf(source: ModelSource) -> list[Detection]:
+    """llama.cpp's ``rwkv6`` / ``rwkv7`` GGUF files, by ``general.architecture`` (the first
+    key/values only); other GGUF architectures are not RWKV's to claim."""
+    try:
+        from mi_core.gguf import gguf_architecture
+
+        arch = gguf_architecture(source.path)
+    except ImportError as exc:  # the ring needs numpy
+        return [Detection("rwkv6", 0.0, f"reading GGUF needs numpy and gguf "
+                                        f"(pip install 'mi-rwkv[gguf]'): {exc}")]
+    except MIError as exc:
+        return [Detection("rwkv6", 0.0, f"{exc}")]
+    if arch not in ("rwkv6", "rwkv7"):
+        return []
+    return [Detection(arch, 1.0, f"RWKV-{arch[-1]} GGUF file (general.architecture {arch!r})",
+                      implements=True)]
 
 
 @plugin_impl
 def mi_detect_backend(source: ModelSource) -> list[Detection]:
     if source.path.is_file():
-        return []
+        return _detect_gguf(source) if source.path.suffix.lower() == ".gguf" else []
     try:
         version = rwkv_version(source.config, source.tensor_names)
     except UnsupportedModelError as exc:

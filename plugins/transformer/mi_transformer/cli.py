@@ -54,6 +54,12 @@ def directory_info(path: Path) -> dict[str, Any] | None:
 def mi_checkpoint_info(source: str) -> dict[str, Any] | None:
     path = Path(source)
     if path.is_file() and path.suffix.lower() == ".gguf":
+        from mi_core.gguf import gguf_architecture
+        from mi_transformer.gguf import GGUF_ARCHES
+
+        arch = gguf_architecture(path)  # WeightLoadError for a file that is not GGUF
+        if arch is not None and arch not in GGUF_ARCHES:
+            return None  # another plugin's architecture (mi-rwkv's rwkv6 / rwkv7) or none's
         return gguf_info(path)
     if path.is_dir() and (path / "config.json").is_file():
         return directory_info(path)

@@ -18,7 +18,8 @@ BACKEND = "transformer"
 _GGUF = ("llama, qwen2, qwen3, gemma, gemma2, gemma3, phi2, phi3, starcoder2, olmo2, olmoe, "
          "gpt2, gptneox, falcon, stablelm, command-r, granite, qwen2moe, qwen3moe, exaone4, "
          "seed_oss, ernie4_5, glm4, glm4moe, ernie4_5-moe, hunyuan-dense, apertus, gpt-oss, "
-         "deepseek2, llama4, olmo, smollm3, mamba, mamba2, jamba")
+         "deepseek2, llama4, olmo, smollm3, mamba, mamba2, jamba, granitehybrid, nemotron_h, "
+         "qwen3next, qwen35, qwen35moe, gemma3n, gemma4")
 
 
 @plugin_impl
@@ -46,7 +47,7 @@ def mi_detect_backend(source: ModelSource) -> Detection:
     path = source.path
     if source.is_file:
         if path.suffix.lower() == ".gguf":
-            return Detection(BACKEND, 0.9, f"GGUF file ({_GGUF})")
+            return _detect_gguf(path)
         return Detection(BACKEND, 0.0, f"{path.name}: single files must be .gguf")
     cfg = source.config
     if cfg is None:
@@ -86,6 +87,29 @@ def mi_detect_backend(source: ModelSource) -> Detection:
     return Detection(BACKEND, 0.0, f"model_type {mt!r} unknown and its tensors do not match a "
                                    f"LLaMA-like layout" + (f" ({why})" if why else ""),
                      missing=chk.missing, unexpected=chk.unexpected)
+
+
+def _detect_gguf(path: Any) -> Detection:
+    """A GGUF file by its ``general.architecture`` (the first key/values only): one this
+    plugin reads 0.9; another 0, naming it (mi-rwkv claims ``rwkv6`` / ``rwkv7``); a file
+    whose header cannot be read 0.1, so that loading names what is wrong."""
+    try:
+        from mi_core.gguf import gguf_architecture
+
+        arch = gguf_architecture(path)
+    except ImportError as exc:  # the GGUF ring needs numpy
+        return Detection(BACKEND, 0.0, f"reading GGUF needs numpy and gguf (pip install "
+                                       f"'mi-transformer[gguf]'): {exc}")
+    except MIError as exc:
+        return Detection(BACKEND, 0.1, f"GGUF file whose header cannot be read: {exc}",
+                         implements=True)
+    if arch in _GGUF.split(", "):
+        return Detection(BACKEND, 0.9, f"GGUF file of architecture {arch!r}", implements=True)
+    if arch is None:
+        return Detection(BACKEND, 0.1, "GGUF file without general.architecture",
+                         implements=True)
+    return Detection(BACKEND, 0.0, f"mi-transformer does not implement GGUF architecture "
+                                   f"{arch!r} (it reads {_GGUF})")
 
 
 @plugin_impl

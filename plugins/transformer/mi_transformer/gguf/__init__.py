@@ -3,9 +3,10 @@
 What this does, in order:
 
 1. Parse the GGUF header (metadata key/values and the tensor table) with a small reader of its
-   own. ``gguf.GGUFReader`` builds one numpy view per metadata string, which takes seconds on a
-   49k-token vocabulary; the format is simple, and the result is checked against ``GGUFReader``
-   in the tests. Truncated files are detected here (the table must fit the file).
+   own (the kernel ring :mod:`mi_core.gguf`, which mi-rwkv reads its GGUF files with too;
+   re-exported by :mod:`~mi_transformer.gguf.header`). ``gguf.GGUFReader`` builds one numpy
+   view per metadata string, which takes seconds on a 49k-token vocabulary; the format is
+   simple, and the result is checked against ``GGUFReader`` in the tests. Truncated files are detected here (the table must fit the file).
 2. Dequantise tensor by tensor with ``gguf.quants.dequantize`` (F32, F16, BF16, Q4_0/1, Q5_0/1,
    Q8_0, the K-quants, the IQ quants: whatever the installed ``gguf`` implements), from a
    read-only memory map, converting each tensor to the requested dtype before the next.
@@ -24,12 +25,14 @@ Architectures: llama, qwen2, qwen3, gemma, gemma2, gemma3, phi2, phi3, starcoder
 command-r, granite, qwen2moe, qwen3moe; exaone4, seed_oss, ernie4_5, glm4, glm4moe,
 ernie4_5-moe, hunyuan-dense, apertus, olmo, smollm3
 (:mod:`~mi_transformer.gguf.arches_recent`), gpt-oss, deepseek2, llama4
-(:mod:`~mi_transformer.gguf.arches_moe2`) and the state-space mamba, mamba2
-(:mod:`~mi_transformer.gguf.arches_ssm`), registered by ``checkpoint``, in
-:data:`GGUF_ARCHES`; gemma3n and gemma4 (:mod:`~mi_transformer.gguf.arches_gemma`, which
-``checkpoint.read_gguf`` hands them to: their metadata and tensors are mapped their own
-way); others are refused by name. Tensors a converter split, re-laid out or stored as
-metadata are mapped back as data of each architecture (``Join``, ``convert``,
+(:mod:`~mi_transformer.gguf.arches_moe2`), the state-space mamba, mamba2, jamba
+(:mod:`~mi_transformer.gguf.arches_ssm`) and the hybrids granitehybrid, nemotron_h,
+qwen3next, qwen35, qwen35moe (:mod:`~mi_transformer.gguf.arches_hybrid`), registered by
+``checkpoint``, in :data:`GGUF_ARCHES`; gemma3n and gemma4
+(:mod:`~mi_transformer.gguf.arches_gemma`, which ``checkpoint.read_gguf`` hands them to:
+their metadata and tensors are mapped their own way); others are refused by name. Tensors a
+converter split, re-laid out or stored as metadata are mapped back as data of each
+architecture (``Join``, ``convert``,
 ``meta_tensors``). Metadata values of the wrong type are a ConfigError naming the key.
 
 The modules, in import order (none imports a later one): :mod:`~mi_transformer.gguf.header`

@@ -140,6 +140,10 @@ class GgufArch:
     `own_config(meta, tensor names)`: the whole HF config, for architectures without
     attention whose metadata shares little with the others (Mamba's ``ssm.*``). A
     three-part name (``blk.0.ssm_a``, no ``.weight``) is looked up whole in `layer_slots`.
+    `unoffset`: llama.cpp modules `norm_offset` does not apply to (Qwen3-Next's gated norm
+    ``ssm_norm``, stored as is). `relabel(family, layer, slot)`: the slot of one layer's
+    tensor where it differs from the others' (Nemotron-H's MLP-only layers: ``attn_norm`` is
+    their ``ln2``).
     """
 
     model_type: str
@@ -158,6 +162,8 @@ class GgufArch:
         = None
     latent: bool = False
     own_config: Callable[["_Meta", set[str]], dict[str, Any]] | None = None
+    unoffset: tuple[str, ...] = ()
+    relabel: Callable[[Any, "int | None", str], str] | None = None
 
     def slots_for(self, cfg: Mapping[str, Any]) -> Mapping[str, str]:
         return self.slots(cfg) if self.slots is not None else self.layer_slots
@@ -474,9 +480,8 @@ GGUF_ARCHES: dict[str, GgufArch] = {
 
 
 #: llama.cpp architectures whose transformers families load from safetensors but whose GGUF
-#: files are not mapped (the hybrid state-space and linear-attention layouts)
-SAFETENSORS_ONLY = {"granitehybrid": "granitemoehybrid / bamba", "nemotron_h": "nemotron_h",
-                    "qwen3next": "qwen3_next"}
+#: files are not mapped: named in the refusal (none at present)
+SAFETENSORS_ONLY: dict[str, str] = {}
 
 
 def gguf_arch(header: GgufHeader) -> GgufArch:

@@ -22,6 +22,7 @@ from mi_transformer.gguf.arches import (
     _LONGROPE, _ROPE_FREQS, GGUF_ARCHES, GgufArch, _Meta, check_gguf_size, gguf_arch,
     hf_config, llama3_rope_from_factors, mtp_layers, slot_of, unpermute_qk,
 )
+from mi_transformer.gguf.arches_hybrid import HYBRID_GGUF_ARCHES
 from mi_transformer.gguf.arches_moe2 import MOE2_GGUF_ARCHES
 from mi_transformer.gguf.arches_gemma import GEMMA_GGUF, read_gemma_gguf
 from mi_transformer.gguf.arches_recent import RECENT_GGUF_ARCHES
@@ -42,6 +43,8 @@ _FACTOR_TENSORS = {_ROPE_FREQS, *_LONGROPE}
 GGUF_ARCHES.update(RECENT_GGUF_ARCHES)  # the 2025-26 families (arches_recent.py)
 GGUF_ARCHES.update(MOE2_GGUF_ARCHES)  # gpt-oss, DeepSeek-V2/V3, Llama 4 (arches_moe2.py)
 GGUF_ARCHES.update(SSM_GGUF_ARCHES)  # Mamba, Falcon-Mamba, Mamba-2 (arches_ssm.py)
+#: Granite 4.0-H / Bamba, Nemotron-H, Qwen3-Next, Qwen3.5 (arches_hybrid.py)
+GGUF_ARCHES.update(HYBRID_GGUF_ARCHES)
 
 
 @attrs.define
@@ -107,7 +110,7 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32, *,
     `dtype` (they are dequantised there) or on `device`.
     """
 
-    from mi_transformer.config import parse_config
+    from mi_transformer.config import FAMILIES, Positions, parse_config
 
     path = Path(path)
     header = read_gguf_header(path)
@@ -120,6 +123,10 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32, *,
                               quant_types=quant)
     arch = gguf_arch(header)
     cfg = hf_config(header)
+    if cfg.get("model_type") not in FAMILIES:  # e.g. qwen35moe before its family is installed
+        raise UnsupportedModelError(
+            f"no installed plugin implements model_type {cfg.get('model_type')!r}, the family "
+            f"of GGUF architecture {header.metadata['general.architecture']!r} ({path})")
     for dev in {torch.device("cpu"), torch.device(device or "cpu")}:
         check_gguf_size(header, cfg, dtype, dev)
     slots = arch.slots_for(cfg)
@@ -136,7 +143,9 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32, *,
     family = parse_config(cfg, f"{path} (config from GGUF metadata)")
     rot = _Meta(header, header.metadata["general.architecture"]).int(
         "rope.dimension_count", family.head_dim)
-    if family.rot_dim != rot:  # the partial rotary fraction must give back llama.cpp's width
+    if family.positions is Positions.ROPE and family.rot_dim != rot:
+        # the partial rotary fraction must give back llama.cpp's width (a family without
+        # positions ignores the key, which converters write as d_model / heads anyway)
         raise ConfigError(f"{path}: rope.dimension_count {rot} gives {family.rot_dim} rotary "
                           f"dims in {family.model_type}")
     target = _Target.of(arch, family, cfg, path, slots)
@@ -298,6 +307,8 @@ class _Target:
         tied head stored once more or a part of a Join not yet complete."""
         arch, path = self.arch, self.path
         slot = slot_of(t.name, arch, self.slots)
+        if slot is not None and arch.relabel is not None:
+            slot = (slot[0], arch.relabel(self.family, slot[0], slot[1]))
         fix = arch.convert.get(t.name.split(".", 2)[-1])
         if fix is not None:  # re-laid out as the family stores it
             try:
@@ -340,7 +351,8 @@ class _Target:
             w = unpermute_qk(w, self.heads)
         elif arch.permute_qk and ".attn_k." in t.name:
             w = unpermute_qk(w, self.kv_heads)
-        if arch.norm_offset and "norm" in t.name:
+        if arch.norm_offset and "norm" in t.name and \
+                not any(f".{u}." in t.name for u in arch.unoffset):
             w = w - arch.norm_offset
         yield name, w
 
