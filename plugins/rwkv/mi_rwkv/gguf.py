@@ -126,7 +126,7 @@ class _Meta:
     def __init__(self, md: dict[str, Any], arch: str, path: Path) -> None:
         self.md, self.arch, self.path = md, arch, path
 
-    def _bad(self, key: str, v: Any, what: str) -> ConfigError:
+    def bad(self, key: str, v: Any, what: str) -> ConfigError:
         return ConfigError(f"{self.path}: GGUF metadata {key!r} = {v!r} ({type(v).__name__}): "
                            f"expected {what}")
 
@@ -138,7 +138,7 @@ class _Meta:
                 raise ConfigError(f"{self.path}: GGUF metadata lacks required key {k!r}")
             return default
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise self._bad(k, v, f"an integer >= {minimum}")
+            raise self.bad(k, v, f"an integer >= {minimum}")
         return v
 
     def float(self, key: str, default: float) -> float:
@@ -146,7 +146,7 @@ class _Meta:
         v = self.md.get(k, default)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
                 or v <= 0:
-            raise self._bad(k, v, "a finite number > 0")
+            raise self.bad(k, v, "a finite number > 0")
         return float(v)
 
 
@@ -172,7 +172,7 @@ def rwkv_config(header: Any) -> tuple[int, dict[str, Any]]:
         v = header.metadata.get(f"tokenizer.ggml.{key}")
         if v is not None:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise m._bad(f"tokenizer.ggml.{key}", v, "an integer >= 0")
+                raise m.bad(f"tokenizer.ggml.{key}", v, "an integer >= 0")
             cfg[hf] = v
     eps = m.float("attention.layer_norm_epsilon", 1e-5)
     if version == 6:
