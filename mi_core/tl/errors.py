@@ -4,7 +4,7 @@ those keeps working (a module of its own: the cache and the hooking modules both
 
 from __future__ import annotations
 
-from mi_core import HookError, InputError
+from mi_core import HookError, InputError, WeightLoadError
 
 
 class TLHookError(HookError, KeyError, AssertionError):
@@ -23,4 +23,10 @@ class TLValueError(InputError, ValueError):
     that is also that ``ValueError``."""
 
 
-__all__ = ["TLHookError", "TLValueError"]
+class TLAttributeError(WeightLoadError, AttributeError):
+    """A weight this model does not have (``W_pos`` of a rotary model, ``W_in`` of an
+    attention-only one): an :class:`mi_core.WeightLoadError` that is also the
+    ``AttributeError`` TransformerLens raises (so ``hasattr(model, "W_pos")`` is False)."""
+
+
+__all__ = ["TLAttributeError", "TLHookError", "TLValueError"]

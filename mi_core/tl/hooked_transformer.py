@@ -36,6 +36,7 @@ from mi_core.plugin import require_capability
 from mi_core.tl import arithmetic, components
 from mi_core.tl.activation_cache import ActivationCache
 from mi_core.tl.config import HookedTransformerConfig, config_of
+from mi_core.tl.errors import TLAttributeError
 from mi_core.tl.hook_points import HookedRootModule, HookPoint, TLHookError, names_filter_fn
 from mi_core.tl.tl_tokens import TokensMixin
 from mi_core.tl.tokenizer import TLTokenizer
@@ -620,10 +621,12 @@ class HookedTransformer(TokensMixin, HookedRootModule):
     def __getattr__(self, name: str) -> Any:
         try:
             return super().__getattr__(name)
-        except AttributeError:
+        except AttributeError as err:
             inner = self.__dict__.get("mi_model")
             if inner is None or name.startswith("__"):
                 raise
+            if name in _TREE_WEIGHTS:  # a property of the tree that this model lacks
+                raise TLAttributeError(f"this model has no {name} ({err})") from None
             return getattr(inner, name)
 
     def __repr__(self) -> str:
@@ -632,6 +635,12 @@ class HookedTransformer(TokensMixin, HookedRootModule):
 
 
 # -- running the tree's hooks inside the kernel's forward --------------------------------------
+#: the weight properties read from the module tree (no fallback to the MIModel's)
+_TREE_WEIGHTS = frozenset({
+    "W_E", "W_U", "b_U", "W_pos", "W_E_pos", "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V",
+    "b_O", "W_in", "W_out", "W_gate", "b_in", "b_out", "QK", "OV"})
+
+
 def _as_tl_logits(logits: torch.Tensor) -> torch.Tensor:
     """The logits as TransformerLens' unembedding leaves them: a view of its product
     (``grad_fn=<ViewBackward0>`` where they carry a gradient, which a printed tensor shows)."""

@@ -528,4 +528,7 @@ def test_weights_and_full_ov_circuit_as_transformerlens(pair):
         _close(score, tev.sum(-1).real / tev.abs().sum(-1), 1e-3)
     small, tsmall = pair("smollm2_2l")
     assert small.W_gate.shape == tsmall.W_gate.shape
+    assert not hasattr(small, "W_pos") and not hasattr(tsmall, "W_pos")  # rotary: none
+    with pytest.raises(mi.WeightLoadError, match="W_pos"):
+        small.W_pos
     assert small.W_K.shape == tsmall.W_K.shape  # grouped-query K repeated per query head
