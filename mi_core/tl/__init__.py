@@ -13,7 +13,7 @@ TRANSFORMERLENS.md lists what still differs):
 - :class:`ActivationCache` (``run_with_cache``'s cache, TransformerLens' keys and methods),
   :func:`get_act_name`, :class:`Slice`, :class:`FactoredMatrix`, :class:`HookedTransformerConfig`;
 - :mod:`~mi_core.tl.utils` (also as ``utilities``), :mod:`~mi_core.tl.patching`,
-  :mod:`~mi_core.tl.head_detector`;
+  :mod:`~mi_core.tl.head_detector`, :mod:`~mi_core.tl.evals`;
 - the conveniences of :class:`TransformerLensMixin` (``run_with_cache``, ``run_with_hooks``,
   ``W_Q`` ..., ``process_weights``, ``to_single_token``, ``test_prompt``) registered on every
   :class:`mi_core.MIModel` by this ring's plugin (``mi_model_attributes``), with MIModel's own
@@ -22,7 +22,7 @@ TRANSFORMERLENS.md lists what still differs):
 It builds on the kernel's public API only (see docs/ARCHITECTURE.md).
 """
 
-from mi_core.tl import head_detector, hook_points, patching, utilities, utils
+from mi_core.tl import evals, head_detector, hook_points, patching, utilities, utils
 
 from mi_core.tl.activation_cache import ActivationCache, Slice, get_act_name
 from mi_core.tl.config import HookedTransformerConfig
@@ -33,5 +33,5 @@ from mi_core.tl.model import TLConfig, TransformerLensMixin
 
 __all__ = ["ActivationCache", "FactoredMatrix", "HookPoint", "HookedRootModule",
            "HookedTransformer", "HookedTransformerConfig", "Output", "Slice", "TLConfig",
-           "TransformerLensMixin", "get_act_name", "head_detector", "hook_points", "patching",
-           "utilities", "utils"]
+           "TransformerLensMixin", "evals", "get_act_name", "head_detector", "hook_points",
+           "patching", "utilities", "utils"]

@@ -25,6 +25,7 @@ import torch
 
 from mi_core import HookCache, HookError, HookPoint, MIError, MIModel
 from mi_core.plugin import hook_name, require_residual_sum
+from mi_core.tl.errors import TLHookError
 
 SliceInput = Union[None, int, tuple, slice, list, torch.Tensor, "Slice"]
 
@@ -151,13 +152,27 @@ class ActivationCache(HookCache):
                         f"tuple, got {key!r}")
 
     def __getitem__(self, key: Any) -> torch.Tensor:
-        return self.require(self._name(key))
+        """The activation at `key`; a missing one raises an :class:`mi_core.HookError` that is
+        also the ``KeyError`` TransformerLens' cache (a dict lookup) raises."""
+        name = self._name(key)
+        try:
+            return self._captures[name]
+        except KeyError:
+            pass
+        try:
+            return self.require(name)  # HookCache's message (what was captured)
+        except HookError as err:
+            raise TLHookError(str(err)) from None
 
     def __contains__(self, key: object) -> bool:
         try:
             return self._name(key) in self._captures
         except HookError:
             return False
+
+    def toggle_autodiff(self, mode: bool = False) -> None:
+        """TransformerLens' switch of torch's global grad mode (``torch.set_grad_enabled``)."""
+        torch.set_grad_enabled(mode)
 
     def values(self) -> list[torch.Tensor]:
         return list(self._captures.values())

@@ -13,14 +13,25 @@ Weights that are not views (a bias the model does not have, kept as zeros as Tra
 keeps it, or a weight the backend computes on request) are *detached*: editing one cannot reach
 the forward, so :meth:`WeightTree.check_unedited` refuses to run after such an edit instead of
 silently ignoring it.
+
+Gradients: the view parameters require gradients, as TransformerLens' parameters do, and a
+forward run with grad mode on computes with them (:meth:`WeightTree.autograd`): every tensor
+the backend reads that lies inside a parameter's memory is replaced, for that forward only, by
+the same memory seen through the parameter, so the outputs carry a ``grad_fn`` and
+``backward()`` fills ``param.grad`` as in TransformerLens. The backend's own tensors never
+require gradients, so :class:`mi_core.MIModel`'s API (the same backend) is unchanged. The
+detached parameters take no part in the forward: they do not require gradients.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map_only
 
 from mi_core import CapabilityError, MIError, MIModel
 from mi_core.tl.hook_points import HookPoint
@@ -44,6 +55,13 @@ class WeightTree:
     def __init__(self, model: MIModel) -> None:
         self.model = model
         self.detached: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+        #: the parameters that are views of the backend's tensors, in registration order
+        self.views: list[nn.Parameter] = []
+        self.view_labels: list[str] = []
+        #: the views a forward read (see census)
+        self.read: set[int] = set()
+        self._owners: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # see owner()
+        self._storages: dict[int, list[int]] | None = None
 
     def param(self, name: str, layer: int | None, label: str, *, zeros: tuple[int, ...] | None
               = None) -> nn.Parameter | None:
@@ -60,11 +78,85 @@ class WeightTree:
                                          device=self.model.device), requires_grad=False)
             self.detached.append((label, p, p.detach().clone()))
             return p
-        p = nn.Parameter(w.detach(), requires_grad=False)
         again = self.model.tl_weight(name, layer)
         if again.data_ptr() != w.data_ptr():  # computed on request: edits would not reach it
+            p = nn.Parameter(w.detach(), requires_grad=False)
             self.detached.append((label, p, w.detach().clone()))
+            return p
+        p = nn.Parameter(w.detach(), requires_grad=True)  # TransformerLens' default
+        self.views.append(p)
+        self.view_labels.append(label)
         return p
+
+    def census(self, forward: Callable[[], Any]) -> None:
+        """Run `forward` (a full forward with no hooks, at load) noting the memory the backend
+        reads: a view parameter it never reads is not what the backend computes with (a value
+        derived at load, e.g. a norm's gain 1 + w), so it becomes detached (no
+        gradient; an edit to it refused by :meth:`check_unedited`)."""
+        with torch.no_grad(), _ThroughParameters(self, swap=False):
+            forward()
+        for i, (label, p) in enumerate(zip(self.view_labels, self.views)):
+            if i not in self.read:
+                p.requires_grad_(False)
+                self.detached.append((label, p, p.detach().clone()))
+
+    @contextlib.contextmanager
+    def autograd(self) -> Iterator[None]:
+        """For one forward: when grad mode is on and some view parameters require gradients,
+        the backend computes with those parameters (see the module doc); otherwise nothing
+        changes."""
+        if not torch.is_grad_enabled() or not any(p.requires_grad for p in self.views):
+            yield
+            return
+        with _ThroughParameters(self, swap=True):
+            yield
+
+    def owner(self, t: torch.Tensor) -> tuple[nn.Parameter | None, str | None]:
+        """(the view parameter whose memory holds every element `t` reads, or None; why
+        `t`'s gradient cannot go to parameters whole, or None). The owner is the first such
+        parameter (``embed.W_E`` before a tied ``unembed.W_U``); every parameter `t` reads
+        counts as read by the forward (:meth:`census`). Cached by geometry."""
+        if self._storages is None:
+            self._storages = {}
+            for i, p in enumerate(self.views):
+                if p.numel():
+                    self._storages.setdefault(p.untyped_storage().data_ptr(), []).append(i)
+        storage = t.untyped_storage().data_ptr()
+        if storage not in self._storages:  # not the weights' memory (activations, inputs)
+            return None, None
+        key = (storage, t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
+        if key not in self._owners:
+            self._owners[key] = self._find_owner(t, self._storages[storage])
+        found, touched, partial = self._owners[key]
+        self.read |= touched
+        return (None if found is None else self.views[found]), partial
+
+    def _find_owner(self, t: torch.Tensor, candidates: list[int]
+                    ) -> tuple[int | None, frozenset[int], str | None]:
+        first, end = _extent(t)
+        found, touched, partial = None, set(), None
+        for i in candidates:
+            p = self.views[i]
+            lo, hi = _extent(p)
+            if p.dtype != t.dtype or end <= lo or hi <= first:
+                continue  # another dtype, or disjoint memory
+            if lo <= first and end <= hi and p.numel() == hi - lo:
+                inside = True  # p is dense: it holds every element there
+            else:
+                base = min(lo, first)
+                mask = torch.zeros(max(hi, end) - base, dtype=torch.bool, device=t.device)
+                mask.as_strided(p.shape, p.stride(), lo - base).fill_(True)
+                reads = mask.as_strided(t.shape, t.stride(), first - base)
+                inside = bool(reads.all())
+                if not inside and bool(reads.any()):
+                    partial = (f"the backend computes with a tensor {list(t.shape)} that "
+                               f"holds part of {self.view_labels[i]} and memory outside it")
+                elif not inside:
+                    continue
+            touched.add(i)
+            if inside and found is None:
+                found = i
+        return found, frozenset(touched), partial
 
     def check_unedited(self) -> None:
         """CapabilityError if a detached weight was edited (it cannot change the forward)."""
@@ -75,6 +167,52 @@ class WeightTree:
                     f"(the model has no such weight, or computes it on request): the edit "
                     f"would not change the forward. Rewrite the weights the model has, or use "
                     f"a hook")
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last + 1) elements of `t`'s storage that `t` reads."""
+    first = t.storage_offset()
+    return first, first + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) + 1
+
+
+class _ThroughParameters(TorchFunctionMode):
+    """A torch function mode that notes which view parameters the backend reads (the census)
+    and, with `swap`, hands every torch call, instead of a backend weight (a tensor inside a
+    view parameter's memory, :meth:`WeightTree.owner`), that memory seen through the
+    parameter (``param.as_strided`` with the tensor's own geometry: the same values,
+    differentiable with respect to the parameter). Tensors that already require gradients
+    (activations) and parameters that do not pass unchanged."""
+
+    def __init__(self, tree: WeightTree, swap: bool) -> None:
+        super().__init__()
+        self.tree, self.swap = tree, swap
+        #: id -> (tensor, what the calls get): each tensor is looked at once per forward
+        self.seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _swap(self, t: torch.Tensor) -> torch.Tensor:
+        if t.requires_grad or not t.is_floating_point() or not t.numel():
+            return t
+        known = self.seen.get(id(t))
+        if known is not None and known[0] is t:
+            return known[1]
+        try:
+            p, partial = self.tree.owner(t)
+        except (RuntimeError, NotImplementedError):  # no storage (e.g. a functional tensor)
+            p, partial = None, None
+        if self.swap and partial is not None:
+            raise CapabilityError(
+                f"gradients to the weights: {partial}, so that parameter's gradient cannot be "
+                f"given to it whole. Run with torch.no_grad(), or model.requires_grad_(False) "
+                f"(gradients still reach activations and hooks)")
+        out = t if p is None or not p.requires_grad or not self.swap else \
+            p.as_strided(t.shape, t.stride(), t.storage_offset())
+        self.seen[id(t)] = (t, out)
+        return out
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+                           ) -> Any:
+        args, kwargs = tree_map_only(torch.Tensor, self._swap, (args, kwargs or {}))
+        return func(*args, **kwargs)
 
 
 def _add(module: nn.Module, name: str, value: nn.Module | nn.Parameter | None) -> None:

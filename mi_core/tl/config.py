@@ -18,6 +18,7 @@ from mi_core import CapabilityError, MIModel
 
 #: The attributes TransformerLens' activation functions are called by in ``cfg.act_fn``.
 _ACT_NAMES = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu",
+              "gelu_tanh": "gelu_new",
               "silu": "silu", "swish": "silu", "relu": "relu", "gelu_fast": "gelu_fast"}
 
 
@@ -68,10 +69,82 @@ class HookedTransformerConfig:
     post_embedding_ln: bool = False
     num_experts: Optional[int] = None
     experts_per_token: Optional[int] = None
+    # TransformerLens' other fields, with its defaults (those a loaded model decides are set
+    # by config_of; the initialisation ones describe no loaded model)
+    uses_rms_norm: bool = False
+    layer_norm_folding: bool = False
+    attn_scale: float = -1.0
+    use_qk_norm: bool = False
+    clip_qkv: Optional[float] = None
+    use_logn_attn: bool = False
+    train_seq_length: Optional[int] = None
+    use_dynamic_ntk_rope: bool = False
+    window_size: Optional[int] = None
+    attn_types: Optional[list[str]] = None
+    init_mode: str = "gpt2"
+    seed: Optional[int] = None
+    initializer_range: float = -1.0
+    init_weights: bool = True
+    scale_attn_by_inverse_layer_idx: bool = False
+    rotary_base: float = 10000
+    rotary_base_local: Optional[float] = None
+    rotary_scaling_factor: float = 1.0
+    trust_remote_code: bool = False
+    rotary_adjacent_pairs: bool = False
+    load_in_4bit: bool = False
+    quantization_method: Optional[str] = None
+    relative_attention_max_distance: Optional[int] = None
+    relative_attention_num_buckets: Optional[int] = None
+    decoder_start_token_id: Optional[int] = None
+    tie_word_embeddings: bool = False
+    use_normalization_before_and_after: bool = False
+    attn_scores_soft_cap: float = -1.0
+    output_logits_soft_cap: float = -1.0
+    use_NTK_by_parts_rope: bool = False
+    NTK_by_parts_low_freq_factor: float = 1.0
+    NTK_by_parts_high_freq_factor: float = 4.0
+    NTK_by_parts_factor: float = 8.0
+    NTK_original_ctx_len: int = 8192
+    use_yarn_rope: bool = False
+    yarn_factor: float = 1.0
+    yarn_attention_factor: float = 1.0
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_original_max_position_embeddings: int = 4096
+    yarn_truncate: bool = True
+    yarn_global_attn_only: bool = False
+    use_attention_sinks: bool = False
+    norm_topk_prob: bool = False
 
     def __post_init__(self) -> None:
+        """TransformerLens' derived defaults."""
         if self.d_vocab_out == -1:
             self.d_vocab_out = self.d_vocab
+        if self.initializer_range < 0:
+            self.initializer_range = 0.8 / self.d_model ** 0.5 if self.init_mode == "gpt2" \
+                else 1.0
+        if self.positional_embedding_type == "rotary" and self.rotary_dim is None:
+            self.rotary_dim = self.d_head
+        if self.use_attn_scale and self.attn_scale == -1.0:
+            self.attn_scale = float(self.d_head) ** 0.5
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any]) -> "HookedTransformerConfig":
+        return cls(**config_dict)
+
+    def is_layer_norm_activation(self) -> bool:
+        return self.act_fn is not None and self.act_fn.endswith("_ln")
+
+    def set_seed_everywhere(self, seed: int) -> None:
+        import random
+
+        torch.manual_seed(seed)
+        random.seed(seed)
+        try:
+            import numpy as np
+            np.random.seed(seed)
+        except ImportError:
+            pass
 
     @classmethod
     def unwrap(cls, config: "HookedTransformerConfig | dict[str, Any]"
@@ -101,6 +174,7 @@ def config_of(model: MIModel, *, name: str, default_prepend_bos: bool
         "rotary" if rotary else "none")
     backend_cfg = model.config
     act = getattr(backend_cfg, "activation", None) or getattr(backend_cfg, "hidden_act", None)
+    act = getattr(act, "value", act)  # the backend's enum: its published name
     experts = getattr(getattr(backend_cfg, "moe", None), "num_experts", None)
     cfg = HookedTransformerConfig(
         n_layers=base.n_layers, d_model=base.d_model, n_ctx=int(base.n_ctx or 2048),
@@ -116,6 +190,23 @@ def config_of(model: MIModel, *, name: str, default_prepend_bos: bool
         n_key_value_heads=base.n_key_value_heads,
         attn_only=not has("blocks.0.hook_mlp_out"), num_experts=experts)
     cfg.n_params = _n_params(cfg)
+    cfg.use_qk_norm = bool(getattr(backend_cfg, "qk_norm", False))
+    soft = getattr(backend_cfg, "final_softcap", None)
+    cfg.output_logits_soft_cap = float(soft) if soft else -1.0
+    soft = getattr(backend_cfg, "attn_softcap", None)
+    cfg.attn_scores_soft_cap = float(soft) if soft else -1.0
+    scale = getattr((getattr(model.backend, "settings", None) or [None])[0], "scale", None)
+    if scale:  # the backend multiplies q.k by it; TransformerLens divides by attn_scale
+        cfg.attn_scale = 1.0 / float(scale)
+    from mi_core.tl.arithmetic import rotary_of
+
+    rotary = rotary_of(model)
+    if rotary:
+        first = rotary[min(rotary)]
+        cfg.rotary_base, cfg.rotary_dim = first.base, first.dim
+        cfg.rotary_adjacent_pairs = first.adjacent_pairs
+    elif positions == "rotary" and getattr(backend_cfg, "ropes", None):  # a rotation TL would scale
+        cfg.rotary_base = float(getattr(backend_cfg.ropes[0], "theta", cfg.rotary_base))
     return cfg
 
 

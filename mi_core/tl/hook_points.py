@@ -25,19 +25,10 @@ import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
 from mi_core import HookError, InputError
+from mi_core.tl.errors import TLHookError
 
 NamesFilter = Optional[Union[Callable[[str], bool], Sequence[str], str]]
 Direction = Literal["fwd", "bwd"]
-
-
-class TLHookError(HookError, KeyError, AssertionError):
-    """A hook name TransformerLens does not know, or a hook it refuses (``hook_result``
-    without ``use_attn_result``, ...): an :class:`mi_core.HookError` that is also the
-    ``KeyError`` / ``AssertionError`` TransformerLens raises, so TransformerLens code that
-    catches those keeps working."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0]) if self.args else ""
 
 
 @attrs.define
@@ -326,6 +317,34 @@ class HookedRootModule(nn.Module):
         for name, hook in bwd:
             self.hook_dict[name].add_hook(hook, "bwd")
         return cache
+
+    def cache_all(self, cache: Optional[dict[str, torch.Tensor]], incl_bwd: bool = False,
+                  device: Any = None, remove_batch_dim: bool = False) -> None:
+        """Persistent caching hooks at every point (TransformerLens' deprecated form of
+        :meth:`add_caching_hooks`)."""
+        self.add_caching_hooks(lambda name: True, incl_bwd, device, remove_batch_dim, cache)
+
+    def cache_some(self, cache: Optional[dict[str, torch.Tensor]],
+                   names: Callable[[str], bool], incl_bwd: bool = False, device: Any = None,
+                   remove_batch_dim: bool = False) -> None:
+        """Persistent caching hooks at the points `names` accepts (deprecated form)."""
+        self.add_caching_hooks(names, incl_bwd, device, remove_batch_dim, cache)
+
+    def list_hooks(self, name_filter: NamesFilter = None,
+                   dir: Literal["fwd", "bwd", "both"] = "both",
+                   including_permanent: bool = True) -> dict[str, list[LensHandle]]:
+        """The hooks attached, by point name (points without hooks left out)."""
+        keep = names_filter_fn(name_filter)
+        out: dict[str, list[LensHandle]] = {}
+        for name, point in self.hook_dict.items():
+            if not keep(name):
+                continue
+            handles = (point.fwd_hooks if dir in ("fwd", "both") else []) + (
+                point.bwd_hooks if dir in ("bwd", "both") else [])
+            handles = [h for h in handles if including_permanent or not h.is_permanent]
+            if handles:
+                out[name] = handles
+        return out
 
     def run_with_cache(self, *model_args: Any, names_filter: NamesFilter = None,
                        device: Any = None, remove_batch_dim: bool = False,

@@ -33,9 +33,10 @@ from mi_core import (
 )
 from mi_core.plugin import KVCachedGeneration, LayerSchedule, Readout, has_capability
 from mi_core.plugin import require_capability
-from mi_core.tl import components
+from mi_core.tl import arithmetic, components
 from mi_core.tl.activation_cache import ActivationCache
 from mi_core.tl.config import HookedTransformerConfig, config_of
+from mi_core.tl.errors import TLAttributeError
 from mi_core.tl.hook_points import HookedRootModule, HookPoint, TLHookError, names_filter_fn
 from mi_core.tl.tl_tokens import TokensMixin
 from mi_core.tl.tokenizer import TLTokenizer
@@ -87,11 +88,15 @@ class _Request:
     def gradients(self) -> list[tuple[str, torch.Tensor]]:
         """The gradients backward reached, latest point first (the order backward hooks
         fire in a sequential model)."""
-        out = [(n, g) for n, g in self.grad_values.items() if n in self.wanted]
-        if self.cache is None:
-            return out
+        if self.cache is None:  # stored by callables, in the order backward reached them
+            return [(n, g) for n, g in self.grad_values.items() if n in self.wanted]
+        out = [(n, g) for n, g in self.grad_values.items()
+               if n.startswith("unembed.") and n in self.wanted]
         for name in reversed(list(self.values)):
             if name.startswith("unembed."):
+                continue
+            if name in self.grad_values:  # a point whose hooks the layer attached itself
+                out.append((name, self.grad_values[name]))
                 continue
             try:
                 out.append((name, self.cache.grad(name)))
@@ -135,9 +140,12 @@ class HookedTransformer(TokensMixin, HookedRootModule):
     def _build_tree(self, reuse: dict[str, HookPoint] | None = None) -> None:
         self._weights = components.WeightTree(self.mi_model)
         components.build(self, self.mi_model, self.cfg, self._weights, reuse)
+        probe = torch.zeros(1, 2, dtype=torch.long, device=self.mi_model.device)
+        self._weights.census(lambda: self.mi_model.forward(probe, HookSpec()))
         self.setup()
         self._points = [(n, hp) for n, hp in self.hook_dict.items()]
         self._request: _Request | None = None
+        self._rotary = arithmetic.rotary_of(self.mi_model)
 
     # -- loading ------------------------------------------------------------------------------
     @classmethod
@@ -169,8 +177,8 @@ class HookedTransformer(TokensMixin, HookedRootModule):
                 f"HookedTransformer.from_pretrained: {', '.join(named)} not supported by "
                 f"mi-core's TransformerLens layer (training checkpoints: pass revision=; "
                 f"other weights: save them as a checkpoint directory)")
-        model = MIModel.from_pretrained(os.fspath(model_name), device=_device(device), dtype=_dtype(dtype),
-                                        revision=revision)
+        model = MIModel.from_pretrained(os.fspath(model_name), device=_device(device),
+                                        dtype=_dtype(dtype), revision=revision)
         out = cls(model, tokenizer, move_to_device, default_padding_side or "right",
                   default_prepend_bos=True if default_prepend_bos is None else
                   bool(default_prepend_bos), model_name=str(model_name))
@@ -285,6 +293,30 @@ class HookedTransformer(TokensMixin, HookedRootModule):
         loss = self.loss_fn(out, tokens, attention_mask, per_token=loss_per_token)
         return loss if return_type == "loss" else Output(out, loss)
 
+    def input_to_embed(self, input: Any, prepend_bos: Optional[bool] = USE_DEFAULT_VALUE,
+                       padding_side: Optional[str] = USE_DEFAULT_VALUE,
+                       attention_mask: Optional[torch.Tensor] = None,
+                       past_kv_cache: Any = None
+                       ) -> tuple[torch.Tensor, torch.Tensor, None, Optional[torch.Tensor]]:
+        """(residual stream entering block 0 [batch, pos, d_model], tokens, None (no
+        shortformer positions), attention mask) of a forward's input, ``hook_embed`` /
+        ``hook_pos_embed`` hooks applied, as TransformerLens."""
+        if past_kv_cache is not None:
+            raise CapabilityError("input_to_embed(past_kv_cache=): not supported "
+                                  "(generate() keeps its own KV cache)")
+        tokens, attention_mask = self.input_to_tokens(input, prepend_bos, padding_side,
+                                                      attention_mask)
+        residual = self._run(tokens, attention_mask, blocks=range(0), stop=True)
+        return residual, tokens, None, attention_mask
+
+    def set_tokenizer(self, tokenizer: Any, default_padding_side: Optional[str] = None
+                      ) -> None:
+        """Only the model's own tokenizer is supported: a CapabilityError (padding side:
+        set ``model.tokenizer.padding_side``)."""
+        raise CapabilityError("set_tokenizer: mi-core uses the model's own tokenizer "
+                              "(tokenizer.json / the GGUF vocabulary); to change the padding "
+                              "side set model.tokenizer.padding_side")
+
     def loss_fn(self, logits: torch.Tensor, tokens: torch.Tensor,
                 attention_mask: Optional[torch.Tensor] = None,
                 per_token: bool = False) -> torch.Tensor:
@@ -333,6 +365,25 @@ class HookedTransformer(TokensMixin, HookedRootModule):
         fired = [(n, hp) for n, hp in self._points
                  if self._fires(n, blocks, embed, stop, logits)]
         kernel = [(n, hp) for n, hp in fired if not n.startswith("unembed.")]
+        offset = int(getattr(past, "length", 0) or 0)
+        grad_store = request.grad_values if request is not None and request.grads else None
+
+        def wire(name: str, x: torch.Tensor) -> torch.Tensor:
+            """The backward hooks of a point whose value the plan recomputes from (the
+            kernel's own would sit on a value the forward no longer uses)."""
+            hp = self.hook_dict[name]
+            store = grad_store if request is not None and name in request.wanted else None
+            if not hp.bwd_hooks and store is None:
+                return x
+            x = x.view_as(x) if x.requires_grad else x.detach().requires_grad_(True)
+            _grad_hooks(x, hp, store, name)
+            return x
+
+        plan = arithmetic.Plan(
+            {n for n, _ in kernel}, blocks, self._rotary,
+            lambda: arithmetic.positions_of(ids, mask, offset), self.cfg.n_ctx,
+            (lambda i: self.blocks[i].attn.W_O) if self.cfg.use_attn_result else None, wire)
+        plan.before(spec)  # recomputed values, which the user's hooks then see
         for name, hp in kernel:
             wanted = request is not None and name in request.wanted
             grads = bool(hp.bwd_hooks) or (wanted and request.grads)  # type: ignore[union-attr]
@@ -340,14 +391,15 @@ class HookedTransformer(TokensMixin, HookedRootModule):
                 spec.intervene(name, _caller(name, hp, state, self))
             elif grads:  # a value the forward uses, so its gradient exists (a norm's scale)
                 spec.intervene(name, _identity)
-            if hp.bwd_hooks:
+            if hp.bwd_hooks and name not in plan.wired:
                 spec.add_backward_hook(name, _bwd_caller(hp))
             if wanted:
-                _capture(spec, name, request, stored=stop)  # type: ignore[arg-type]
+                _capture(spec, name, request, stored=stop,  # type: ignore[arg-type]
+                         grads=name not in plan.wired)
+        plan.add_after(spec)  # TransformerLens' arithmetic (mi_core.tl.arithmetic)
         if stop and len(blocks):
             spec.intervene(f"blocks.{blocks[-1]}.hook_resid_post", _raise_stop)
         unembed = self._unembed_needs(fired, request)
-        grad_store = request.grad_values if request is not None and request.grads else None
         if unembed:
             spec.capture("ln_final.hook_normalized")
             if grad_store is not None or any(hp.bwd_hooks for n, hp in fired
@@ -357,7 +409,8 @@ class HookedTransformer(TokensMixin, HookedRootModule):
         if len(blocks) and blocks[0] > 0 and has_capability(self.mi_model.backend,
                                                              LayerSchedule):
             options["layer_schedule"] = list(blocks)
-        with _grad_mode():
+        # the parameters first (they require gradients only under the caller's grad mode)
+        with self._weights.autograd(), _grad_mode():
             try:
                 cache = self.mi_model.forward(ids, spec, attention_mask=mask, **options)
             except _UserHookError as err:
@@ -365,8 +418,8 @@ class HookedTransformer(TokensMixin, HookedRootModule):
             except _Stop as stopped:
                 return stopped.residual
             extra: dict[str, torch.Tensor] = {}
-            out = self._unembed_hooks(cache, cache.output, extra, grad_store) if unembed \
-                else cache.output
+            out = _as_tl_logits(cache.output)
+            out = self._unembed_hooks(cache, out, extra, grad_store) if unembed else out
         if request is not None:  # in the order the points ran, as TransformerLens' cache
             request.cache = cache
             request.values = {n: cache[n] for n in cache.keys() if n in request.wanted}
@@ -398,7 +451,7 @@ class HookedTransformer(TokensMixin, HookedRootModule):
         if hp_in.fwd_hooks or hp_in.bwd_hooks or grads is not None:
             h = _call_point(hp_in, h) if hp_in.fwd_hooks else h
             _grad_hooks(h, hp_in, grads, "unembed.hook_in")
-            logits = be.unembed(h)
+            logits = _as_tl_logits(be.unembed(h))
         if hp_out.fwd_hooks:
             logits = _call_point(hp_out, logits)
         if hp_out.bwd_hooks or grads is not None:
@@ -450,6 +503,63 @@ class HookedTransformer(TokensMixin, HookedRootModule):
         return out, ActivationCache(cache, self, has_batch_dim=not remove_batch_dim)
 
     # -- weights and properties TransformerLens adds --------------------------------------------
+    # The module tree's parameters, as TransformerLens' properties read them (so a computation
+    # with them carries gradients as TransformerLens' does); a name the tree lacks for this
+    # model (AttributeError) falls back to the MIModel's property through __getattr__.
+    W_E = property(lambda self: self.embed.W_E, doc="[d_vocab, d_model]")
+    W_U = property(lambda self: self.unembed.W_U, doc="[d_model, d_vocab]")
+    b_U = property(lambda self: self.unembed.b_U, doc="[d_vocab]")
+    W_pos = property(lambda self: self.pos_embed.W_pos,
+                     doc="[n_ctx, d_model] (learned absolute positions only)")
+    W_Q = property(lambda self: self._stack("attn", "W_Q"),
+                   doc="[n_layers, n_heads, d_model, d_head]")
+    W_K = property(lambda self: self._stack("attn", "W_K"),
+                   doc="[n_layers, n_heads, d_model, d_head] (grouped-query: repeated per head)")
+    W_V = property(lambda self: self._stack("attn", "W_V"), doc="as W_K")
+    W_O = property(lambda self: self._stack("attn", "W_O"),
+                   doc="[n_layers, n_heads, d_head, d_model]")
+    b_Q = property(lambda self: self._stack("attn", "b_Q"), doc="[n_layers, n_heads, d_head]")
+    b_K = property(lambda self: self._stack("attn", "b_K"), doc="[n_layers, n_heads, d_head]")
+    b_V = property(lambda self: self._stack("attn", "b_V"), doc="[n_layers, n_heads, d_head]")
+    b_O = property(lambda self: self._stack("attn", "b_O"), doc="[n_layers, d_model]")
+    W_in = property(lambda self: self._stack("mlp", "W_in"), doc="[n_layers, d_model, d_mlp]")
+    W_out = property(lambda self: self._stack("mlp", "W_out"), doc="[n_layers, d_mlp, d_model]")
+    b_in = property(lambda self: self._stack("mlp", "b_in"), doc="[n_layers, d_mlp]")
+    b_out = property(lambda self: self._stack("mlp", "b_out"), doc="[n_layers, d_model]")
+
+    @property
+    def W_gate(self) -> Optional[torch.Tensor]:
+        """[n_layers, d_model, d_mlp] of a gated MLP; None otherwise (as TransformerLens)."""
+        return self._stack("mlp", "W_gate") if self.cfg.gated_mlp else None
+
+    @property
+    def QK(self) -> Any:
+        """W_Q W_K^T per layer and head: [n_layers, n_heads, d_model, d_model], factored."""
+        from mi_core.tl.factored_matrix import FactoredMatrix
+        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
+
+    @property
+    def OV(self) -> Any:
+        """W_V W_O per layer and head: [n_layers, n_heads, d_model, d_model], factored."""
+        from mi_core.tl.factored_matrix import FactoredMatrix
+        return FactoredMatrix(self.W_V, self.W_O)
+
+    def _stack(self, part: str, name: str) -> torch.Tensor:
+        return torch.stack([getattr(getattr(block, part), name) for block in self.blocks], dim=0)
+
+    def tl_weight(self, name: str, layer: Optional[int] = None) -> torch.Tensor:
+        """One weight in TransformerLens' naming and per-layer shape (what the cache's
+        methods read): the module tree's parameter, else the MIModel's."""
+        try:
+            if layer is None:
+                part = {"W_E": "embed", "W_pos": "pos_embed", "W_U": "unembed",
+                        "b_U": "unembed"}[name]
+                return getattr(getattr(self, part), name)
+            block = self.blocks[layer]
+            return getattr(block.attn if name.lstrip("_")[2] in "QKVO" else block.mlp, name)
+        except (AttributeError, KeyError, IndexError):
+            return self.mi_model.tl_weight(name, layer)
+
     @property
     def W_E_pos(self) -> torch.Tensor:
         """[d_vocab + n_ctx, d_model]: W_E then W_pos."""
@@ -511,10 +621,12 @@ class HookedTransformer(TokensMixin, HookedRootModule):
     def __getattr__(self, name: str) -> Any:
         try:
             return super().__getattr__(name)
-        except AttributeError:
+        except AttributeError as err:
             inner = self.__dict__.get("mi_model")
             if inner is None or name.startswith("__"):
                 raise
+            if name in _TREE_WEIGHTS:  # a property of the tree that this model lacks
+                raise TLAttributeError(f"this model has no {name} ({err})") from None
             return getattr(inner, name)
 
     def __repr__(self) -> str:
@@ -523,16 +635,30 @@ class HookedTransformer(TokensMixin, HookedRootModule):
 
 
 # -- running the tree's hooks inside the kernel's forward --------------------------------------
+#: the weight properties read from the module tree (no fallback to the MIModel's)
+_TREE_WEIGHTS = frozenset({
+    "W_E", "W_U", "b_U", "W_pos", "W_E_pos", "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V",
+    "b_O", "W_in", "W_out", "W_gate", "b_in", "b_out", "QK", "OV"})
+
+
+def _as_tl_logits(logits: torch.Tensor) -> torch.Tensor:
+    """The logits as TransformerLens' unembedding leaves them: a view of its product
+    (``grad_fn=<ViewBackward0>`` where they carry a gradient, which a printed tensor shows)."""
+    return logits.view(logits.shape) if logits.requires_grad else logits
+
+
 def _raise_stop(x: torch.Tensor) -> torch.Tensor:
     raise _Stop(x)
 
 
-def _capture(spec: HookSpec, name: str, request: _Request, stored: bool) -> None:
+def _capture(spec: HookSpec, name: str, request: _Request, stored: bool,
+             grads: bool = True) -> None:
     """Capture `name` for run_with_cache: the kernel's captures, or (a forward that stops
-    early, whose kernel cache is never returned) callables storing into the request."""
+    early, whose kernel cache is never returned) callables storing into the request;
+    gradients too unless `grads` is False (the layer attaches them itself)."""
     if not stored:
         spec.capture(name)
-        if request.grads:
+        if request.grads and grads:
             spec.capture_grad(name)
         return
 
@@ -544,7 +670,7 @@ def _capture(spec: HookSpec, name: str, request: _Request, stored: bool) -> None
         request.grad_values[name] = grad
 
     spec.intervene(name, keep)
-    if request.grads:
+    if request.grads and grads:
         spec.add_backward_hook(name, keep_grad)
 
 

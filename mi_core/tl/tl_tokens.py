@@ -16,6 +16,7 @@ import torch
 
 from mi_core import InputError, TokenizerError
 from mi_core.plugin import KVCachedGeneration, has_capability
+from mi_core.tl.errors import TLValueError
 from mi_core.tl.utils import (
     USE_DEFAULT_VALUE, TLInputError, get_attention_mask, sample_logits,
 )
@@ -87,7 +88,7 @@ class TokensMixin:
             return tok.batch_decode(tokens)
         if tokens.dim() <= 1:
             return tok.decode(tokens)
-        raise InputError(f"Invalid shape passed in: {tuple(tokens.shape)}")
+        raise TLValueError(f"Invalid shape passed in: {tuple(tokens.shape)}")
 
     def to_str_tokens(self, input: Any, prepend_bos: Optional[bool] = USE_DEFAULT_VALUE,
                       padding_side: Optional[str] = USE_DEFAULT_VALUE) -> Any:
@@ -106,7 +107,7 @@ class TokensMixin:
                 raise TLInputError(f"Invalid tokens input to to_str_tokens, has shape: "
                                    f"{tuple(tokens.shape)}")
         else:
-            raise InputError(f"Invalid input type to to_str_tokens: {type(input).__name__}")
+            raise TLValueError(f"Invalid input type to to_str_tokens: {type(input).__name__}")
         return tok.batch_decode([[int(t)] for t in tokens.tolist()])
 
     def to_single_token(self, string: str) -> int:

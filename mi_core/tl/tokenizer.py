@@ -42,6 +42,14 @@ class TLTokenizer:
         #: whether the underlying tokenizer adds BOS by itself (decided once, as TransformerLens)
         empty = tokenizer.encode("", add_special_tokens=True)
         self.adds_bos = bool(empty) and empty[0] == self.bos_token_id
+        #: TransformerLens' tokenizer always adds BOS when encoding with special tokens
+        self.add_bos_token = True
+        config = _tokenizer_config(tokenizer)
+        #: ``tokenizer_config.json``'s values (HuggingFace's default length when absent)
+        self.model_max_length = int(config.get("model_max_length") or int(1e30))
+        unk = config.get("unk_token")
+        unk = unk.get("content") if isinstance(unk, dict) else unk
+        self.unk_token: str | None = unk if isinstance(unk, str) else None
 
     # -- special tokens --------------------------------------------------------------------
     bos_token = property(lambda self: self.inner.decode([self.bos_token_id]))
@@ -119,10 +127,41 @@ class TLTokenizer:
                      clean_up_tokenization_spaces: bool = False, **unused: Any) -> list[str]:
         return [self.decode(s, skip_special_tokens) for s in sequences]
 
-    def convert_ids_to_tokens(self, ids: Any) -> Any:
-        if isinstance(ids, int):
-            return self.inner.to_str_tokens([ids])[0]
-        return self.inner.to_str_tokens(_id_list(ids))
+    @property
+    def unk_token_id(self) -> int | None:
+        return None if self.unk_token is None else self.convert_tokens_to_ids(self.unk_token)
+
+    def _raw(self) -> Any:
+        """The underlying ``tokenizers.Tokenizer`` (vocabulary entries as stored), if any."""
+        inner = getattr(self.inner, "inner", None)
+        return inner if inner is not None and hasattr(inner, "id_to_token") else None
+
+    def convert_ids_to_tokens(self, ids: Any, skip_special_tokens: bool = False) -> Any:
+        """Vocabulary entries as stored (``"Ġcat"`` for a byte-level BPE), as HuggingFace's;
+        the decoded pieces where the tokenizer does not list its entries."""
+        raw = self._raw()
+        one = isinstance(ids, int)
+        ids = _id_list(ids)
+        if skip_special_tokens:
+            special = {self.bos_token_id, self.eos_token_id, self.pad_token_id}
+            ids = [i for i in ids if i not in special]
+        out = [raw.id_to_token(i) for i in ids] if raw is not None else \
+            list(self.inner.to_str_tokens(ids))
+        return out[0] if one else out
+
+    def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> Any:
+        """Vocabulary entries -> ids (None for an entry not in the vocabulary, as the unknown
+        token is where there is one)."""
+        vocab = self.get_vocab()
+        unk = vocab.get(self.unk_token) if self.unk_token is not None else None
+        if isinstance(tokens, str):
+            return vocab.get(tokens, unk)
+        return [vocab.get(t, unk) for t in tokens]
+
+    def tokenize(self, text: str, add_special_tokens: bool = False, **unused: Any
+                 ) -> list[str]:
+        """`text` as vocabulary entries (no BOS unless `add_special_tokens`)."""
+        return self.convert_ids_to_tokens(self.ids(text, add_special_tokens))
 
     def get_vocab(self) -> dict[str, int]:
         inner = getattr(self.inner, "inner", None)
@@ -145,6 +184,19 @@ def _id_list(ids: Any) -> list[int]:
     if hasattr(ids, "tolist"):  # numpy
         ids = ids.tolist()
     return [int(i) for i in (ids if isinstance(ids, (list, tuple)) else [ids])]
+
+
+def _tokenizer_config(tokenizer: MITokenizer) -> dict[str, Any]:
+    """``tokenizer_config.json`` beside the tokenizer's ``tokenizer.json`` ({} if none)."""
+    source = Path(str(getattr(tokenizer, "source", "")))
+    cfg = source.parent / "tokenizer_config.json"
+    if source.name != "tokenizer.json" or not cfg.is_file():
+        return {}
+    try:
+        out = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return out if isinstance(out, dict) else {}
 
 
 def _pad_id(tokenizer: MITokenizer) -> int | None:

@@ -235,6 +235,16 @@ def test_tokens_utilities_as_transformerlens(pair):
             m.to_single_token(" categorically unusual")
         with pytest.raises(AssertionError):
             m.get_token_position(" dog", text)
+        with pytest.raises(ValueError, match="Invalid input type"):
+            m.to_str_tokens(504)
+    assert ours.to_str_tokens(tokens[0].numpy()) == tl.to_str_tokens(tokens[0].numpy())
+    assert ours.to_str_tokens(tokens[0]) == tl.to_str_tokens(tokens[0])
+    assert ours.to_str_tokens(text, prepend_bos=False) == \
+        tl.to_str_tokens(text, prepend_bos=False)
+    assert ours.to_single_str_token(504) == tl.to_single_str_token(504)
+    assert ours.to_string([504, 2644]) == tl.to_string([504, 2644])
+    assert torch.equal(ours.to_tokens("a " * 10, truncate=True, move_to_device=False),
+                       tl.to_tokens("a " * 10, truncate=True, move_to_device=False))
 
 
 def test_generate_returns_text_and_samples_as_transformerlens(pair):
@@ -252,6 +262,19 @@ def test_generate_returns_text_and_samples_as_transformerlens(pair):
     out = ours.generate(tokens, max_new_tokens=3, do_sample=False, verbose=False)
     assert torch.equal(out, tl.generate(tokens, max_new_tokens=3, do_sample=False,
                                         verbose=False))
+    for kwargs in (dict(top_k=5), dict(top_p=0.9), dict(freq_penalty=1.0),
+                   dict(do_sample=False, use_past_kv_cache=False),
+                   dict(do_sample=False, eos_token_id=504), dict(do_sample=False,
+                                                                  prepend_bos=False),
+                   dict(do_sample=False, return_type="tokens")):
+        torch.manual_seed(0)
+        a = ours.generate(prompt, max_new_tokens=4, verbose=False, **kwargs)
+        torch.manual_seed(0)
+        b = tl.generate(prompt, max_new_tokens=4, verbose=False, **kwargs)
+        assert (torch.equal(a, b) if isinstance(b, torch.Tensor) else a == b), kwargs
+    texts = [prompt, "The cat sat on"]  # a batch: left padded, as TransformerLens
+    assert ours.generate(texts, max_new_tokens=4, do_sample=False, verbose=False) == \
+        tl.generate(texts, max_new_tokens=4, do_sample=False, verbose=False)
 
 
 def test_test_prompt_prints_transformerlens_lines(pair, capsys):
@@ -313,3 +336,200 @@ def test_what_cannot_apply_is_refused_by_name(tl_checkpoints):
         model.to(torch.float16)
     with pytest.raises(AssertionError, match="GroupedQueryAttention"):
         HookedTransformer.from_pretrained(tl_checkpoints["smollm2_2l"]).set_use_attn_in(True)
+
+
+def test_activations_and_logits_equal_transformerlens_bit_for_bit(pair):
+    """SmolLM2 (RMSNorm, rotary, grouped-query attention): with TransformerLens' arithmetic
+    (mi_core.tl.arithmetic: norms divide by the scale, explicit attention, TransformerLens'
+    rotary tables, its per-head results) every activation and the logits are TransformerLens'
+    exactly, padded either side, with ``use_attn_result``, with grad mode on or off."""
+    ours, tl = pair("smollm2_2l")
+    texts = ["When John and Mary went to the shops, John gave the bag to",
+             "When Tom and James went to the park, James gave the ball to a"]
+    with torch.no_grad():
+        _, cache = ours.run_with_cache(texts)
+        logits, tc = tl.run_with_cache(texts)
+    assert list(cache.keys()) == list(tc.keys())
+    for k in tc.keys():
+        assert torch.equal(cache[k], tc[k]), k
+    real = ours.to_tokens(texts, padding_side="left") != ours.tokenizer.pad_token_id
+    with torch.no_grad():
+        assert torch.equal(ours(texts, padding_side="left")[real],
+                           tl(texts, padding_side="left")[real])
+        for m in (ours, tl):
+            m.set_use_attn_result(True)
+        _, cache = ours.run_with_cache(texts)
+        _, tc = tl.run_with_cache(texts)
+        assert torch.equal(cache["result", 1], tc["result", 1])
+        assert torch.equal(cache["resid_post", 1], tc["resid_post", 1])
+        for m in (ours, tl):
+            m.set_use_attn_result(False)
+    assert torch.equal(ours(texts).detach(), logits)  # grad mode on: the same numbers
+
+
+def test_parameters_require_gradients_and_get_them_as_in_transformerlens(pair):
+    """As TransformerLens' parameters, the tree's require gradients: outputs carry a grad_fn
+    (the same kind) when grad mode is on, and backward() fills each parameter's .grad; the
+    MIModel beneath (the same weights) stays gradient-free, and absent biases (zeros that
+    take no part in the forward) do not require gradients."""
+    ours, tl = pair("gpt2")
+    tokens = tl.to_tokens(TEXTS[1])
+    assert all(p.requires_grad for p in ours.parameters())
+    logits = ours(tokens)
+    assert type(logits.grad_fn).__name__ == type(tl(tokens).grad_fn).__name__
+    with torch.no_grad():
+        assert ours(tokens).grad_fn is None
+    assert ours.mi_model.run_with_hooks(tokens).grad_fn is None
+    for m in (ours, tl):
+        m.zero_grad(set_to_none=True)
+        m(tokens, return_type="loss").backward()
+    theirs = dict(tl.named_parameters())
+    for name, p in ours.named_parameters():
+        ref = theirs[name].grad
+        if p.requires_grad:
+            assert p.grad is not None, name
+            _close(p.grad, ref, 1e-4 * max(1.0, ref.abs().max().item()))
+    small, _ = pair("smollm2_2l")
+    assert not small.blocks[0].attn.b_Q.requires_grad  # SmolLM2 has no query bias
+    assert small.blocks[0].attn.W_Q.requires_grad
+    flags = [p.requires_grad for p in ours.parameters()]
+    ours.requires_grad_(False)
+    try:
+        assert ours(tokens).grad_fn is None
+    finally:
+        for p, flag in zip(ours.parameters(), flags):
+            p.requires_grad_(flag)
+
+
+def test_gradients_to_weights_survive_processing_and_in_place_edits(tl_checkpoints):
+    """The gradient path follows the weights the model computes with: after an in-place edit
+    (under no_grad, as TransformerLens requires) and after weight processing rebuilt the
+    tree, backward() still fills the parameters' gradients."""
+    model = HookedTransformer.from_pretrained_no_processing(tl_checkpoints["gpt2"])
+    tokens = model.to_tokens(TEXTS[0])
+    with torch.no_grad():
+        model.blocks[0].attn.W_O[1] = 0.0
+    model(tokens, return_type="loss").backward()
+    assert model.blocks[0].attn.W_O.grad is not None
+    model.process_weights_()
+    model(tokens, return_type="loss").backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert grads and all(g is not None for g in grads)
+
+
+def test_missing_cache_entries_raise_the_keyerror_transformerlens_raises(pair):
+    ours, tl = pair("smollm2_2l")
+    with torch.no_grad():
+        _, cache = ours.run_with_cache(TEXTS[0])
+        _, tc = tl.run_with_cache(TEXTS[0])
+    for c in (cache, tc):
+        with pytest.raises(KeyError):
+            c["pattern", 5]
+    with pytest.raises(mi.HookError, match="blocks.5.attn.hook_pattern"):
+        cache["pattern", 5]
+
+
+@pytest.mark.parametrize("name", ["smollm2_2l", "gpt2"])
+def test_config_fields_and_values_are_transformerlens(pair, name):
+    """Every field of TransformerLens' config exists; those a loaded model decides have
+    TransformerLens' values (the reference's config is TransformerLens' own for the same
+    checkpoint; the model's name and the architecture string are not read from the files)."""
+    import dataclasses
+
+    ours, tl = pair(name)
+    skip = {"model_name", "original_architecture", "device", "n_ctx", "tokenizer_name",
+            "initializer_range", "NTK_original_ctx_len"}
+    assert {f.name for f in dataclasses.fields(tl.cfg)} <= {f.name for f in
+                                                          dataclasses.fields(ours.cfg)}
+    for f in dataclasses.fields(tl.cfg):
+        if f.name not in skip:
+            assert str(getattr(ours.cfg, f.name)) == str(getattr(tl.cfg, f.name)), f.name
+
+
+def test_tokenizer_attributes_and_methods_are_huggingfaces(pair):
+    ours, tl = pair("smollm2_2l")
+    a, b = ours.tokenizer, tl.tokenizer
+    for attr in ("bos_token", "bos_token_id", "eos_token", "eos_token_id", "pad_token",
+                 "pad_token_id", "unk_token", "unk_token_id", "padding_side",
+                 "model_max_length", "add_bos_token", "vocab_size"):
+        assert getattr(a, attr) == getattr(b, attr), attr
+    ids = [1, 2, 4568, 7, 504]
+    assert a.convert_ids_to_tokens(ids) == b.convert_ids_to_tokens(ids)
+    assert a.convert_ids_to_tokens(4568) == b.convert_ids_to_tokens(4568)
+    assert a.tokenize(TEXTS[0]) == b.tokenize(TEXTS[0])
+    assert a.convert_tokens_to_ids(["ĠThe", "not-a-token"]) == \
+        b.convert_tokens_to_ids(["ĠThe", "not-a-token"])
+    assert a.encode(TEXTS[0]) == b.encode(TEXTS[0])
+    assert a.decode(a.encode(TEXTS[0])) == b.decode(b.encode(TEXTS[0]))
+    assert torch.equal(a(TEXTS, padding=True, return_tensors="pt")["input_ids"],
+                       b(TEXTS, padding=True, return_tensors="pt")["input_ids"])
+
+
+def test_hook_listing_caching_hooks_embedding_and_evals_as_transformerlens(pair):
+    from transformer_lens import evals as tl_evals
+
+    from mi_core.tl import evals
+
+    ours, tl = pair("gpt2")
+    tokens = tl.to_tokens(TEXTS[0])
+    with torch.no_grad():
+        for m in (ours, tl):
+            m.add_hook("blocks.0.hook_resid_post", lambda x, hook: x)
+            m.add_perma_hook("blocks.1.attn.hook_z", lambda x, hook: x)
+        assert {k: len(v) for k, v in ours.list_hooks().items()} == \
+            {k: len(v) for k, v in tl.list_hooks().items()}
+        assert list(ours.list_hooks(including_permanent=False)) == \
+            list(tl.list_hooks(including_permanent=False))
+        for m in (ours, tl):
+            m.reset_hooks(including_permanent=True)
+        caches: dict = {"ours": {}, "tl": {}}
+        for side, m in (("ours", ours), ("tl", tl)):
+            m.cache_some(caches[side], lambda n: n.endswith("hook_resid_pre"))
+            m(tokens)
+            m.reset_hooks()
+        assert list(caches["ours"]) == list(caches["tl"])
+        for k in caches["tl"]:
+            _close(caches["ours"][k], caches["tl"][k])
+        a, b = ours.input_to_embed(TEXTS[0]), tl.input_to_embed(TEXTS[0])
+        _close(a[0], b[0])
+        assert torch.equal(a[1], b[1]) and a[2] is None and b[2] is None
+        _close(evals.sanity_check(ours), tl_evals.sanity_check(tl))
+        torch.manual_seed(0)
+        mine = evals.induction_loss(ours, batch_size=2, subseq_len=20, device="cpu")
+        torch.manual_seed(0)
+        _close(mine, tl_evals.induction_loss(tl, batch_size=2, subseq_len=20, device="cpu"))
+    with pytest.raises(mi.CapabilityError, match="downloads"):
+        evals.make_owt_data_loader(ours.tokenizer)
+    _, cache = ours.run_with_cache(tokens)
+    grad = torch.is_grad_enabled()
+    try:
+        cache.toggle_autodiff(False)
+        assert not torch.is_grad_enabled()
+    finally:
+        torch.set_grad_enabled(grad)
+
+
+def test_weights_and_full_ov_circuit_as_transformerlens(pair):
+    """The Main Demo's full OV circuit (W_E @ OV @ W_U, a FactoredMatrix over the vocabulary)
+    and its eigenvalues; the stacked weight properties are the tree's parameters."""
+    ours, tl = pair("gpt2")
+    for name in ("W_E", "W_U", "b_U", "W_pos", "W_Q", "W_K", "W_V", "W_O", "W_in", "W_out",
+                 "b_Q", "b_K", "b_V", "b_O", "b_in", "b_out", "W_E_pos"):
+        assert torch.equal(getattr(ours, name), getattr(tl, name)) or \
+            (getattr(ours, name) - getattr(tl, name)).abs().max() < 1e-6, name
+    assert ours.W_gate is None and tl.W_gate is None
+    assert ours.W_E is ours.embed.W_E
+    with torch.no_grad():
+        full = ours.embed.W_E @ ours.OV @ ours.unembed.W_U
+        theirs = tl.embed.W_E @ tl.OV @ tl.unembed.W_U
+        assert repr(full) == repr(theirs)
+        ev, tev = full.eigenvalues, theirs.eigenvalues
+        assert ev.shape == tev.shape and ev.dtype == tev.dtype
+        score = ev.sum(-1).real / ev.abs().sum(-1)
+        _close(score, tev.sum(-1).real / tev.abs().sum(-1), 1e-3)
+    small, tsmall = pair("smollm2_2l")
+    assert small.W_gate.shape == tsmall.W_gate.shape
+    assert not hasattr(small, "W_pos") and not hasattr(tsmall, "W_pos")  # rotary: none
+    with pytest.raises(mi.WeightLoadError, match="W_pos"):
+        small.W_pos
+    assert small.W_K.shape == tsmall.W_K.shape  # grouped-query K repeated per query head

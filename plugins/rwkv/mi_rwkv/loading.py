@@ -3,7 +3,6 @@ llama.cpp's GGUF files of both (:mod:`mi_rwkv.gguf`: the same tensor names and c
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable
 
 import torch

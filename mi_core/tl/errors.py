@@ -1,0 +1,32 @@
+"""The TransformerLens layer's error kinds: mi-core errors that are also the builtin
+exceptions TransformerLens raises for the same mistake, so TransformerLens code that catches
+those keeps working (a module of its own: the cache and the hooking modules both raise them)."""
+
+from __future__ import annotations
+
+from mi_core import HookError, InputError, WeightLoadError
+
+
+class TLHookError(HookError, KeyError, AssertionError):
+    """A hook name TransformerLens does not know, a cache entry that is not there, or a hook
+    it refuses (``hook_result`` without ``use_attn_result``, ...): an
+    :class:`mi_core.HookError` that is also the ``KeyError`` / ``AssertionError``
+    TransformerLens raises."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class TLValueError(InputError, ValueError):
+    """An input TransformerLens refuses with a ``ValueError`` (a type ``to_str_tokens``
+    cannot read, a tokens shape ``to_string`` cannot decode): an :class:`mi_core.InputError`
+    that is also that ``ValueError``."""
+
+
+class TLAttributeError(WeightLoadError, AttributeError):
+    """A weight this model does not have (``W_pos`` of a rotary model, ``W_in`` of an
+    attention-only one): an :class:`mi_core.WeightLoadError` that is also the
+    ``AttributeError`` TransformerLens raises (so ``hasattr(model, "W_pos")`` is False)."""
+
+
+__all__ = ["TLAttributeError", "TLHookError", "TLValueError"]
