@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import mi_core as mi
-from mi_core.errors import ConfigError, MIError, UnsupportedModelError, WeightLoadError
+from mi_core.errors import ConfigError, UnsupportedModelError, WeightLoadError
 from tests.support import gguf_convert as conv
 from tests.support import gguf_convert_rwkv as cr
 from tests.support import rwkv_ckpt as rc
@@ -261,32 +261,12 @@ def test_missing_and_unknown_tensors_are_named(case, tmp_path):
 def test_fuzzed_metadata_values_fail_only_with_mi_errors(case, tmp_path_factory, version):
     """Any value of any GGUF type at any of the architecture's keys either loads or raises an
     MIError."""
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
-
     from mi_core.gguf import read_gguf_header
     from mi_rwkv.gguf import read_rwkv_gguf
+    from tests.support.gguf_fuzz import fuzz_metadata
     from tests.transformer.test_transformer_gguf_new_arches import _rewrite
 
     _, good = case(version)
     keys = [k for k in read_gguf_header(good).metadata if k.startswith(f"rwkv{version}.")]
-    values = st.one_of(
-        st.tuples(st.integers(-2**31, 2**31 - 1), st.just("INT32")),
-        st.tuples(st.integers(0, 2**32 - 1), st.just("UINT32")),
-        st.tuples(st.floats(allow_nan=True, allow_infinity=True, width=32), st.just("FLOAT32")),
-        st.tuples(st.booleans(), st.just("BOOL")),
-        st.tuples(st.text(max_size=8), st.just("STRING")),
-        st.tuples(st.lists(st.integers(0, 100), min_size=1, max_size=4), st.just("ARRAY")))
-    root = tmp_path_factory.mktemp("fuzz_rwkv")
-    counter = iter(range(10**6))
-
-    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(key=st.sampled_from(keys), value=values)
-    def check(key: str, value: tuple[Any, str]) -> None:
-        path = _rewrite(good, root / f"f{next(counter)}.gguf", meta={key: value})
-        try:
-            read_rwkv_gguf(path)
-        except MIError:
-            pass
-
-    check()
+    fuzz_metadata(keys, lambda path, meta: _rewrite(good, path, meta=meta), read_rwkv_gguf,
+                  tmp_path_factory.mktemp("fuzz_rwkv"))

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import mi_core as mi
-from mi_core.errors import ConfigError, MIError
+from mi_core.errors import ConfigError
 from mi_transformer.gguf import read_gguf
 from tests.support.byte_tokens import gpt2_byte_tokens
 from tests.support.tiny_families import FAMILIES, GPT_FAMILIES, WINDOW
@@ -282,31 +282,12 @@ def test_missing_required_metadata_is_a_config_error_naming_the_key(case, tmp_pa
 def test_fuzzed_metadata_values_fail_only_with_mi_errors(case, tmp_path_factory):
     """Any value of any GGUF type at any architecture key either loads or raises an MIError
     (never a TypeError / KeyError / IndexError from deep inside)."""
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
+    from tests.support.gguf_fuzz import fuzz_metadata
 
     t, good = case("gemma2")
     keys = [k for k in read_gguf(good).metadata if k.startswith("gemma2.")]
-    values = st.one_of(
-        st.tuples(st.integers(-2**31, 2**31 - 1), st.just("INT32")),
-        st.tuples(st.integers(0, 2**32 - 1), st.just("UINT32")),
-        st.tuples(st.floats(allow_nan=True, allow_infinity=True, width=32), st.just("FLOAT32")),
-        st.tuples(st.booleans(), st.just("BOOL")),
-        st.tuples(st.text(max_size=8), st.just("STRING")),
-        st.tuples(st.lists(st.integers(0, 100), min_size=1, max_size=4), st.just("ARRAY")))
-    root = tmp_path_factory.mktemp("fuzz")
-    counter = iter(range(10**6))
-
-    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(key=st.sampled_from(keys), value=values)
-    def check(key: str, value: tuple[Any, str]) -> None:
-        path = write_gguf(t, "gemma2", root / f"f{next(counter)}.gguf", meta={key: value})
-        try:
-            read_gguf(path)
-        except MIError:
-            pass
-
-    check()
+    fuzz_metadata(keys, lambda path, meta: write_gguf(t, "gemma2", path, meta=meta), read_gguf,
+                  tmp_path_factory.mktemp("fuzz"), examples=40)
 
 
 def test_plugin_lists_exactly_the_gguf_architectures_read():

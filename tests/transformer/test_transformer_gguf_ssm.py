@@ -159,32 +159,11 @@ def test_a_jamba_attention_schedule_that_is_not_periodic_is_refused(case, tmp_pa
 def test_fuzzed_metadata_values_fail_only_with_mi_errors(case, tmp_path_factory, name):
     """Any value of any GGUF type at any of the architecture's keys either loads or raises an
     MIError."""
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
-
-    from mi_core.errors import MIError
+    from tests.support.gguf_fuzz import fuzz_metadata
     from tests.transformer.test_transformer_gguf_new_arches import _rewrite
 
     _, good = case(name)
     arch = CASES[name][0]
     keys = [k for k in read_gguf(good).metadata if k.startswith(f"{arch}.")]
-    values = st.one_of(
-        st.tuples(st.integers(-2**31, 2**31 - 1), st.just("INT32")),
-        st.tuples(st.integers(0, 2**32 - 1), st.just("UINT32")),
-        st.tuples(st.floats(allow_nan=True, allow_infinity=True, width=32), st.just("FLOAT32")),
-        st.tuples(st.booleans(), st.just("BOOL")),
-        st.tuples(st.text(max_size=8), st.just("STRING")),
-        st.tuples(st.lists(st.integers(0, 100), min_size=1, max_size=4), st.just("ARRAY")))
-    root = tmp_path_factory.mktemp("fuzz_ssm")
-    counter = iter(range(10**6))
-
-    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(key=st.sampled_from(keys), value=values)
-    def check(key: str, value: tuple[Any, str]) -> None:
-        path = _rewrite(good, root / f"f{next(counter)}.gguf", meta={key: value})
-        try:
-            read_gguf(path)
-        except MIError:
-            pass
-
-    check()
+    fuzz_metadata(keys, lambda path, meta: _rewrite(good, path, meta=meta), read_gguf,
+                  tmp_path_factory.mktemp("fuzz_ssm"))
