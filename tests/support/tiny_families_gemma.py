@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from tests.support.tiny_families import _COMMON
+from tests.support.tiny_families_moe2 import build_tiny, session_cache
 
 WINDOW = 5
 _TYPES4 = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
@@ -86,32 +86,7 @@ def randomise_buffers(model: torch.nn.Module, seed: int) -> None:
 def make_gemma(root: Path, name: str, seed: int = 0) -> Any:
     """The tiny checkpoint `name` of :data:`GEMMA_FAMILIES`, saved under `root`; a
     tests.transformer.conftest.Tiny."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from tests.transformer.conftest import Tiny, _randomise
-
-    model_type, overrides = GEMMA_FAMILIES[name]
-    cfg = AutoConfig.for_model(model_type, **{**_COMMON, **overrides})
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager",
-                                             dtype=torch.float32).eval()
-    _randomise(model, seed)
-    randomise_buffers(model, seed)
-    path = root / name
-    model.save_pretrained(path)
-    return Tiny(name, path, model)
+    return build_tiny(GEMMA_FAMILIES, randomise_buffers, root, name, seed)
 
 
-_CACHE: dict[str, Any] = {}
-
-
-def cached_gemma(root_factory: Any) -> Any:
-    """`get(name)` -> Tiny, each checkpoint built once per session (`root_factory`: pytest's
-    ``tmp_path_factory``), shared by the test modules that use these families."""
-
-    def get(name: str) -> Any:
-        if name not in _CACHE:
-            _CACHE[name] = make_gemma(root_factory.mktemp("gemma"), name)
-        return _CACHE[name]
-
-    return get
+cached_gemma = session_cache(make_gemma, "gemma")

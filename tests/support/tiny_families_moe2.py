@@ -15,7 +15,7 @@ transformers leaves at zero.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -76,35 +76,47 @@ def randomise_buffers(model: torch.nn.Module, seed: int) -> None:
                 b.copy_(0.2 * torch.randn(b.shape, generator=g))
 
 
-def make_moe2(root: Path, name: str, seed: int = 0) -> Any:
-    """The tiny checkpoint `name` of :data:`MOE2_FAMILIES`, saved under `root`; a
-    tests.transformer.conftest.Tiny."""
+def build_tiny(families: dict[str, tuple[str, dict[str, Any]]],
+               randomise_extra: Callable[[torch.nn.Module, int], None], root: Path, name: str,
+               seed: int = 0) -> Any:
+    """The tiny checkpoint `name` of `families` (on tiny_families' common sizes), weights at
+    unit scale, then `randomise_extra` for what the family keeps outside its parameters;
+    saved under `root`; a tests.transformer.conftest.Tiny."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from tests.transformer.conftest import Tiny, _randomise
 
-    model_type, overrides = MOE2_FAMILIES[name]
+    model_type, overrides = families[name]
     cfg = AutoConfig.for_model(model_type, **{**_COMMON, **overrides})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager",
                                              dtype=torch.float32).eval()
     _randomise(model, seed)
-    randomise_buffers(model, seed)
+    randomise_extra(model, seed)
     path = root / name
     model.save_pretrained(path)
     return Tiny(name, path, model)
 
 
-_CACHE: dict[str, Any] = {}
+def session_cache(make: Callable[[Path, str], Any], prefix: str
+                  ) -> Callable[[Any], Callable[[str], Any]]:
+    """`cached(root_factory)` -> `get(name)`: each checkpoint `make` builds once per session
+    (`root_factory`: pytest's ``tmp_path_factory``), shared by the test modules."""
+    cache: dict[str, Any] = {}
+
+    def cached(root_factory: Any) -> Callable[[str], Any]:
+        def get(name: str) -> Any:
+            if name not in cache:
+                cache[name] = make(root_factory.mktemp(prefix), name)
+            return cache[name]
+        return get
+
+    return cached
 
 
-def cached_moe2(root_factory: Any) -> Any:
-    """`get(name)` -> Tiny, each checkpoint built once per session (`root_factory`: pytest's
-    ``tmp_path_factory``), shared by the test modules that use these families."""
+def make_moe2(root: Path, name: str, seed: int = 0) -> Any:
+    """The tiny checkpoint `name` of :data:`MOE2_FAMILIES`, saved under `root`."""
+    return build_tiny(MOE2_FAMILIES, randomise_buffers, root, name, seed)
 
-    def get(name: str) -> Any:
-        if name not in _CACHE:
-            _CACHE[name] = make_moe2(root_factory.mktemp("moe2"), name)
-        return _CACHE[name]
 
-    return get
+cached_moe2 = session_cache(make_moe2, "moe2")
