@@ -143,7 +143,9 @@ class GgufArch:
     `unoffset`: llama.cpp modules `norm_offset` does not apply to (Qwen3-Next's gated norm
     ``ssm_norm``, stored as is). `relabel(family, layer, slot)`: the slot of one layer's
     tensor where it differs from the others' (Nemotron-H's MLP-only layers: ``attn_norm`` is
-    their ``ln2``).
+    their ``ln2``). `global_slots`: llama.cpp global tensors whose slot differs from the
+    shared table (LFM2's final norm, stored as ``token_embd_norm``). A layer module may hold
+    dots (``blk.N.shortconv.in_proj.weight``: module ``shortconv.in_proj``).
     """
 
     model_type: str
@@ -164,6 +166,7 @@ class GgufArch:
     own_config: Callable[["_Meta", set[str]], dict[str, Any]] | None = None
     unoffset: tuple[str, ...] = ()
     relabel: Callable[[Any, "int | None", str], str] | None = None
+    global_slots: Mapping[str, str] = attrs.field(factory=dict)
 
     def slots_for(self, cfg: Mapping[str, Any]) -> Mapping[str, str]:
         return self.slots(cfg) if self.slots is not None else self.layer_slots
@@ -486,9 +489,9 @@ SAFETENSORS_ONLY: dict[str, str] = {}
 
 def gguf_arch(header: GgufHeader) -> GgufArch:
     arch = header.metadata.get("general.architecture")
-    if arch not in GGUF_ARCHES:
+    if not isinstance(arch, str) or arch not in GGUF_ARCHES:  # (a list is not hashable)
         hint = (f"; model_type {SAFETENSORS_ONLY[arch]} loads from its safetensors checkpoint"
-                if arch in SAFETENSORS_ONLY else "")
+                if isinstance(arch, str) and arch in SAFETENSORS_ONLY else "")
         raise UnsupportedModelError(f"no installed plugin implements GGUF architecture {arch!r} "
                                     f"({header.path}; mi-transformer reads "
                                     f"{', '.join(GGUF_ARCHES)}{hint})")
@@ -499,17 +502,20 @@ def slot_of(gguf_name: str, arch: GgufArch, slots: Mapping[str, str] | None = No
             ) -> tuple[int | None, str] | None:
     """(layer or None, weight-table slot) of a llama.cpp tensor, or None when it has none.
     `slots`: the architecture's layer slots for this config (:meth:`GgufArch.slots_for`)."""
+    if gguf_name in arch.global_slots:
+        return None, arch.global_slots[gguf_name]
     if gguf_name in _GLOBAL_SLOTS:
         return None, _GLOBAL_SLOTS[gguf_name]
     layer_slots = arch.layer_slots if slots is None else slots
     parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and \
-            parts[3] in ("weight", "bias"):
-        whole = f"{parts[2]}.{parts[3]}"
+    if len(parts) >= 4 and parts[0] == "blk" and parts[1].isdigit() and \
+            parts[-1] in ("weight", "bias"):
+        module = ".".join(parts[2:-1])
+        whole = f"{module}.{parts[-1]}"
         if whole in layer_slots:  # an exact slot, or a part of a Join
             return int(parts[1]), layer_slots[whole]
-        if parts[2] in layer_slots:
-            return int(parts[1]), f"{layer_slots[parts[2]]}.{parts[3]}"
+        if module in layer_slots:
+            return int(parts[1]), f"{layer_slots[module]}.{parts[-1]}"
     if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_slots:
         return int(parts[1]), layer_slots[parts[2]]  # llama.cpp's suffix-less tensors (ssm_a)
     return None

@@ -23,6 +23,7 @@ from mi_transformer.gguf.arches import (
     hf_config, llama3_rope_from_factors, mtp_layers, slot_of, unpermute_qk,
 )
 from mi_transformer.gguf.arches_hybrid import HYBRID_GGUF_ARCHES
+from mi_transformer.gguf.arches_hybrid2 import HYBRID2_GGUF_ARCHES
 from mi_transformer.gguf.arches_moe2 import MOE2_GGUF_ARCHES
 from mi_transformer.gguf.arches_gemma import GEMMA_GGUF, read_gemma_gguf
 from mi_transformer.gguf.arches_recent import RECENT_GGUF_ARCHES
@@ -45,6 +46,7 @@ GGUF_ARCHES.update(MOE2_GGUF_ARCHES)  # gpt-oss, DeepSeek-V2/V3, Llama 4 (arches
 GGUF_ARCHES.update(SSM_GGUF_ARCHES)  # Mamba, Falcon-Mamba, Mamba-2 (arches_ssm.py)
 #: Granite 4.0-H / Bamba, Nemotron-H, Qwen3-Next, Qwen3.5 (arches_hybrid.py)
 GGUF_ARCHES.update(HYBRID_GGUF_ARCHES)
+GGUF_ARCHES.update(HYBRID2_GGUF_ARCHES)  # Falcon-H1, LFM2, LFM2-MoE (arches_hybrid2.py)
 
 
 @attrs.define
@@ -116,7 +118,8 @@ def read_gguf(path: Path, dtype: torch.dtype = torch.float32, *,
     header = read_gguf_header(path)
     short_md = {k: v for k, v in header.metadata.items()
                 if not (isinstance(v, list) and len(v) > 64)}
-    if header.metadata.get("general.architecture") in GEMMA_GGUF:  # gguf/arches_gemma.py
+    arch_name = header.metadata.get("general.architecture")
+    if isinstance(arch_name, str) and arch_name in GEMMA_GGUF:  # gguf/arches_gemma.py
         cfg, tensors, quant = read_gemma_gguf(header, dtype, device)
         return GgufCheckpoint(path=path, config=cfg, tensors=tensors,
                               tokenizer=gguf_tokenizer(header), metadata=short_md,
