@@ -221,16 +221,3 @@ def hook_shape(c: TransformerConfig, suffix: str, batch: int, seq: int
                                           "altup.hook_corrected", "altup.hook_streams_post"):
         return (batch, seq, c.altup.num_inputs, c.hidden_size)
     return None
-
-
-def residual_not_a_sum(c: TransformerConfig) -> str:
-    """Why the final residual of `c` is not the embedding plus the layers' attention / MLP
-    outputs ("" when it is): the ResidualTerms capability the decompositions read."""
-    return "; ".join(why for flag, why in (
-        (c.altup is not None, "the residual stream is a stack of AltUp streams that every "
-         "layer predicts and corrects (hook_resid_pre / post carry one of them)"),
-        (c.laurel_rank > 0, "a Laurel block adds to the residual beside attention, and the "
-         "sum is divided by sqrt(2)"),
-        (c.per_layer_input is not None, "each layer adds a per-layer-input branch after its "
-         "MLP (hook_per_layer_out)"),
-        (c.layer_scalar, "each layer's output is multiplied by its layer_scalar")) if flag)

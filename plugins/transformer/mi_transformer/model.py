@@ -88,7 +88,7 @@ class TransformerBackend:
             n.altup = config.altup is not None
         #: ResidualTerms (mi_core.capabilities): why the final residual is not the embedding
         #: plus the layers' attention / MLP outputs ("" when it is), for the decompositions
-        self.residual_not_a_sum = altup.residual_not_a_sum(config)
+        self.residual_not_a_sum = config.residual_not_a_sum()
         #: layers whose keys and values later layers read (kept for them during a forward)
         self._kv_sources = {config.kv_source_of(i) for i in range(config.num_layers)
                             if config.shares_kv(i)}
@@ -113,13 +113,6 @@ class TransformerBackend:
             # StateInterventions: declared only by models with recurrent layers (an
             # attention-only model refuses state specs with a CapabilityError)
             self.check_state_spec = functools.partial(check_state_spec, self)
-        if config.norm_residual or any(sc is not None and (sc[0] != 1 or sc[2] != 1)
-                                       for sc in self.scales):
-            # MiniMax: the residual stream is not a sum of the layers' outputs either
-            self.residual_not_a_sum = (
-                "each sublayer's residual is its norm's output" if config.norm_residual else
-                "each sublayer's residual is scaled") + " (x = alpha * norm(x) + beta * " \
-                "f(norm(x)))"
         self.inv_freqs = [inv_freq(r, config.rope_dim_of(r)).to(device) for r in config.ropes]
         self._warned_long = False
 
@@ -320,7 +313,6 @@ class TransformerBackend:
                           f"which has not run before it in this call (layer_schedule)")
         k, v = kv[src]
         return (k.to(device), v.to(device)) if k.device != device else (k, v)
-
 
     def _mlp(self, i: int, x: torch.Tensor, run: HookRun,
              shared: torch.Tensor | None = None) -> torch.Tensor:

@@ -284,6 +284,13 @@ def _grouped_ok(w: MoeWeights, flat: torch.Tensor) -> bool:
             == 0 and (f * flat.element_size()) % 16 == 0)
 
 
+def _router_module(m: str, c: MoeConfig) -> str:
+    """The module holding the router under the MoE module prefix `m` ("...router." for a
+    ``router.proj`` router, Gemma-4's), where its input scales live."""
+    parent = c.router_name.rpartition(".")[0]
+    return f"{m}{parent}." if parent else m
+
+
 def expected_moe_shapes(prefix: str, c: MoeConfig, d_model: int) -> dict[str, tuple[int, ...]]:
     """Checkpoint tensor name -> shape for one MoE layer under `prefix` (``model.layers.{i}.``)."""
     m = prefix + c.block + "." if c.block else prefix
@@ -292,7 +299,7 @@ def expected_moe_shapes(prefix: str, c: MoeConfig, d_model: int) -> dict[str, tu
     if c.router_bias:
         out[r + "bias"] = (c.num_experts,)
     if c.router_input_scale:  # Gemma-4: router.scale beside router.proj
-        rm = r[:-len(c.router_name.rsplit(".", 1)[-1]) - 1]
+        rm = _router_module(m, c)
         out[rm + "scale"] = (d_model,)
         out[rm + "per_expert_scale"] = (c.num_experts,)
     g, u, dn = c.expert_names
@@ -346,7 +353,7 @@ def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor], eps:
     g, u, dn = c.expert_names
     experts: list[ExpertWeights] | list[FusedExpert] | list[StackedExpert]
     stacked = None
-    rm = r[:-len(c.router_name.rsplit(".", 1)[-1]) - 1]  # the router module (Gemma-4)
+    rm = _router_module(m, c)  # the router module (Gemma-4)
     if c.fused_linear:  # views [d_model, 2 d_expert] / [d_expert, d_model] of the stacks
         gate_up, down = get(m + "experts.gate_up_proj"), get(m + "experts.down_proj")
         experts = [FusedExpert(gate_up[e].T, down[e].T, False) for e in range(c.num_experts)]

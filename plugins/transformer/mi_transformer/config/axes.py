@@ -558,6 +558,23 @@ class TransformerConfig:
     def has_mlp(self, layer: int) -> bool:
         return not self.layer_mlp or self.layer_mlp[layer]
 
+    def residual_not_a_sum(self) -> str:
+        """Why the final residual is not the embedding plus the layers' attention / MLP (or
+        mixer) outputs ("" when it is): the ResidualTerms capability the decompositions read."""
+        rescaled = self.norm_residual or any(
+            s[0] != 1 or s[2] != 1 for s in self.layer_residual_scales)
+        return "; ".join(why for flag, why in (
+            (self.altup is not None, "the residual stream is a stack of AltUp streams that every "
+             "layer predicts and corrects (hook_resid_pre / post carry one of them)"),
+            (self.laurel_rank > 0, "a Laurel block adds to the residual beside attention, and the "
+             "sum is divided by sqrt(2)"),
+            (self.per_layer_input is not None, "each layer adds a per-layer-input branch after "
+             "its MLP (hook_per_layer_out)"),
+            (self.layer_scalar, "each layer's output is multiplied by its layer_scalar"),
+            (rescaled, ("each sublayer's residual is its norm's output" if self.norm_residual
+                        else "each sublayer's residual is scaled")
+             + " (x = alpha * norm(x) + beta * f(norm(x)))")) if flag)
+
     def residual_scales(self, layer: int) -> tuple[float, float, float, float] | None:
         """(alpha_mixer, beta_mixer, alpha_mlp, beta_mlp) of `layer`, None when all are 1."""
         if not self.layer_residual_scales or self.layer_residual_scales[layer] == (1, 1, 1, 1):
