@@ -5,6 +5,8 @@ and every attention pattern against ``t.hf`` (eager attention, output_hidden_sta
 output_attentions), max abs diff < 1e-4. `assert_left_padding_rows_alone(model, rows)`: a
 left-padded batch gives each row the numbers it has alone (< 1e-4).
 `loaded_models(tiny)`: a name -> loaded MIModel function that loads each tiny checkpoint once.
+`assert_greedy_tokens_equal_transformers(hf, model, ids)`: cached greedy generation equals
+transformers' tokens up to its first eos.
 """
 
 from __future__ import annotations
@@ -85,3 +87,16 @@ def assert_left_padding_rows_alone(model: mi.MIModel, rows: list[torch.Tensor],
         assert (batch[pts[0]][i, real] - alone[pts[0]][0]).abs().max().item() < tol, i
         pat = batch[pts[1]][i][:, real][:, :, real]
         assert (pat - alone[pts[1]][0]).abs().max().item() < tol, i
+
+
+def assert_greedy_tokens_equal_transformers(hf: Any, model: mi.MIModel, ids: torch.Tensor,
+                                            new: int = 8) -> None:
+    """Our KV / state-cached greedy tokens after `ids` [1, seq] equal transformers'
+    ``generate(do_sample=False)``, up to and including the first eos (transformers stops
+    there; we generate on)."""
+    with torch.no_grad():
+        theirs = hf.generate(ids, max_new_tokens=new, do_sample=False)[0, ids.shape[1]:].tolist()
+    ours = model.generate(ids, max_new_tokens=new).tokens[0, ids.shape[1]:].tolist()
+    eos = hf.config.eos_token_id
+    n = ours.index(eos) + 1 if eos in ours else len(ours)
+    assert ours[:n] == theirs[:n]

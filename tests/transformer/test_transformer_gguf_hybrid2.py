@@ -37,6 +37,7 @@ from mi_core.errors import ConfigError, UnsupportedModelError, WeightLoadError
 from mi_transformer.gguf import read_gguf
 from tests.support import gguf_convert as conv
 from tests.support import gguf_convert_hybrid2 as c2
+from tests.support.family_checks import assert_greedy_tokens_equal_transformers
 from tests.support.hybrid2_tiny import HYBRID2_LAYER_TYPES, make_tiny_hybrid2
 from tests.support.ssm_tiny import ssm_ids
 from tests.transformer.test_transformer_gguf_new_arches import _rewrite
@@ -192,13 +193,7 @@ def test_lfm2_mlp_width_is_written_adjusted(case):
 def test_cached_generation_from_the_gguf_equals_transformers(case, name):
     t, path = case(name)
     model = mi.MIModel.from_pretrained(path)
-    ids = ssm_ids(1, 6, seed=4)
-    with torch.no_grad():
-        theirs = t.hf.generate(ids, max_new_tokens=8, do_sample=False)[0, 6:].tolist()
-    ours = model.generate(ids, max_new_tokens=8).tokens[0, 6:].tolist()
-    eos = t.hf.config.eos_token_id
-    n = ours.index(eos) + 1 if eos in ours else len(ours)  # transformers stops at eos
-    assert ours[:n] == theirs[:n]
+    assert_greedy_tokens_equal_transformers(t.hf, model, ssm_ids(1, 6, seed=4))
 
 
 def test_transformers_reads_the_lfm2_gguf_and_its_config_loads_with_its_numbers(case,

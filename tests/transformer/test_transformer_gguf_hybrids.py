@@ -29,6 +29,7 @@ from mi_core.errors import ConfigError, UnsupportedModelError, WeightLoadError
 from mi_transformer.gguf import read_gguf
 from tests.support import gguf_convert as conv
 from tests.support import gguf_convert_hybrid as ch
+from tests.support.family_checks import assert_greedy_tokens_equal_transformers
 from tests.support.hybrid_tiny import make_tiny_hybrid
 from tests.support.linear_tiny import _COMMON, make_tiny_linear
 from tests.support.ssm_tiny import ssm_ids
@@ -189,13 +190,7 @@ def test_a_missing_attention_scale_is_llama_cpps_inverse_sqrt_head_dim(case, tmp
 def test_cached_generation_from_the_gguf_equals_transformers(case, name):
     t, path = case(name)
     model = mi.MIModel.from_pretrained(path)
-    ids = ssm_ids(1, 6, seed=4)
-    with torch.no_grad():
-        theirs = t.hf.generate(ids, max_new_tokens=8, do_sample=False)[0, 6:].tolist()
-    ours = model.generate(ids, max_new_tokens=8).tokens[0, 6:].tolist()
-    eos = t.hf.config.eos_token_id
-    n = ours.index(eos) + 1 if eos in ours else len(ours)  # transformers stops at eos
-    assert ours[:n] == theirs[:n]
+    assert_greedy_tokens_equal_transformers(t.hf, model, ssm_ids(1, 6, seed=4))
 
 
 def test_qwen3next_gguf_with_in_proj_qkvz_whole_as_older_converters_wrote_it(case, tmp_path):

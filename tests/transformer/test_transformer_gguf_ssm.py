@@ -25,6 +25,7 @@ import mi_core as mi
 from mi_core.errors import ConfigError, WeightLoadError
 from mi_transformer.gguf import read_gguf
 from tests.support import gguf_convert as conv
+from tests.support.family_checks import assert_greedy_tokens_equal_transformers
 from tests.support.hybrid_tiny import make_tiny_hybrid
 from tests.support.ssm_tiny import make_tiny_ssm, ssm_ids
 
@@ -101,13 +102,7 @@ def test_gguf_config_is_the_source_config(case):
 def test_cached_generation_from_the_gguf_equals_transformers(case):
     t, path = case("mamba")
     model = mi.MIModel.from_pretrained(path)
-    ids = ssm_ids(1, 6, seed=4)
-    with torch.no_grad():
-        theirs = t.hf.generate(ids, max_new_tokens=8, do_sample=False)[0, 6:].tolist()
-    ours = model.generate(ids, max_new_tokens=8).tokens[0, 6:].tolist()
-    eos = t.hf.config.eos_token_id
-    n = ours.index(eos) + 1 if eos in ours else len(ours)  # transformers stops at eos
-    assert ours[:n] == theirs[:n]
+    assert_greedy_tokens_equal_transformers(t.hf, model, ssm_ids(1, 6, seed=4))
 
 
 def test_a_positive_ssm_a_is_a_weight_load_error_naming_it(case, tmp_path):
