@@ -136,12 +136,24 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def read_json(path: Path, what: str = "config") -> dict[str, Any]:
+def _config_constant(name: str) -> Any:
+    """A config's bare ``Infinity``: what transformers 4 wrote (Python's json) for an infinite
+    float, e.g. Mamba-2's ``time_step_limit: [0.0, Infinity]`` in published Codestral /
+    Nemotron-H configs; read as transformers 5 writes it, ``{"__float__": "Infinity"}``,
+    so only a reader that accepts that spelling (the mixers' dt limit) accepts it."""
+    if name == "Infinity":
+        return {"__float__": "Infinity"}
+    return _no_constant(name)
+
+
+def read_json(path: Path, what: str = "config", *, infinity: bool = False) -> dict[str, Any]:
     """A JSON object from `path`; ConfigError naming the file for anything else (missing,
-    unreadable, not UTF-8, invalid JSON, NaN / Infinity literals, not an object)."""
+    unreadable, not UTF-8, invalid JSON, NaN / Infinity literals, not an object). `infinity`
+    (a model's config.json): a bare ``Infinity`` is read as ``{"__float__": "Infinity"}``."""
+    constant = _config_constant if infinity else _no_constant
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f, parse_constant=_no_constant)
+            data = json.load(f, parse_constant=constant)
     except FileNotFoundError:
         raise ConfigError(f"{what} file {path} not found") from None
     except (json.JSONDecodeError, ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -174,7 +186,7 @@ def refuse_pickle(path: Path) -> None:
 
 def read_config(directory: Path) -> dict[str, Any] | None:
     p = directory / "config.json"
-    return read_json(p) if p.exists() else None
+    return read_json(p, infinity=True) if p.exists() else None
 
 
 def require_field(config: Mapping[str, Any], key: str, source: str = "config.json") -> Any:

@@ -35,7 +35,10 @@ def _copy(tiny_ssm, family: str, tmp: Path, **changes: Any) -> Path:
     ("mamba", {"state_size": 8.0}, "state_size"),
     ("mamba", {"use_conv_bias": "true"}, "use_conv_bias"),
     ("mamba", {"hidden_act": "gelu"}, "hidden_act"),
-    ("mamba", {"intermediate_size": 48}, "intermediate_size.*expand"),
+    # (intermediate_size beside expand: transformers builds the intermediate_size-wide mixer;
+    # accepted, tests/ssm/test_ssm_published_shapes.py) a mamba_ssm d_inner that disagrees:
+    ("mamba", {"d_inner": 48}, "d_inner.*48.*inner width"),
+    ("mamba2", {"intermediate_size": 48}, "intermediate_size.*48.*inner width"),
     ("mamba", {"rms_norm": False}, "rms_norm"),
     ("mamba", {"ssm_cfg": {"d_state": 16}}, "ssm_cfg"),
     ("mamba", {"n_layer": 5}, "n_layer"),

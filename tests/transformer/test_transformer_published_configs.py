@@ -16,7 +16,7 @@ import pytest
 
 import mi_core as mi
 from mi_transformer.config import FAMILIES, parse_config
-from tests.support.published_configs import CORPUS, DIR, PENDING
+from tests.support.published_configs import CORPUS, DIR, PENDING, PINNED
 
 
 def _config(stem: str) -> dict:
@@ -75,3 +75,33 @@ def test_the_three_configs_refused_only_for_neutral_keys_now_parse():
         cfg = _config(stem)
         assert {k: cfg[k] for k in keys} == keys
         parse_config(cfg, stem)
+
+
+#: transformers' layer-kind names -> ours (the recurrent kinds are all "not attention")
+_HF_ATTENTION, _HF_MLP = {"attention", "full_attention"}, {"mlp"}
+
+
+@pytest.mark.parametrize("stem", sorted(PINNED))
+def test_state_space_config_parses_to_its_numbers_and_transformers_layer_schedule(stem):
+    """Each published state-space / hybrid config: the numbers read off it by hand
+    (:data:`PINNED`), and which layer is attention / recurrent / MLP-only equal to what
+    transformers 5.24's config object built from the same dict says."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cfg = _config(stem)
+    parsed = parse_config(cfg, f"{stem}.json")
+    settings = parsed.mixers[0].settings
+    for key, want in PINNED[stem].items():
+        got = getattr(settings, key[6:]) if key.startswith("mixer.") else getattr(parsed, key)
+        assert got == want, (key, got, want)
+    hf = CONFIG_MAPPING[cfg["model_type"]](**{k: v for k, v in cfg.items()
+                                               if k != "model_type"})
+    kinds = list(getattr(hf, "layer_types", None) or [])
+    assert len(kinds) == parsed.num_layers
+    if "hybrid" in kinds:  # Falcon-H1: attention and Mamba-2 side by side in every layer
+        return
+    ours = ["attention" if m == "attention" else "mlp" if m == "mlp" else "recurrent"
+            for m in parsed.layer_mixers]
+    theirs = ["attention" if k in _HF_ATTENTION else "mlp" if k in _HF_MLP else "recurrent"
+              for k in kinds]
+    assert ours == theirs

@@ -107,12 +107,16 @@ class _Keys:
 
 
 def _d_inner(k: _Keys, hidden: int) -> int:
-    """expand * hidden; a stored intermediate size must agree (transformers recomputes it)."""
-    d_inner = k.int("expand", 2) * hidden
+    """The stored intermediate size where the table names one and the config sets it, else
+    expand * hidden: transformers 5's Mamba / Falcon-Mamba configs compute expand * hidden
+    and then let a given ``intermediate_size`` override it (falcon-mamba-7b publishes
+    ``expand: 16`` beside its real width ``intermediate_size: 8192``; its weights are
+    8192 wide)."""
+    from_expand = k.int("expand", 2) * hidden  # (read either way: a bad value is refused)
     stored = k.int("d_inner", None)
-    if stored is not None and stored != d_inner:
-        raise k.fail("d_inner", f"must equal expand * hidden_size = {d_inner}")
-    return d_inner
+    if stored is not None and stored < 1:
+        raise k.fail("d_inner", "must be >= 1")
+    return from_expand if stored is None else stored
 
 
 def mamba_settings(r: ConfigFields, keys: Mapping[str, str], hidden: int) -> MambaSettings:
@@ -139,7 +143,8 @@ def mamba_settings(r: ConfigFields, keys: Mapping[str, str], hidden: int) -> Mam
 def mamba2_settings(r: ConfigFields, keys: Mapping[str, str], hidden: int) -> Mamba2Settings:
     """Mamba-2 settings: n_heads, head_dim, n_groups, d_state, expand (d_inner must equal
     n_heads * head_dim), d_conv, conv_bias, proj_bias, norm_eps (the gated RMS norm), dt_limit
-    ([lo, hi], hi may be infinite) or dt_min (Nemotron-H: [dt_min, inf]), act (silu);
+    ([lo, hi], hi may be infinite) or dt_min (Nemotron-H, Zamba2: [dt_min, inf], dt_min
+    absent: 0.001, their transformers configs' default), act (silu);
     ``gated_norm`` (where named) only true. Without ``expand`` in the table d_inner is
     n_heads * head_dim.
 
@@ -175,7 +180,7 @@ def mamba2_settings(r: ConfigFields, keys: Mapping[str, str], hidden: int) -> Ma
                           n_groups=groups, d_state=k.int("d_state"), d_conv=k.int("d_conv", 4),
                           conv_bias=k.flag("conv_bias", True), proj_bias=k.flag("proj_bias", False),
                           norm_eps=k.number("norm_eps", 1e-5, gt=0),
-                          dt_limit=(k.number("dt_min", 0.0, ge=0), math.inf) if "dt_min" in keys
+                          dt_limit=(k.number("dt_min", 1e-3, ge=0), math.inf) if "dt_min" in keys
                           else _dt_limit(r, keys.get("dt_limit")),
                           gate_norm=_gate_norm(k), proj_scales=_proj_scales(r, keys),
                           out_bias=k.flag("out_bias", False) if "out_bias" in keys else None)

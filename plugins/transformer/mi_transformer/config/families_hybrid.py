@@ -35,6 +35,7 @@ from mi_core.plugin import ConfigError, UnsupportedModelError, mixer
 from mi_transformer.config.axes import ATTENTION, MLP_ONLY, MixerConfig, MlpLayout, MoeConfig, \
     Positions, TransformerConfig
 from mi_transformer.config.common import _activation, _base, _heads, _ropes_by_type
+from mi_transformer.config.neutral import Derived
 from mi_transformer.config.reader import ConfigReader
 
 #: Mixer setting -> Jamba's config key (mi_ssm.settings reads them).
@@ -260,7 +261,14 @@ def parse_nemotron_h(r: ConfigReader) -> TransformerConfig:
     if r.has("num_hidden_layers") and r.int("num_hidden_layers") != n:
         raise ConfigError(f"{r.src}: num_hidden_layers = {r.get('num_hidden_layers')} but the "
                           f"schedule has {n} layers")
-    heads, kv, head_dim = _heads(r, hidden, "num_attention_heads", "num_key_value_heads")
+    heads = r.int("num_attention_heads")
+    kv = r.int("num_key_value_heads", heads)
+    if heads % kv:
+        raise ConfigError(f"{r.src}: num_attention_heads = {heads} is not a multiple of "
+                          f"num_key_value_heads = {kv}")
+    # transformers' NemotronHConfig defaults head_dim to 128, not hidden / heads (published
+    # configs before transformers 5 say attention_head_dim instead, which it never reads)
+    head_dim = r.int("head_dim", 128, min=1)
     key = {new: old for old, new in _NEMOTRON_LEGACY.items() if r.has(old)}
     keys = {"d_state": "ssm_state_size", "d_conv": key.get("conv_kernel", "conv_kernel"),
             "n_heads": "mamba_num_heads", "head_dim": "mamba_head_dim",
@@ -305,4 +313,11 @@ NEMOTRON_H_HARMLESS = frozenset({
     "n_shared_experts", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
     "moe_latent_size", "moe_shared_expert_overlap", "num_experts_per_tok",
     "routed_scaling_factor", "n_group", "topk_group", "norm_topk_prob",
-    "num_nextn_predict_layers", "mtp_layers_block_type", "mtp_hybrid_override_pattern"})
+    "num_nextn_predict_layers", "mtp_layers_block_type", "mtp_hybrid_override_pattern",
+    # published next to layer_norm_epsilon (which the norms use) and to Mamba-2's
+    # time-step keys; transformers' Nemotron-H reads neither
+    "rms_norm_eps", "time_step_rank"})
+#: The published configs' attention_head_dim (the remote code's name): transformers reads
+#: head_dim (default 128), so it is neutral where it equals the head width used.
+NEMOTRON_H_NEUTRAL = {"attention_head_dim": Derived("the attention head width",
+                                                    lambda c: c.head_dim)}

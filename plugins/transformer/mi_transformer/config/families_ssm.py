@@ -10,11 +10,12 @@ in ``layer_mixers`` (attention where its config says so) and ``layer_mlp``.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from mi_core.plugin import ConfigError, UnsupportedModelError, mixer
 
 from mi_transformer.config.axes import MixerConfig, Positions, TransformerConfig
+from mi_transformer.config.neutral import Derived
 from mi_transformer.config.reader import ConfigReader
 
 #: Mixer setting -> this family's config key (the mixer reads them; mi_ssm.settings).
@@ -38,10 +39,10 @@ SSM_HARMLESS = frozenset({
 
 
 def _ssm(r: ConfigReader, model_type: str, mixer_name: str, keys: Mapping[str, str],
-         heads: Callable[[ConfigReader, int], tuple[int, int]], tie_default: bool
+         heads: Callable[[ConfigReader, int, Any], tuple[int, int]], tie_default: bool
          ) -> TransformerConfig:
     """Every layer: RMS norm, then the mixer; the residual stream in F32 where
-    ``residual_in_fp32`` (the default) says so. `heads(r, hidden)`: (heads, head_dim) of the
+    ``residual_in_fp32`` (the default) says so. `heads(r, hidden, settings)`: (heads, head_dim) of the
     mixer, what ``model.num_heads`` and effective attention count."""
     hidden, n = r.int("hidden_size"), r.int("num_hidden_layers")
     try:
@@ -51,7 +52,7 @@ def _ssm(r: ConfigReader, model_type: str, mixer_name: str, keys: Mapping[str, s
                                     f"install 'mi-core[ssm]')") from None
     settings = spec.settings(r, keys, hidden)
     _leftovers(r, hidden, n)
-    h, hd = heads(r, hidden)
+    h, hd = heads(r, hidden, settings)
     return TransformerConfig(
         model_type=model_type, vocab_size=r.int("vocab_size"), hidden_size=hidden, num_layers=n,
         num_heads=h, num_kv_heads=h, head_dim=hd, intermediate_size=h * hd,
@@ -77,9 +78,10 @@ def _leftovers(r: ConfigReader, hidden: int, layers: int) -> None:
                           f"are read from the top-level keys); only an empty ssm_cfg is")
 
 
-def _channels(r: ConfigReader, hidden: int) -> tuple[int, int]:
-    """Mamba-1: every d_inner channel is a head of head_dim 1 (its own decays)."""
-    return r.int("expand", 2) * hidden, 1
+def _channels(r: ConfigReader, hidden: int, settings: Any) -> tuple[int, int]:
+    """Mamba-1: every d_inner channel (the mixer's width: intermediate_size where given, as
+    transformers reads it) is a head of head_dim 1 (its own decays)."""
+    return settings.d_inner, 1
 
 
 def parse_mamba(r: ConfigReader) -> TransformerConfig:
@@ -92,8 +94,21 @@ def parse_falcon_mamba(r: ConfigReader) -> TransformerConfig:
 
 def parse_mamba2(r: ConfigReader) -> TransformerConfig:
     return _ssm(r, "mamba2", "mamba2", MAMBA2_KEYS,
-                lambda r, hidden: (r.int("num_heads"), r.int("head_dim")), tie_default=False)
+                lambda r, hidden, s: (r.int("num_heads"), r.int("head_dim")), tie_default=False)
 
+
+#: mamba_ssm's own name for the mixer's inner width, kept by the hub's converted Mamba
+#: configs (state-spaces/mamba-*-hf: ``d_inner`` beside ``intermediate_size``): transformers
+#: never reads it, so it is neutral where it names the width the mixer uses. Mamba-2's
+#: ``intermediate_size`` likewise: transformers' Mamba2 takes expand * hidden_size and never
+#: reads it (Mamba-Codestral publishes it at that value).
+D_INNER = Derived("the mixer's inner width", lambda c: c.mixers[0].settings.d_inner)
+MAMBA_NEUTRAL: dict[str, Any] = {"d_inner": D_INNER}
+MAMBA2_NEUTRAL: dict[str, Any] = {"intermediate_size": D_INNER}
+#: Keys of published Mamba-2 configs transformers' Mamba2 does not read: ``norm_before_gate``
+#: (its gated norm always gates first, whatever the key says; Mamba-Codestral publishes
+#: ``true``), ``time_step_rank`` (Mamba-2 has no dt projection rank).
+MAMBA2_HARMLESS = frozenset({"norm_before_gate", "time_step_rank"})
 
 #: Config keys each family reads (the block's and the mixer's).
 _SSM_BLOCK = {"vocab_size", "hidden_size", "num_hidden_layers", "layer_norm_epsilon",

@@ -16,7 +16,7 @@ from mi_transformer.config.families_gpt import (
 from mi_transformer.config.families_gemma import GEMMA_FAMILIES
 from mi_transformer.config.families_hybrid import (
     BAMBA_READS, GRANITEMOEHYBRID_HARMLESS, GRANITEMOEHYBRID_NEUTRAL, GRANITEMOEHYBRID_READS,
-    HYBRID_HARMLESS, JAMBA_READS, NEMOTRON_H_HARMLESS,
+    HYBRID_HARMLESS, JAMBA_READS, NEMOTRON_H_HARMLESS, NEMOTRON_H_NEUTRAL,
     NEMOTRON_H_READS, parse_bamba, parse_granitemoehybrid, parse_jamba, parse_nemotron_h,
 )
 from mi_transformer.config.families_hybrid2 import HYBRID2_FAMILIES
@@ -41,7 +41,8 @@ from mi_transformer.config.families_moe import (
 from mi_transformer.config.families_moe2 import MOE2_FAMILIES, NEUTRAL as _MOE2_NEUTRAL
 from mi_transformer.config.families_recent import RECENT_FAMILIES
 from mi_transformer.config.families_ssm import (
-    FALCON_MAMBA_READS, MAMBA2_READS, MAMBA_READS, SSM_HARMLESS, parse_falcon_mamba,
+    FALCON_MAMBA_READS, MAMBA2_HARMLESS, MAMBA2_NEUTRAL, MAMBA2_READS, MAMBA_NEUTRAL,
+    MAMBA_READS, SSM_HARMLESS, parse_falcon_mamba,
     parse_mamba, parse_mamba2,
 )
 from mi_transformer.config.neutral import (KV_HEADS, MLP_WIDTH, ROTARY, ROTARY_DIM,
@@ -196,17 +197,21 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     # state-space families: the layers run a plugin's mixer (mi-ssm), not attention; no
     # positions, so no rotary key is neutral
     _family("mamba", parse_mamba, MAMBA_READS, harmless=SSM_HARMLESS,
-            note="Mamba-1 mixer (mi-ssm), no MLP", neutral={}),
+            note="Mamba-1 mixer (mi-ssm), no MLP", neutral=MAMBA_NEUTRAL),
     _family("falcon_mamba", parse_falcon_mamba, FALCON_MAMBA_READS, harmless=SSM_HARMLESS,
-            note="Mamba-1 mixer with B/C/dt RMS norms (mi-ssm), no MLP", neutral={}),
-    _family("mamba2", parse_mamba2, MAMBA2_READS, harmless=SSM_HARMLESS | {"time_step_rank"},
-            note="Mamba-2 mixer (mi-ssm), no MLP", neutral={}),
+            note="Mamba-1 mixer with B/C/dt RMS norms (mi-ssm), no MLP",
+            neutral=MAMBA_NEUTRAL),
+    _family("mamba2", parse_mamba2, MAMBA2_READS, harmless=SSM_HARMLESS | MAMBA2_HARMLESS,
+            note="Mamba-2 mixer (mi-ssm), no MLP", neutral=MAMBA2_NEUTRAL),
     # hybrids: a schedule of state-space mixers (mi-ssm) and attention, each with an MLP
     _family("jamba", parse_jamba, JAMBA_READS, harmless=HYBRID_HARMLESS | SSM_HARMLESS,
             note="Mamba-1 (gained dt/B/C norms) + attention without positions, MoE",
             neutral={}),
     _family("bamba", parse_bamba, BAMBA_READS, harmless=HYBRID_HARMLESS | SSM_HARMLESS,
-            note="Mamba-2 + attention with half-rotary RoPE, MLP after each"),
+            note="Mamba-2 + attention with half-rotary RoPE, MLP after each",
+            # Bamba-9B's attn_rotary_emb: the rotary width (transformers hard-codes half
+            # the head and never reads the key)
+            neutral={**ROTARY, "attn_rotary_emb": ROTARY_DIM}),
     _family("granitemoehybrid", parse_granitemoehybrid, GRANITEMOEHYBRID_READS,
             harmless=HYBRID_HARMLESS | SSM_HARMLESS | GRANITEMOEHYBRID_HARMLESS,
             note="Granite 4.0-H: Mamba-2 + attention (RoPE or none), MoE + shared MLP, "
@@ -214,7 +219,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
             neutral={**ROTARY, **GRANITEMOEHYBRID_NEUTRAL}),
     _family("nemotron_h", parse_nemotron_h, NEMOTRON_H_READS,
             harmless=HYBRID_HARMLESS | SSM_HARMLESS | NEMOTRON_H_HARMLESS,
-            note="Mamba-2 / attention / relu2 MLP layers (MoE layers refused)", neutral={}),
+            note="Mamba-2 / attention / relu2 MLP layers (MoE layers refused)",
+            neutral=NEMOTRON_H_NEUTRAL),
     # linear-attention hybrids: gated DeltaNet layers (mi-ssm) and gated attention layers
     _family("qwen3_next", parse_qwen3_next, _LLAMA | QWEN3_NEXT_READS, harmless=_MOE_HARMLESS,
             note="gated DeltaNet (mi-ssm) + gated attention, MoE with a shared expert"),
