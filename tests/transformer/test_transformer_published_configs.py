@@ -16,7 +16,7 @@ import pytest
 
 import mi_core as mi
 from mi_transformer.config import FAMILIES, parse_config
-from tests.support.published_configs import CORPUS, DIR, PENDING
+from tests.support.published_configs import CORPUS, DIR, PENDING, UNSUPPORTED
 
 
 def _config(stem: str) -> dict:
@@ -48,7 +48,7 @@ def test_published_config_is_detected_and_parses_or_is_refused_plainly(tmp_path,
         assert parse_config(_config(stem), f"{stem}.json").model_type == want
         assert report.supported and report.backend == "transformer", report.summary()
         return
-    assert want in PENDING
+    assert want in PENDING | UNSUPPORTED
     first = report.summary().splitlines()[0]
     assert first == f"no installed plugin implements model_type {want!r}"
     with pytest.raises(mi.UnsupportedModelError) as exc:
