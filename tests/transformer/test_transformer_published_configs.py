@@ -145,6 +145,12 @@ def test_published_config_parses_to_the_numbers_transformers_reads(stem):
                           ("original_max_position_embeddings", "original_max_positions")):
             if rtype != "default" and rp.get(key) is not None:
                 want[key], got[key] = rp[key], getattr(t.ropes[0], attr)
+    elif isinstance(rp, dict) and types is not None and t.ropes and all(
+            isinstance(rp.get(ty), dict) for ty in set(types)):  # one rope per layer type
+        want["ropes"] = [(float(rp[ty]["rope_theta"]), rp[ty]["rope_type"],
+                          rp[ty].get("factor", 1.0)) for ty in types]
+        got["ropes"] = [(r.theta, r.scaling.value, r.factor) for r in (
+            t.ropes[t.layer_rope[i]] if t.layer_rope else t.ropes[0] for i in range(len(types)))]
     experts = get("num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts")
     if t.moe is not None and isinstance(experts, int):
         want["experts"] = (experts, get("num_experts_per_tok", "moe_k", "experts_per_token"))
