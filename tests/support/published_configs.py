@@ -33,7 +33,11 @@ Hunyuan dense's (tencent's own key set: ``org_vocab_size``, ``dense_list``, ``us
 ``interpolate_factor``, ``lm_head_bias``, ``mlp_bias``, ``_name_or_path``), Apertus-8B's
 (``rope_scaling`` with both ``rope_type`` and ``type``), Llama-4 Scout base as transformers
 4.51 prints it (``attn_temperature_tuning: 4``, ``floor_scale``, ``attn_scale``,
-``moe_layers``, a 0/1 ``no_rope_layers`` list) and Maverick's text_config (``use_qk_norm:
+``moe_layers``, a 0/1 ``no_rope_layers`` list), Gemma-4-31B-it as transformers 5.7 prints
+its ``Gemma4Config`` (``attention_k_eq_v``, ``num_global_key_value_heads``, ``global_head_dim``,
+proportional rope, the vision config with transformers' printed defaults; the 26B-A4B MoE is
+that file with the MoE sizes third-party code quotes for it) and Maverick's
+text_config (``use_qk_norm:
 false``, ``interleave_moe_layer_step: 2``). Sizes of the same family are the published file
 of one size with that size's dimensions; DeepSeek-V3.1 is V3's file with V3.1's
 ``quantization_config.scale_fmt: "ue8m0"``. Values may differ from the hub files; the key sets
@@ -139,6 +143,8 @@ CORPUS: dict[str, str] = {
     "swiss-ai__Apertus-70B-2509.reconstructed": "apertus",
     "google__gemma-3n-E4B-it.reconstructed": "gemma3n",
     "google__gemma-3-270m.reconstructed": "gemma3_text",
+    "google__gemma-4-31B-it.reconstructed": "gemma4",  # as transformers 5.7 prints it
+    "google__gemma-4-26B-A4B-it.reconstructed": "gemma4",  # the 31B's keys, MoE sizes
     "Qwen__Qwen3-4B-FP8.reconstructed": "qwen3",
     "Qwen__Qwen3-8B-FP8.reconstructed": "qwen3",
     "Qwen__Qwen3-30B-A3B-FP8.reconstructed": "qwen3_moe",
