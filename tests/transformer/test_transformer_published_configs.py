@@ -159,6 +159,7 @@ def test_published_config_parses_to_the_numbers_transformers_reads(stem):
             t.ropes[t.layer_rope[i]] if t.layer_rope else t.ropes[0] for i in range(len(types)))]
     experts = get("num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts")
     if t.moe is not None and isinstance(experts, int):
-        want["experts"] = (experts, get("num_experts_per_tok", "moe_k", "experts_per_token"))
+        want["experts"] = (experts, get("num_experts_per_tok", "moe_k", "experts_per_token",
+                                        "top_k_experts"))
         got["experts"] = (t.moe.num_experts, t.moe.top_k)
     assert got == want
