@@ -161,6 +161,55 @@ def test_float8_weight_without_a_scale_is_refused(qwen3_fp8, tmp_path):
         mi.MIModel.from_pretrained(bad)
 
 
+def _ue8m0_copy(path: Path, out: Path, exact: bool) -> None:
+    """The FP8 checkpoint at `path` re-quantized with power-of-two block scales (each rounded
+    up to 2 ** ceil(log2 s), so the codes still fit e4m3) under DeepSeek-V3.1's
+    ``scale_fmt: "ue8m0"``, scales stored as F32 as V3.1 publishes them; `exact` False
+    perturbs one scale off its power of two."""
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(path / "model.safetensors"))
+    for name in [n for n in sd if n.endswith("_scale_inv")]:
+        w = name[: -len("_scale_inv")]
+        deq = _dequantize_by_blocks(sd[w], sd[name], (16, 16))
+        s = torch.exp2(torch.ceil(torch.log2(sd[name])))
+        sd[name] = s
+        sd[w] = (deq / s.repeat_interleave(16, 0).repeat_interleave(16, 1)).to(FP8)
+    if not exact:
+        sd["model.layers.0.mlp.down_proj.weight_scale_inv"][0, 0] *= 1.5
+    out.mkdir()
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["quantization_config"]["scale_fmt"] = "ue8m0"
+    (out / "config.json").write_text(json.dumps(cfg))
+
+
+def test_fp8_ue8m0_scales_as_deepseek_v3_1_publishes_them_equal_transformers(
+        qwen3_fp8, tmp_path, make_ids):
+    """DeepSeek-V3.1's quantization_config declares ``scale_fmt: "ue8m0"`` (power-of-two
+    block scales) over F32 weight_scale_inv tensors; transformers casts them to
+    float8_e8m0fnu (exact) and dequantizes, and so must we."""
+    from transformers import AutoModelForCausalLM
+
+    _, path, _ = qwen3_fp8
+    _ue8m0_copy(path, tmp_path / "ue8m0", exact=True)
+    ref = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ue8m0"),
+                                               dtype=torch.float32).eval()
+    ids = make_ids(1, 10, seed=5)
+    with torch.no_grad():
+        want = ref(ids).logits
+    got = mi.MIModel.from_pretrained(tmp_path / "ue8m0").forward(ids).output
+    assert (got - want).abs().max().item() < TOL
+
+
+def test_fp8_ue8m0_scale_that_is_not_a_power_of_two_is_a_weight_load_error(qwen3_fp8,
+                                                                           tmp_path):
+    _, path, _ = qwen3_fp8
+    _ue8m0_copy(path, tmp_path / "bad", exact=False)
+    with pytest.raises(WeightLoadError, match=r"ue8m0.*layers\.0\.mlp\.down_proj"):
+        mi.MIModel.from_pretrained(tmp_path / "bad")
+
+
 def test_dequantize_fp8_handles_partial_edge_blocks_and_stacked_weights():
     g = torch.Generator().manual_seed(0)
     w = torch.randn(2, 40, 24, generator=g)  # two experts, blocks 16 x 16: 3 x 2 partial grid
@@ -257,7 +306,7 @@ def test_other_quantization_methods_are_refused_by_name(method):
 
 
 @pytest.mark.parametrize("key, value", [("activation_scheme", "static"), ("fmt", "e5m2"),
-                                        ("scale_fmt", "ue8m0"), ("weight_block_size", [128]),
+                                        ("scale_fmt", "e4m3"), ("weight_block_size", [128]),
                                         ("modules_to_convert", ["model.embed_tokens"]),
                                         ("unheard_of", 1)])
 def test_fp8_settings_not_implemented_are_refused_naming_them(key, value):

@@ -49,8 +49,14 @@ _HARMLESS = {"fp8": {"modules_to_not_convert", "ignored_layers", "dequantize"},
 _FP8_ONLY = {"activation_scheme": ("dynamic", "static activation scales (input_scale) are "
                                                "not implemented"),
              "fmt": ("e4m3", "only float8 e4m3 weights are implemented"),
-             "scale_fmt": ("float", "only float (F32 / BF16) block scales are implemented"),
              "expert_dtype": ("fp8", "only FP8 experts are implemented")}
+#: ``scale_fmt`` values accepted: "float" (scales stored as F32 / BF16), and "ue8m0", the
+#: declaration that every block scale is a power of two (DeepSeek-V3.1 publishes it with F32
+#: ``weight_scale_inv`` tensors; transformers casts them to float8_e8m0fnu, exact for powers
+#: of two). Under "ue8m0" a scale that is not a power of two is a WeightLoadError naming the
+#: tensor (transformers would round it); scales stored as F8_E8M0 are refused by the
+#: safetensors header check (dtype not read).
+_SCALE_FMTS = ("float", "ue8m0")
 #: e2m1 (FP4) code -> value; bit 3 is the sign (OCP microscaling spec, as transformers).
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
               -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -62,6 +68,7 @@ class QuantConfig:
 
     method: str
     block: tuple[int, int] = (128, 128)  # fp8 weight_block_size (rows, cols)
+    scale_fmt: str = "float"  # fp8 scale_fmt: "float" or "ue8m0" (powers of two)
 
 
 def read_quant_config(cfg: Mapping[str, Any], src: str) -> QuantConfig | None:
@@ -92,13 +99,19 @@ def read_quant_config(cfg: Mapping[str, Any], src: str) -> QuantConfig | None:
         if qc.get("modules_to_convert"):
             raise ConfigError(f"{where}.modules_to_convert = {qc['modules_to_convert']!r} is "
                               f"not supported (quantized embeddings are not implemented)")
+        scale_fmt = qc.get("scale_fmt")
+        if scale_fmt is None:
+            scale_fmt = "float"
+        if scale_fmt not in _SCALE_FMTS:
+            raise ConfigError(f"{where}.scale_fmt = {scale_fmt!r} is not supported (block "
+                              f"scales are read as 'float' or 'ue8m0' powers of two)")
         block = _block_size(qc.get("weight_block_size"), where)
-        known |= set(_FP8_ONLY) | {"weight_block_size", "modules_to_convert"}
+        known |= set(_FP8_ONLY) | {"weight_block_size", "modules_to_convert", "scale_fmt"}
     unknown = sorted(k for k, v in qc.items() if v is not None and k not in known)
     if unknown:
         raise ConfigError(f"{where} has keys this backend does not read (they may change the "
                           f"numbers): {', '.join(unknown)}")
-    return QuantConfig(method, block)
+    return QuantConfig(method, block, scale_fmt if method == "fp8" else "float")
 
 
 def _block_size(v: Any, where: str) -> tuple[int, int]:
@@ -240,6 +253,10 @@ class DequantizedSource:
             if plan.how == "fp8":
                 if a.dtype not in _FP8_DTYPES:
                     raise ValueError(f"weight dtype {a.dtype} is not float8 e4m3")
+                if self.qc.scale_fmt == "ue8m0" and not _powers_of_two(b):
+                    raise ValueError(f"quantization_config.scale_fmt = 'ue8m0' declares "
+                                     f"power-of-two block scales, but {plan.parts[1]!r} "
+                                     f"holds others (transformers would round them)")
                 return dequantize_fp8(a, b, self.qc.block)
             return dequantize_mxfp4(a, b).transpose(-2, -1).contiguous()
         except ValueError as exc:
@@ -263,6 +280,12 @@ class DequantizedSource:
                                       f"weight_scale_inv beside it; its numbers would be off "
                                       f"by its scale")
         return checked_tensor(t, name, self.origin, dtype or t.dtype, device)
+
+
+def _powers_of_two(scales: torch.Tensor) -> bool:
+    """Whether every element of `scales` is a positive power of two (an exact e8m0 value)."""
+    mantissa, _ = torch.frexp(scales.float())
+    return bool((mantissa == 0.5).all())
 
 
 _FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz")

@@ -122,6 +122,8 @@ def parse_phi3(r: ConfigReader) -> TransformerConfig:
     r.int("original_max_position_embeddings", None)
     # Phi-3's config.json says attention_bias: false; transformers' Phi-3 has no biases
     r.refuse_unless("attention_bias", False, "Phi-3's projections have no biases")
+    # Phi-4-mini's config.json says mlp_bias: false; transformers' Phi-3 MLP has no biases
+    r.refuse_unless("mlp_bias", False, "Phi-3's MLP has no biases")
     return _all_sliding(r, base)
 
 

@@ -49,6 +49,8 @@ ROTARY_DIM = Derived("the rotary width", lambda c: c.rot_dim)
 #: ffn_hidden_size / num_kv_heads), repeated under LLaMA's by transformers' GGUF conversion.
 MLP_WIDTH = Derived("the MLP width", lambda c: c.intermediate_size)
 KV_HEADS = Derived("the number of KV heads", lambda c: c.num_kv_heads)
+#: The vocabulary size, repeated by Hunyuan's configs as ``org_vocab_size``.
+VOCAB = Derived("vocab_size", lambda c: c.vocab_size)
 #: ``rope_interleaved`` is nanotron's spelling of the rotary layout (SmolLM2 says ``false``):
 #: neutral when it names the family's own layout. Every rotate-half family shares
 #: :data:`ROTARY`; the interleaved (GPT-J layout) ones use :data:`ROTARY_INTERLEAVED`.

@@ -46,7 +46,7 @@ from mi_transformer.config.families_ssm import (
     parse_mamba, parse_mamba2,
 )
 from mi_transformer.config.neutral import (KV_HEADS, MLP_WIDTH, ROTARY, ROTARY_DIM,
-                                           ROTARY_INTERLEAVED)
+                                           ROTARY_INTERLEAVED, VOCAB)
 from mi_transformer.config.reader import ConfigReader
 
 
@@ -98,6 +98,13 @@ _QWEN_WINDOWS = {"sliding_window", "use_sliding_window", "max_window_layers", "l
 #: Qwen2.5 configs say use_mrope: false (multimodal rotary sections; text-only Qwen never
 #: reads it)
 _QWEN_NEUTRAL = {**ROTARY, "use_mrope": False}
+#: Phi-4-mini's config.json carries its remote code's switches, which transformers' Phi-3
+#: never reads; at these values that code is transformers' forward (every layer full
+#: attention, positions not interpolated, no lm_head bias)
+_PHI3_NEUTRAL = {**ROTARY, "full_attn_mod": 1, "interpolate_factor": 1, "lm_head_bias": False}
+#: Hunyuan's configs repeat the vocabulary size as org_vocab_size (never read by
+#: transformers' HunYuan dense)
+_RECENT_NEUTRAL = {"hunyuan_v1_dense": {"org_vocab_size": VOCAB}}
 
 
 #: model_type -> Family. A new family is one entry here plus a weight-name table
@@ -123,7 +130,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
         "query_pre_attn_scalar", "sliding_window", "layer_types", "sliding_window_pattern",
         "_sliding_window_pattern", "rope_local_base_freq"},
         harmless=_GEMMA_HARMLESS),
-    _family("phi3", parse_phi3, _LLAMA | {"sliding_window", "original_max_position_embeddings"}),
+    _family("phi3", parse_phi3, _LLAMA | {"sliding_window", "original_max_position_embeddings"},
+            neutral=_PHI3_NEUTRAL),
     _family("cohere", parse_cohere, _LLAMA | {"layer_norm_eps", "use_qk_norm", "logit_scale"},
             note="parallel block, one shared LayerNorm, interleaved rotary",
             neutral=ROTARY_INTERLEAVED,
@@ -243,8 +251,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
 
 #: The recent families with GPT-J (interleaved) rotary; the rest rotate halves.
 _RECENT_INTERLEAVED = {"glm", "glm4", "ernie4_5", "ernie4_5_moe"}
-FAMILIES.update({mt: _family(mt, parse, _LLAMA | reads, harmless, note,
-                             neutral=ROTARY_INTERLEAVED if mt in _RECENT_INTERLEAVED else None)
+FAMILIES.update({mt: _family(mt, parse, _LLAMA | reads, harmless, note, neutral={
+    **(ROTARY_INTERLEAVED if mt in _RECENT_INTERLEAVED else ROTARY),
+    **_RECENT_NEUTRAL.get(mt, {})})
                  for mt, parse, reads, harmless, note in RECENT_FAMILIES})
 # gpt-oss, DeepSeek-V2/V3, Llama 4 (config/families_moe2.py): their key sets are whole;
 # DeepSeek and Llama 4 rotate interleaved pairs, gpt-oss halves
