@@ -12,9 +12,12 @@ transformers' F32 logits. The checkpoints come from the session caches the suppo
 keep, so a whole-suite run builds each once.
 
 RWKV-6 / RWKV-7 (mi_rwkv) are not transformers families (transformers has RWKV-4 only): their
-checkpoints come from flash-linear-attention and are covered by tests/rwkv. The GGUF form of
-what transformers writes: tests/transformer/test_transformer_transformers_writes.py and
-test_transformer_transformers_writes_gguf.py.
+checkpoints come from flash-linear-attention and are covered by tests/rwkv.
+
+Then, for every GGUF architecture both transformers 5.24 and we read: a tiny GGUF, read by
+transformers (``from_pretrained(dir, gguf_file=...)``), saved, and the config it writes
+(``_model_name_or_path``, ``unk_token_id``, ``quantization_config: gguf``, its defaults for
+what GGUF does not carry) loaded by us with transformers' numbers.
 """
 
 from __future__ import annotations
@@ -237,4 +240,142 @@ def test_what_transformers_writes_loads_with_its_numbers(written, tmp_path, mode
         got = mi.MIModel.from_pretrained(path).forward(ids).output
         err = (got - want).abs().max().item()
         assert err < _LOOSER.get(model_type, TOL), (path.name, err)
+    assert want.std().item() > 0.1
+
+
+# ------------------------------------------------------------- transformers' GGUF conversion
+
+def _gguf_writers() -> dict[str, tuple[str, Callable[[Path], tuple[Any, Path]]]]:
+    """name -> (GGUF architecture, build(root) -> (tiny checkpoint, its GGUF)): for every GGUF
+    architecture transformers 5.24 reads (``GGUF_SUPPORTED_ARCHITECTURES``) that we read too,
+    written by the converters the GGUF tests use (llama.cpp's layout); ``mixtral``: a llama
+    GGUF with experts."""
+    from safetensors.torch import load_file
+
+    from tests.support import gguf_convert as conv
+    from tests.support import gguf_convert_hybrid2 as c2
+    from tests.transformer import test_transformer_gguf_arches as a
+    from tests.transformer import test_transformer_gguf_more_arches as b
+    from tests.transformer.conftest import make_tiny
+
+    def plain(module: Any, name: str, **fit: Any) -> tuple[str, Any]:
+        """`module`'s case `name`, with `fit`: what transformers' GGUF reader assumes where it
+        does not read the metadata that says it (its defaults, or a fixed ratio)."""
+        arch, family, over = module.CASES[name]
+        if module is a:  # (arch, model_type, overrides)
+            mt, base = family, {}
+        else:  # (arch, tiny_families name, overrides)
+            mt, base = FAMILIES[family]
+
+        def build(root: Path) -> tuple[Any, Path]:
+            t = make_tiny(root, name, mt, {**base, **over, **fit})
+            return t, module.write_gguf(t, arch, root / f"{name}.gguf")
+        return arch, build
+
+    def mamba(root: Path) -> tuple[Any, Path]:
+        t = ssm_tiny.make_tiny_ssm(root, "mamba")
+        sd = load_file(str(t.path / "model.safetensors"))
+        return t, conv.write(root / "mamba.gguf", "mamba", t.hf.config, sd,
+                             params=conv.mamba_params, modify=conv.mamba_modify, generic=False)
+
+    def lfm2(root: Path) -> tuple[Any, Path]:
+        t = hybrid2_tiny.make_tiny_hybrid2(root, "lfm2")
+        sd = load_file(str(t.path / "model.safetensors"))
+        hp = c2.lfm2_hparams(t.hf.config.to_dict())
+        return t, conv.write(root / "lfm2.gguf", "lfm2", t.hf.config, sd, hp=hp,
+                             params=c2.lfm2_params, modify=c2.lfm2_modify)
+
+    out = {name: plain(a, name) for name in ("llama", "qwen2", "gemma2", "phi3", "starcoder2",
+                                             "mixtral")}
+    # transformers 5.24's GGUF reader does not read these sizes: its config's defaults
+    # (Qwen3's head_dim 128; Qwen2-MoE's expert widths 1408 / 5632; Qwen3-MoE's 768) or its
+    # ratio (GPT-2's MLP 4 x n_embd; Falcon's, which llama.cpp writes as 4 x d_model, true of
+    # every published Falcon) are what it builds; GPT-2's position table is n_positions 1024
+    out["qwen3"] = plain(a, "qwen3", head_dim=128)
+    out["qwen2moe"] = plain(a, "qwen2moe", moe_intermediate_size=1408,
+                            shared_expert_intermediate_size=5632)
+    out["qwen3moe"] = plain(a, "qwen3moe", moe_intermediate_size=768)
+    out["gpt2"] = plain(a, "gpt2", n_inner=None, n_positions=1024)
+    out["falcon"] = plain(b, "falcon_7b", ffn_hidden_size=4 * _COMMON["hidden_size"])
+    out["stablelm"] = plain(b, "stablelm")
+    out["gemma3"] = plain(b, "gemma3")
+    out["mamba"] = ("mamba", mamba)
+    out["lfm2"] = ("lfm2", lfm2)
+    return out
+
+
+GGUF_CASES = _gguf_writers()
+#: transformers' GGUF architectures we read that transformers 5.24 cannot read from a tiny
+#: GGUF, with why. (Its "mistral" is a llama GGUF whose general.name is "mistral": it then
+#: asks gguf-py 0.19 for a "mistral" tensor map, which gguf-py does not have.)
+_GGUF_NOT_IN_TRANSFORMERS = {
+    # llama.cpp's rope metadata and expert names (test_transformer_gguf_new_arches.py pins it)
+    "gpt-oss": "transformers' reader fails on llama.cpp's gpt-oss layout",
+    # head_dim, the per-layer input width and table, the shared-KV layers are not read: its
+    # defaults (head_dim 256, a 262144 x 1024 per-layer table) are the released sizes only
+    "gemma4": "transformers' reader builds the released Gemma-4 sizes only",
+}
+
+
+def test_every_gguf_architecture_both_read_is_a_case():
+    from mi_transformer import plugin
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    ours = set(plugin._GGUF.split(", "))
+    # transformers' names for llama.cpp's (its loader renames qwen2moe, qwen3moe, gpt-oss)
+    spelled = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
+    both = {spelled.get(x, x) for x in GGUF_SUPPORTED_ARCHITECTURES} & ours
+    assert both == {arch for arch, _ in GGUF_CASES.values()} | set(_GGUF_NOT_IN_TRANSFORMERS)
+
+
+#: metadata llama.cpp writes that transformers turns into config keys of its own
+def _meta(name: str) -> dict[str, tuple[Any, str]]:
+    return {"general.name": ("Tiny Test Model", "STRING"),
+            "tokenizer.ggml.unknown_token_id": (0, "UINT32"),
+            "tokenizer.ggml.padding_token_id": (0, "UINT32"),
+            "tokenizer.ggml.bos_token_id": (1, "UINT32"),
+            "tokenizer.ggml.eos_token_id": (2, "UINT32")}
+
+
+@pytest.mark.parametrize("name", sorted(GGUF_CASES))
+def test_what_transformers_writes_from_a_gguf_loads_with_its_numbers(tmp_path, name):
+    """A tiny GGUF (llama.cpp's layout, with the metadata its converter writes), read by
+    transformers (``from_pretrained(dir, gguf_file=...)``) and saved (its config.save_pretrained: the model's own refuses a GGUF model) with
+    the tensors it holds: the config it writes (``_model_name_or_path``, ``unk_token_id``, ``quantization_config: gguf``, its
+    defaults for what GGUF does not carry), as saved and as ``to_dict()``, loads and gives the
+    numbers of transformers' model of the GGUF."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.transformer.test_transformer_gguf_new_arches import _rewrite
+
+    _, build = GGUF_CASES[name]
+    (tmp_path / "src").mkdir()
+    (tmp_path / "gguf").mkdir()
+    t, raw = build(tmp_path / "src")
+    _rewrite(raw, tmp_path / "gguf" / "m.gguf", meta=_meta(name))
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "gguf"), gguf_file="m.gguf",
+                                              dtype=torch.float32).eval()
+    hf.config._attn_implementation = "eager"
+    written = json.loads(hf.config.to_json_string(use_diff=False))
+    if name != "lfm2":  # (Lfm2Config keeps only the attributes it declares)
+        assert written["quantization_config"]["quant_method"] == "gguf"
+        assert written["_model_name_or_path"] == "Tiny Test Model"
+        assert written["unk_token_id"] == 0
+    out = tmp_path / "saved"
+    # transformers refuses save_pretrained of a model it read from GGUF (its quantizer says
+    # not serializable), though its tensors are F32 already: without the quantizer it saves
+    # as it saves any model (experts in the checkpoint layout, tied heads dropped)
+    hf.hf_quantizer = None
+    hf.save_pretrained(out)
+    saved = json.loads((out / "config.json").read_text())  # with gguf_file, dequantize: false
+    assert saved.get("quantization_config", {"quant_method": "gguf"})["quant_method"] == "gguf"
+    vocab = hf.config.get_text_config().vocab_size
+    ids = torch.randint(3, vocab - 4, (1, 10), generator=torch.Generator().manual_seed(53))
+    with torch.no_grad():
+        want = hf(ids).logits
+    got = mi.MIModel.from_pretrained(out).forward(ids).output
+    assert (got - want).abs().max().item() < TOL
+    (out / "config.json").write_text(json.dumps(written))  # the to_dict() form too
+    got = mi.MIModel.from_pretrained(out).forward(ids).output
+    assert (got - want).abs().max().item() < TOL
     assert want.std().item() > 0.1
