@@ -55,7 +55,22 @@ def report(source: str, src: ModelSource, dets: list[Detection]) -> Compatibilit
     best = max(ok, key=lambda d: d.score) if ok else None
     mt = (src.config or {}).get("model_type") if src.config else None
     return CompatibilityReport(source=source, model_type=mt, supported=best is not None,
-                               backend=best.backend if best else None, detections=dets)
+                               backend=best.backend if best else None, detections=dets,
+                               gguf_architecture=_gguf_architecture(src))
+
+
+def _gguf_architecture(src: ModelSource) -> str | None:
+    """A GGUF file's ``general.architecture`` (None for anything else, or an unreadable
+    header: the plugins' detections say what is wrong with it)."""
+    if src.config is not None or not src.path.is_file() or src.path.suffix.lower() != ".gguf":
+        return None
+    try:
+        from mi_core.gguf import gguf_architecture
+
+        arch = gguf_architecture(src.path)
+    except (ImportError, MIError):
+        return None
+    return arch if isinstance(arch, str) else None
 
 
 def check_compatibility(source: str | os.PathLike[str]) -> CompatibilityReport:

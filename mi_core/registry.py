@@ -122,6 +122,8 @@ class CompatibilityReport:
     supported: bool
     backend: str | None
     detections: list[Detection] = attrs.field(factory=list)
+    #: a GGUF file's ``general.architecture`` (it has no config.json, so no model_type)
+    gguf_architecture: str | None = None
 
     @property
     def best(self) -> Detection | None:
@@ -130,14 +132,17 @@ class CompatibilityReport:
 
     @property
     def unimplemented(self) -> bool:
-        """No plugin implements the config's model_type (said first by :meth:`summary`)."""
-        return not self.supported and isinstance(self.model_type, str) and not any(
+        """No plugin implements the config's model_type, or the GGUF file's architecture
+        (said first by :meth:`summary`)."""
+        named = isinstance(self.model_type, str) or isinstance(self.gguf_architecture, str)
+        return not self.supported and named and not any(
             d.implements or d.ok for d in self.detections)
 
     def summary(self) -> str:
         verdict = f"supported by {self.backend}" if self.supported else "NOT supported"
-        lines = [f"no installed plugin implements model_type {self.model_type!r}"] \
-            if self.unimplemented else []
+        what = f"model_type {self.model_type!r}" if isinstance(self.model_type, str) \
+            else f"GGUF architecture {self.gguf_architecture!r}"
+        lines = [f"no installed plugin implements {what}"] if self.unimplemented else []
         lines.append(f"{self.source}: model_type={self.model_type!r}, {verdict}")
         for d in sorted(self.detections, key=lambda d: -d.score):
             lines.append(f"  [{d.plugin or '?'}:{d.backend}] score={d.score:.2f}: {d.reason}")

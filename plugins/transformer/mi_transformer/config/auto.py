@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping
 
+import attrs
+
 from mi_core.plugin import ConfigError, UnsupportedModelError
 
 from mi_transformer.config.axes import MlpLayout, QkvLayout, TransformerConfig
@@ -55,11 +57,34 @@ def parse_config(cfg: Mapping[str, Any], src: str = "config.json",
     mt = r.str("model_type")
     family = FAMILIES.get(mt)
     if family is not None:
-        return _run(family, cfg, src)
+        return _stacked_experts(_run(family, cfg, src), tensor_names)
     if mt in REFUSED:
         raise UnsupportedModelError(f"{src}: model_type {mt!r} is not supported by the "
                                     f"transformer backend: {REFUSED[mt]}")
     return auto_config(cfg, src, list(tensor_names or []))
+
+
+def _stacked_experts(out: TransformerConfig, tensor_names: Iterable[str] | None
+                     ) -> TransformerConfig:
+    """Per-expert MoE families (Qwen2-MoE, Qwen3-MoE, Mixtral, ...) as transformers 5 holds
+    them in memory: the experts stacked in ``experts.gate_up_proj`` [E, 2 d_expert, d_model]
+    (rows [gate | up]) and ``experts.down_proj`` [E, d_model, d_expert], which is what a
+    checkpoint of transformers' model read from GGUF holds (its save_pretrained has no
+    per-expert layout to return to). Read off the tensor names, not the config: the same
+    config describes both layouts."""
+    moe = out.moe
+    if moe is None or not tensor_names or moe.fused or moe.fused_experts or moe.fused_linear:
+        return out
+    names = set(tensor_names)
+    layer = next((i for i, m in enumerate(out.layer_moe) if m), 0) if out.layer_moe else 0
+    from mi_transformer.moe import expected_moe_shapes
+
+    per_expert = expected_moe_shapes(f"model.layers.{layer}.", moe, out.hidden_size)
+    stacked = expected_moe_shapes(f"model.layers.{layer}.",
+                                  attrs.evolve(moe, fused_linear=True), out.hidden_size)
+    if set(per_expert) <= names or not set(stacked) <= names:
+        return out
+    return attrs.evolve(out, moe=attrs.evolve(moe, fused_linear=True))
 
 
 #: What auto-config understands: LLaMA's keys plus a uniform sliding window.

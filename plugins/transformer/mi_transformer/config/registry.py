@@ -167,7 +167,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
         "vocab_size", "n_embd", "n_head", "n_layer", "n_inner", "n_positions", "n_ctx",
         "layer_norm_epsilon", "activation_function", "tie_word_embeddings",
         "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"},
-        harmless=_GPT2_HARMLESS, note="learned positions, Conv1D fused QKV", neutral={}),
+        harmless=_GPT2_HARMLESS, note="learned positions, Conv1D fused QKV",
+        # transformers' GGUF conversion writes llama.cpp's feed_forward_length, which its
+        # GPT-2 never reads (its MLP is n_inner, or 4 x n_embd)
+        neutral={"feed_forward_length": MLP_WIDTH}),
     _family("gpt_neox", parse_gpt_neox, _SHAPE_KEYS | _ROPE | {
         "layer_norm_eps", "attention_bias", "use_parallel_residual", "rotary_pct",
         "rotary_emb_base"}, note="per-head fused QKV, partial rotary, parallel or sequential"),
@@ -204,7 +207,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
             neutral={**ROTARY, "mlp_type": "default", "norm_type": "layer_norm"}),
     # state-space families: the layers run a plugin's mixer (mi-ssm), not attention; no
     # positions, so no rotary key is neutral
-    _family("mamba", parse_mamba, MAMBA_READS, harmless=SSM_HARMLESS,
+    # (transformers' GGUF conversion writes llama.cpp's context_length as
+    # max_position_embeddings: no positions, so no value of it changes Mamba's numbers)
+    _family("mamba", parse_mamba, MAMBA_READS,
+            harmless=SSM_HARMLESS | {"max_position_embeddings"},
             note="Mamba-1 mixer (mi-ssm), no MLP", neutral=MAMBA_NEUTRAL),
     _family("falcon_mamba", parse_falcon_mamba, FALCON_MAMBA_READS, harmless=SSM_HARMLESS,
             note="Mamba-1 mixer with B/C/dt RMS norms (mi-ssm), no MLP",
