@@ -8,6 +8,12 @@ seem to say load and give transformers' numbers (tests/transformer/published_con
   never reads it), ``norm_before_gate: true`` (never read) and, written by transformers 4,
   ``time_step_limit: [0.0, Infinity]`` with a bare ``Infinity`` literal.
 
+- The dense Granite 4.0 configs (granite-4.0-micro, -h-micro) publish
+  ``num_experts_per_tok: 0`` beside ``num_local_experts: 0``: transformers builds no router.
+- MiniMaxAI/MiniMax-Text-01-hf publishes ``postnorm: true``, ``shared_intermediate_size: 0``,
+  ``shared_moe_mode`` and ``rotary_dim``, none read by transformers' MiniMax: accepted at the
+  values it implements (``rotary_dim`` = the head width it rotates whole), refused otherwise.
+
 Each is a tiny checkpoint made with transformers with that config shape, compared at F32.
 """
 
@@ -15,7 +21,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
+import pytest
 import torch
 
 import mi_core as mi
@@ -24,19 +32,21 @@ from tests.support.ssm_tiny import HIDDEN, make_tiny_ssm, ssm_ids
 TOL = 1e-4
 
 
-def _assert_parity(path: Path, hf: torch.nn.Module, kind: str) -> None:
+def _assert_parity(path: Path, hf: torch.nn.Module, kind: str | list[str],
+                   point: Callable[[int], mi.HookPoint] = mi.HookPoint.resid_post) -> None:
+    """Logits and each layer's residual stream; transformers' hidden_states[i] is our
+    resid_post(i) for its Mamba models, resid_pre(i) for the hybrids (embedding first)."""
     model = mi.MIModel.from_pretrained(path)
     ids = ssm_ids(2, 13, seed=3)
     with torch.no_grad():
         ref = hf(ids, output_hidden_states=True)
     L = model.num_layers
-    cache = model.forward(ids, mi.HookSpec().capture_all(mi.HookPoint.resid_post(i)
-                                                         for i in range(L)))
+    cache = model.forward(ids, mi.HookSpec().capture_all(point(i) for i in range(L)))
     assert (cache.output - ref.logits).abs().max().item() < TOL
     for i in range(L):
-        assert (cache[mi.HookPoint.resid_post(i)] - ref.hidden_states[i]).abs().max() < TOL
+        assert (cache[point(i)] - ref.hidden_states[i]).abs().max() < TOL
     assert cache.output.std().item() > 0.5
-    assert model.layer_types == [kind] * L
+    assert model.layer_types == ([kind] * L if isinstance(kind, str) else kind)
 
 
 def _edit(path: Path, **changes: object) -> None:
@@ -84,3 +94,26 @@ def test_nemotron_h_without_time_step_min_clamps_dt_at_transformers_default(tmp_
     with torch.no_grad():
         ref = t.hf(ids).logits
     assert (model.forward(ids).output - ref).abs().max().item() < TOL
+
+
+def test_dense_granite_4_with_zero_experts_per_token_loads_with_transformers_numbers(tmp_path):
+    from tests.support.hybrid_tiny import HYBRID_LAYER_TYPES, make_tiny_hybrid
+
+    t = make_tiny_hybrid(tmp_path, "granitemoehybrid_dense", num_experts_per_tok=0)
+    assert json.loads((t.path / "config.json").read_text())["num_experts_per_tok"] == 0
+    assert t.hf.model.layers[0].block_sparse_moe is None  # no router: the shared MLP alone
+    _assert_parity(t.path, t.hf, HYBRID_LAYER_TYPES["granitemoehybrid_dense"],
+                   mi.HookPoint.resid_pre)
+
+
+def test_minimax_hf_release_keys_load_at_the_values_transformers_implements(tmp_path):
+    from tests.support.zamba2_minimax_tiny import ZM_LAYER_TYPES, make_tiny_zm
+
+    t = make_tiny_zm(tmp_path, "minimax")
+    head_dim = json.loads((t.path / "config.json").read_text())["head_dim"]
+    _edit(t.path, postnorm=True, shared_intermediate_size=0, shared_moe_mode="sigmoid",
+          rotary_dim=head_dim)
+    _assert_parity(t.path, t.hf, ZM_LAYER_TYPES["minimax"], mi.HookPoint.resid_pre)
+    _edit(t.path, rotary_dim=head_dim // 2)  # the release's 64 of 128: not what is computed
+    with pytest.raises(mi.MIError, match=f"rotary_dim = {head_dim // 2}.*{head_dim}"):
+        mi.MIModel.from_pretrained(t.path)

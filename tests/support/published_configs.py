@@ -57,6 +57,20 @@ of one size with that size's dimensions; DeepSeek-V3.1 is V3's file with V3.1's
 ``quantization_config.scale_fmt: "ue8m0"``. Values may differ from the hub files; the key sets
 and the shapes are what the parsers are tested on.
 
+The second batch (issue 23, the families the first did not reach): one copy,
+``nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-BF16`` (the hub file as vendored whole in a public
+test, transformers 4.55.4 wrote it); ``MiniMaxAI__MiniMax-Text-01-hf.reconstructed`` is a
+public partial copy (``layer_types`` to ``vocab_size``: ``rotary_dim`` 64, ``postnorm``,
+``shared_intermediate_size`` 0, ``shared_moe_mode``) completed from transformers'
+``MiniMaxConfig``. The rest are reconstructed from memory of the hub files, the sizes the
+families' docs tabulate and sibling files above (Zamba2-1.2B / 2.7B / 7B-Instruct, Falcon-H1
+1.5B-Deep / 7B / 34B, granite-4.0-h-micro / h-tiny / micro, Bamba-9B-v2, LFM2-350M / 700M /
+2.6B in the ``layer_types`` form, LFM2-8B-A1B, Nemotron Nano 12B v2, Nemotron-H 4B / 47B,
+Qwen3-Next Thinking, Olmo-Hybrid-7B from transformers' ``OlmoHybridConfig`` defaults, which
+name that checkpoint). No copy of the Qwen3.5 hub files turned up to check the two above
+against; the key sets seen in public GGUF-to-config code (``mtp_use_dedicated_embeddings``,
+``mrope_interleaved``) parse.
+
 :data:`CORPUS` maps each file's stem to the ``model_type`` it must parse as; for the families
 other engineers are adding (:data:`PENDING`) the corpus test expects the plain refusal until
 their parser is registered, then a parse.
@@ -202,6 +216,44 @@ CORPUS: dict[str, str] = {
     "stabilityai__stablelm-3b-4e1t.reconstructed": "stablelm",
     # a family no installed plugin implements: the plain refusal
     "CohereForAI__c4ai-command-r7b-12-2024.reconstructed": "cohere2",
+
+    # the rest of issue 23's families as released (cfg23b): Zamba2 (hybrid_layer_ids,
+    # time_step_limit null, kv_channels ...), Falcon-H1 (multiplier lists), Granite 4.0
+    # (h-micro dense, h-tiny MoE, micro: attention only, num_experts_per_tok 0), Bamba v2,
+    # LFM2 (layer_types form) and LFM2-MoE, Nemotron-H / Nano v2 sizes, Qwen3-Next Thinking,
+    # OLMo hybrid; refused with the reason named (:data:`REFUSED`): MiniMax-Text-01-hf's
+    # rotary_dim 64 of 128, Nemotron 3 Nano's mixture-of-experts layers
+    "Zyphra__Zamba2-1.2B.reconstructed": "zamba2",
+    "Zyphra__Zamba2-2.7B.reconstructed": "zamba2",
+    "Zyphra__Zamba2-7B-Instruct.reconstructed": "zamba2",
+    "tiiuae__Falcon-H1-1.5B-Deep-Instruct.reconstructed": "falcon_h1",
+    "tiiuae__Falcon-H1-7B-Instruct.reconstructed": "falcon_h1",
+    "tiiuae__Falcon-H1-34B-Instruct.reconstructed": "falcon_h1",
+    "ibm-granite__granite-4.0-h-micro.reconstructed": "granitemoehybrid",
+    "ibm-granite__granite-4.0-h-tiny.reconstructed": "granitemoehybrid",
+    "ibm-granite__granite-4.0-micro.reconstructed": "granitemoehybrid",
+    "ibm-ai-platform__Bamba-9B-v2.reconstructed": "bamba",
+    "LiquidAI__LFM2-350M.reconstructed": "lfm2",
+    "LiquidAI__LFM2-700M.reconstructed": "lfm2",
+    "LiquidAI__LFM2-2.6B.reconstructed": "lfm2",
+    "LiquidAI__LFM2-8B-A1B.reconstructed": "lfm2_moe",
+    "nvidia__NVIDIA-Nemotron-Nano-12B-v2.reconstructed": "nemotron_h",
+    "nvidia__Nemotron-H-4B-Base-8K.reconstructed": "nemotron_h",
+    "nvidia__Nemotron-H-47B-Base-8K.reconstructed": "nemotron_h",
+    "nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "nemotron_h",
+    "Qwen__Qwen3-Next-80B-A3B-Thinking.reconstructed": "qwen3_next",
+    "allenai__Olmo-Hybrid-7B.reconstructed": "olmo_hybrid",
+    "MiniMaxAI__MiniMax-Text-01-hf.reconstructed": "minimax",
+}
+
+#: Published configs of supported families that must be refused, with the words the error
+#: must contain: what they describe is not what the family computes.
+REFUSED: dict[str, tuple[str, ...]] = {
+    # transformers' MiniMax rotates the whole head (128): the release's rotary_dim 64 is
+    # refused by name with the neutral value, not silently ignored
+    "MiniMaxAI__MiniMax-Text-01-hf.reconstructed": ("rotary_dim = 64", "128"),
+    # Nemotron 3 Nano's "E" layers (mixture of experts) are not implemented here
+    "nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": ("'E'", "mixture-of-experts"),
 }
 
 
@@ -232,6 +284,46 @@ PINNED: dict[str, dict[str, object]] = {
     "LiquidAI__LFM2-1.2B.reconstructed": {"intermediate_size": 8192, "mixer.d_conv": 3},
     "Qwen__Qwen3-Next-80B-A3B-Instruct.reconstructed": {"rot_dim": 64, "head_dim": 256,
                                                         "mixer.v_heads": 32},
+    # Zamba2: the shared attention reads [x | e], 2 * hidden wide (head_dim 2 * hidden /
+    # heads); Mamba-2 heads 2 * hidden / mamba_headdim; dt floor time_step_min
+    "Zyphra__Zamba2-1.2B.reconstructed": {"num_layers": 38, "head_dim": 128,
+                                          "mixer.n_heads": 64, "mixer.d_state": 128,
+                                          "mixer.dt_limit": (0.001, float("inf"))},
+    "Zyphra__Zamba2-2.7B.reconstructed": {"head_dim": 160, "mixer.n_heads": 80,
+                                          "mixer.d_state": 64, "intermediate_size": 10240},
+    "Zyphra__Zamba2-7B-Instruct.reconstructed": {"num_layers": 81, "head_dim": 224,
+                                                 "mixer.n_heads": 112},
+    # Falcon-H1: the Mamba-2 width is mamba_d_ssm (not expand * hidden)
+    "tiiuae__Falcon-H1-1.5B-Deep-Instruct.reconstructed": {
+        "num_layers": 66, "head_dim": 128, "mixer.d_inner": 1536, "mixer.d_state": 256},
+    "tiiuae__Falcon-H1-7B-Instruct.reconstructed": {"mixer.d_inner": 3072,
+                                                    "mixer.head_dim": 128},
+    "tiiuae__Falcon-H1-34B-Instruct.reconstructed": {"mixer.d_inner": 4096,
+                                                     "num_kv_heads": 4},
+    # Granite 4.0: no experts -> the shared MLP alone (shared_intermediate_size wide)
+    "ibm-granite__granite-4.0-h-micro.reconstructed": {"moe": None, "intermediate_size": 8192,
+                                                       "mixer.n_heads": 64},
+    "ibm-granite__granite-4.0-h-tiny.reconstructed": {"moe.num_experts": 64, "moe.top_k": 6,
+                                                      "mixer.n_heads": 48},
+    "ibm-granite__granite-4.0-micro.reconstructed": {"moe": None, "head_dim": 64,
+                                                     "intermediate_size": 8192},
+    "ibm-ai-platform__Bamba-9B-v2.reconstructed": {"rot_dim": 64, "mixer.n_heads": 128},
+    # LFM2: block_auto_adjust_ff_dim -> 2/3 * block_ff_dim rounded up to block_multiple_of
+    "LiquidAI__LFM2-350M.reconstructed": {"intermediate_size": 4608, "mixer.d_conv": 3},
+    "LiquidAI__LFM2-700M.reconstructed": {"intermediate_size": 6912},
+    "LiquidAI__LFM2-2.6B.reconstructed": {"num_layers": 30, "intermediate_size": 7168},
+    "LiquidAI__LFM2-8B-A1B.reconstructed": {"moe.num_experts": 32, "moe.top_k": 4,
+                                            "intermediate_size": 7168},
+    # Nemotron-H: head_dim defaults to 128 (not hidden / heads)
+    "nvidia__NVIDIA-Nemotron-Nano-12B-v2.reconstructed": {"num_layers": 62, "head_dim": 128,
+                                                          "mixer.head_dim": 80},
+    "nvidia__Nemotron-H-4B-Base-8K.reconstructed": {"head_dim": 128, "mixer.n_heads": 112},
+    "nvidia__Nemotron-H-47B-Base-8K.reconstructed": {"num_layers": 98,
+                                                     "mixer.n_heads": 256},
+    "Qwen__Qwen3-Next-80B-A3B-Thinking.reconstructed": {"rot_dim": 64, "mixer.v_heads": 32},
+    # OLMo hybrid: value heads 2 x the key head width; the gated norm's eps fixed at 1e-5
+    "allenai__Olmo-Hybrid-7B.reconstructed": {"mixer.d_k": 96, "mixer.d_v": 192,
+                                              "mixer.norm_eps": 1e-5},
 }
 
 

@@ -17,7 +17,8 @@ import pytest
 
 import mi_core as mi
 from mi_transformer.config import FAMILIES, parse_config
-from tests.support.published_configs import CORPUS, DIR, PENDING, PINNED, UNSUPPORTED
+from tests.support.published_configs import (CORPUS, DIR, PENDING, PINNED, REFUSED,
+                                            UNSUPPORTED)
 
 
 def _config(stem: str) -> dict:
@@ -45,6 +46,12 @@ def test_published_config_is_detected_and_parses_or_is_refused_plainly(tmp_path,
     installed plugin implements: the report, and the error loading it, say so first."""
     want = CORPUS[stem]
     report = mi.check_compatibility(_checkpoint_dir(tmp_path, stem))
+    if stem in REFUSED:  # a supported family, a config whose numbers it cannot give
+        with pytest.raises(mi.MIError) as exc:
+            parse_config(_config(stem), f"{stem}.json")
+        assert all(words in str(exc.value) for words in REFUSED[stem]), str(exc.value)
+        assert not report.supported
+        return
     if want in FAMILIES:
         assert parse_config(_config(stem), f"{stem}.json").model_type == want
         assert report.supported and report.backend == "transformer", report.summary()
@@ -93,12 +100,18 @@ def test_state_space_config_parses_to_its_numbers_and_transformers_layer_schedul
     parsed = parse_config(cfg, f"{stem}.json")
     settings = parsed.mixers[0].settings
     for key, want in PINNED[stem].items():
-        got = getattr(settings, key[6:]) if key.startswith("mixer.") else getattr(parsed, key)
+        first, *rest = key.split(".")
+        got = settings if first == "mixer" else getattr(parsed, first)
+        for attr in rest:
+            got = getattr(got, attr)
         assert got == want, (key, got, want)
     hf = CONFIG_MAPPING[cfg["model_type"]](**{k: v for k, v in cfg.items()
                                                if k != "model_type"})
     kinds = list(getattr(hf, "layer_types", None) or [])
     assert len(kinds) == parsed.num_layers
+    if "hybrid" in kinds and parsed.layer_shared:  # Zamba2: shared block before the mixer
+        assert [j is not None for j in parsed.layer_shared] == [k == "hybrid" for k in kinds]
+        return
     if "hybrid" in kinds:  # Falcon-H1: attention and Mamba-2 side by side in every layer
         return
     ours = ["attention" if m == "attention" else "mlp" if m == "mlp" else "recurrent"
@@ -125,7 +138,8 @@ def _transformers_text_config(cfg: dict):
 
 
 @pytest.mark.parametrize("stem", sorted(s for s, mt in CORPUS.items()
-                                        if mt in FAMILIES and s not in _NOT_COMPARED))
+                                        if mt in FAMILIES and s not in _NOT_COMPARED
+                                        and s not in REFUSED))
 def test_published_config_parses_to_the_numbers_transformers_reads(stem):
     """The parsed shape, norm eps, per-layer windows, rotary base / scaling, rotary width and
     expert counts equal what transformers 5.24's config object for the same file says."""

@@ -185,7 +185,9 @@ def parse_granitemoehybrid(r: ConfigReader) -> TransformerConfig:
     bias = r.bool("attention_bias", False)
     shared = r.int("shared_intermediate_size", 1024)
     experts = r.int("num_local_experts", 8, min=0)
-    top_k = r.int("num_experts_per_tok", 2)  # read (unused) without experts too
+    # read (unused) without experts too: the dense Granite 4.0 configs publish 0 beside
+    # num_local_experts 0 (transformers builds no router then)
+    top_k = r.int("num_experts_per_tok", 2, min=1 if experts else 0)
     moe = None
     if experts:
         moe = MoeConfig(num_experts=experts, top_k=top_k,

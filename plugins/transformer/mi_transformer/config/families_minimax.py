@@ -22,6 +22,7 @@ from mi_core.plugin import ConfigError, UnsupportedModelError, mixer
 from mi_transformer.config.axes import ATTENTION, MixerConfig, TransformerConfig
 from mi_transformer.config.common import _base, _default_theta, _finish, _ropes_by_type
 from mi_transformer.config.families_moe import _moe
+from mi_transformer.config.neutral import ROTARY_DIM
 from mi_transformer.config.reader import ConfigReader
 
 LIGHTNING = "lightning_attention"
@@ -88,3 +89,10 @@ MINIMAX_READS = frozenset({
 #: MiniMax's training-only keys (the router's auxiliary loss and noise)
 MINIMAX_HARMLESS = frozenset({"output_router_logits", "router_aux_loss_coef",
                               "router_jitter_noise"})
+#: Keys of the released MiniMax-Text-01(-hf) config that transformers' MiniMax never reads,
+#: at the values it always implements: ``postnorm`` (the residual is the normed input, as
+#: here), no shared expert (``shared_intermediate_size`` 0; its ``shared_moe_mode`` then
+#: selects nothing) and a ``rotary_dim`` equal to the width it rotates, the whole head (the
+#: release's 64 of 128 is refused: transformers would rotate all 128).
+MINIMAX_NEUTRAL: dict[str, Any] = {"postnorm": True, "shared_intermediate_size": 0,
+                                   "shared_moe_mode": "sigmoid", "rotary_dim": ROTARY_DIM}

@@ -31,8 +31,8 @@ from mi_transformer.config.families_linear import (
     QWEN3_5_TEXT_READS, QWEN3_NEXT_READS, parse_olmo_hybrid, parse_qwen3_5, parse_qwen3_5_moe,
     parse_qwen3_5_moe_text, parse_qwen3_5_text, parse_qwen3_next,
 )
-from mi_transformer.config.families_minimax import (MINIMAX_HARMLESS, MINIMAX_READS,
-                                                    parse_minimax)
+from mi_transformer.config.families_minimax import (MINIMAX_HARMLESS, MINIMAX_NEUTRAL,
+                                                    MINIMAX_READS, parse_minimax)
 from mi_transformer.config.families_zamba2 import (ZAMBA2_HARMLESS, ZAMBA2_NEUTRAL,
                                                    ZAMBA2_READS, parse_zamba2)
 from mi_transformer.config.families_moe import (
@@ -277,7 +277,8 @@ FAMILIES.update({f.model_type: f for f in [
             neutral={**ROTARY, **ZAMBA2_NEUTRAL}),
     _family("minimax", parse_minimax, _SHAPE_KEYS | _ROPE | MINIMAX_READS | {
         "rms_norm_eps", "use_bidirectional_attention"}, harmless=MINIMAX_HARMLESS,
-        note="lightning attention (mi-ssm) + attention, MoE; residual = alpha * norm output"),
+        note="lightning attention (mi-ssm) + attention, MoE; residual = alpha * norm output",
+        neutral={**ROTARY, **MINIMAX_NEUTRAL}),
 ]})
 
 
