@@ -298,10 +298,20 @@ def _llama_cfg(**extra) -> dict:
 
 
 @pytest.mark.parametrize("method", ["awq", "gptq", "bitsandbytes", "compressed-tensors",
-                                    "fbgemm_fp8", "nvfp4"])
+                                    "fbgemm_fp8", "nvfp4", "hqq", "eetq", "torchao", "quanto",
+                                    "bitnet", "higgs", "vptq", "aqlm", "spqr", "fp_quant",
+                                    "auto-round", "mxfp8"])
 def test_other_quantization_methods_are_refused_by_name(method):
     cfg = _llama_cfg(quantization_config={"quant_method": method, "bits": 4})
     with pytest.raises(ConfigError, match=f"quant_method = '{method}' is not supported"):
+        parse_config(cfg)
+
+
+@pytest.mark.parametrize("flag", ["load_in_4bit", "load_in_8bit"])
+def test_legacy_bitsandbytes_config_without_a_method_is_refused_naming_bitsandbytes(flag):
+    """transformers 4 wrote ``{"load_in_8bit": true, ...}`` with no quant_method."""
+    cfg = _llama_cfg(quantization_config={flag: True, "llm_int8_threshold": 6.0})
+    with pytest.raises(ConfigError, match="quant_method = 'bitsandbytes' is not supported"):
         parse_config(cfg)
 
 

@@ -83,6 +83,8 @@ def read_quant_config(cfg: Mapping[str, Any], src: str) -> QuantConfig | None:
     if not isinstance(qc, Mapping):
         raise ConfigError(f"{where} = {qc!r}: expected a JSON object")
     method = qc.get("quant_method")
+    if method is None and (qc.get("load_in_4bit") or qc.get("load_in_8bit")):
+        method = "bitsandbytes"  # transformers 4's legacy form names no method: it is this one
     if not isinstance(method, str):
         raise ConfigError(f"{where}.quant_method = {method!r}: expected a string")
     if method not in SUPPORTED_METHODS:
