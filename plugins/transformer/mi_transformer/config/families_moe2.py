@@ -158,10 +158,12 @@ def _deepseek(r: ConfigReader, model_type: str) -> TransformerConfig:
     defaults = _DEEPSEEK_DEFAULTS[model_type]
     mla = _mla(r, defaults)
     hidden, heads = r.int("hidden_size"), r.int("num_attention_heads")
-    kv = r.int("num_key_value_heads", heads)
-    if kv != heads:  # transformers expands every head's k / v from the latent
-        raise ConfigError(f"{r.src}: num_key_value_heads = {kv} must equal num_attention_heads "
-                          f"= {heads} (latent attention gives every head its own k and v)")
+    # Latent attention gives every head its own k and v (kv_b_proj's output is per head), so
+    # num_key_value_heads cannot change the numbers: DeepSeek's code never reads it and
+    # transformers' default (SDPA) path gives the same logits at any value (measured; its eager
+    # path fails on a mismatch). Read for its type and range, then every head is a kv head.
+    r.int("num_key_value_heads", heads, min=1)
+    kv = heads
     n, vocab, inter = r.int("num_hidden_layers"), r.int("vocab_size"), r.int("intermediate_size")
     # before the per-layer tables below (a billion layers would exhaust memory building them)
     check_parsed(r, dict(vocab_size=vocab, hidden_size=hidden, num_layers=n, num_heads=heads,
