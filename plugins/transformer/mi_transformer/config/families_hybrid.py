@@ -355,7 +355,11 @@ NEMOTRON_H_HARMLESS = frozenset({
     "num_nextn_predict_layers", "mtp_layers_block_type", "mtp_hybrid_override_pattern",
     # published next to layer_norm_epsilon (which the norms use) and to Mamba-2's
     # time-step keys; transformers' Nemotron-H reads neither
-    "rms_norm_eps", "time_step_rank"})
+    "rms_norm_eps", "time_step_rank",
+    # Nemotron 3 Nano publishes these too: its attention has no positions (transformers'
+    # Nemotron-H builds no rotary embedding and reads neither), its norms read
+    # layer_norm_epsilon
+    "norm_eps", "rope_theta", "partial_rotary_factor"})
 #: The published configs' attention_head_dim (the remote code's name): transformers reads
 #: head_dim (default 128), so it is neutral where it equals the head width used.
 NEMOTRON_H_NEUTRAL = {"attention_head_dim": Derived("the attention head width",
