@@ -252,8 +252,6 @@ REFUSED: dict[str, tuple[str, ...]] = {
     # transformers' MiniMax rotates the whole head (128): the release's rotary_dim 64 is
     # refused by name with the neutral value, not silently ignored
     "MiniMaxAI__MiniMax-Text-01-hf.reconstructed": ("rotary_dim = 64", "128"),
-    # Nemotron 3 Nano's "E" layers (mixture of experts) are not implemented here
-    "nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": ("'E'", "mixture-of-experts"),
 }
 
 
@@ -320,6 +318,14 @@ PINNED: dict[str, dict[str, object]] = {
     "nvidia__Nemotron-H-4B-Base-8K.reconstructed": {"head_dim": 128, "mixer.n_heads": 112},
     "nvidia__Nemotron-H-47B-Base-8K.reconstructed": {"num_layers": 98,
                                                      "mixer.n_heads": 256},
+    # Nemotron 3 Nano: 23 "E" layers of 52, 128 plain experts (top-6, 1856 wide) behind
+    # DeepSeek-V3's sigmoid router (one group, routed_scaling_factor 2.5), a 3712-wide
+    # shared expert, no latent projection
+    "nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": {
+        "num_layers": 52, "head_dim": 128, "num_kv_heads": 2, "mixer.n_heads": 64,
+        "moe.num_experts": 128, "moe.top_k": 6, "moe.expert_size": 1856,
+        "moe.shared_expert_size": 3712, "moe.routed_scaling": 2.5, "moe.n_group": 1,
+        "moe.scoring": "sigmoid", "moe.gated": False, "moe.latent_size": 0},
     "Qwen__Qwen3-Next-80B-A3B-Thinking.reconstructed": {"rot_dim": 64, "mixer.v_heads": 32},
     # OLMo hybrid: value heads 2 x the key head width; the gated norm's eps fixed at 1e-5
     "allenai__Olmo-Hybrid-7B.reconstructed": {"mixer.d_k": 96, "mixer.d_v": 192,

@@ -100,7 +100,9 @@ class TransformerBackend:
         self.layer_types = [
             ("shared_attention+" if config.shared_set(i) is not None else "") + mc.name
             if (mc := config.mixer_of(i)) is not None and not config.is_parallel(i)
-            else "mlp" if not config.has_attention(i)
+            # a layer without a mixer: "mlp", or "moe" (Nemotron-H's names)
+            else ("moe" if config.layer_moe and config.layer_moe[i] else "mlp")
+            if not config.has_attention(i)
             else ("sliding_attention" if s.window is not None
                   else "chunked_attention" if s.chunk is not None else "full_attention")
             + (f"+{mc.name}" if mc is not None else "")  # attention beside a mixer

@@ -7,7 +7,10 @@ ones, softmax or sigmoid scores, group-limited choice with a selection bias and 
 (:mod:`mi_transformer.routing`), a router bias, whether the routing weight scales the expert's
 output or, as in Llama 4, its input). Every expert is a gated MLP ``down(act(gate(x)) *
 up(x))``, or a stacked checkpoint's slice with gpt-oss's clamped SwiGLU
-(:mod:`mi_transformer.experts`).
+(:mod:`mi_transformer.experts`), or (``MoeConfig.gated`` False, Nemotron-H) a plain MLP
+``down(act(up(x)))``. With ``MoeConfig.latent_size`` (Nemotron-H) the routed experts read
+``fc1_latent_proj(x)`` and their weighted sum goes through ``fc2_latent_proj``; the router and
+the shared expert read x.
 
 No expert runs on tokens not routed to it: the (token, slot) pairs are sorted by expert, each
 expert's slice of rows is computed once, weighted, and each token's output is the sum of its
@@ -26,9 +29,10 @@ Hook points of an MoE layer ``i`` (``p = blocks.{i}.mlp.``):
 * ``p + hook_expert_weights`` [batch, seq, top_k] (after the optional renormalisation) and
   ``p + hook_expert_indices`` [batch, seq, top_k] (int64), the routing actually used.
 * ``p + experts.{e}.hook_out`` [batch, seq, d_model]: expert e's weighted contribution
-  (routing weight times its output; Llama 4: its output on the weighted input), zero at
-  tokens not routed to it. Built (one scatter) only for the experts hooked; an intervention's
-  change is added to the layer's output.
+  (routing weight times its output; Llama 4: its output on the weighted input; with a latent
+  projection, that latent output times ``fc2_latent_proj``'s matrix), zero at tokens not
+  routed to it. Built (one scatter) only for the experts hooked; an intervention's change is
+  added to the layer's output.
 * ``p + shared_expert.hook_out`` [batch, seq, d_model]: the shared expert's contribution,
   its sigmoid gate applied (Qwen2-MoE), or DeepSeek's shared experts / Llama 4's.
 
@@ -52,15 +56,18 @@ from mi_transformer.routing import scores_and_choice
 
 @attrs.define(eq=False)
 class ExpertWeights:
-    """One gated expert, torch.nn.Linear layout."""
+    """One expert, torch.nn.Linear layout: gated, or plain without `w_gate` (Nemotron-H)."""
 
-    w_gate: torch.Tensor  # [d_expert, d_model]
+    w_gate: torch.Tensor | None  # [d_expert, d_model]; None: down(act(up(x)))
     w_up: torch.Tensor  # [d_expert, d_model]
     w_down: torch.Tensor  # [d_model, d_expert]
 
     def __call__(self, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
                  ) -> torch.Tensor:
-        """x [n, d_model] -> [n, d_model]."""
+        """x [n, d_model] -> [n, d_model] (d_model: the latent width behind a latent
+        projection)."""
+        if self.w_gate is None:
+            return F.linear(act(F.linear(x, self.w_up)), self.w_down)
         return F.linear(act(F.linear(x, self.w_gate)) * F.linear(x, self.w_up), self.w_down)
 
 
@@ -73,18 +80,21 @@ class StackedExpert:
 
     gate_up: torch.Tensor  # [2 d_expert, d_model]: rows [gate | up], a view of the stack
     w_down: torch.Tensor  # [d_model, d_expert]
+    gated: bool = True  # False: gate_up is up alone [d_expert, d_model] (Nemotron-H)
 
     @property
-    def w_gate(self) -> torch.Tensor:
-        return self.gate_up[: self.gate_up.shape[0] // 2]
+    def w_gate(self) -> torch.Tensor | None:
+        return self.gate_up[: self.gate_up.shape[0] // 2] if self.gated else None
 
     @property
     def w_up(self) -> torch.Tensor:
-        return self.gate_up[self.gate_up.shape[0] // 2:]
+        return self.gate_up[self.gate_up.shape[0] // 2:] if self.gated else self.gate_up
 
     def __call__(self, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
                  ) -> torch.Tensor:
         """x [n, d_model] -> [n, d_model]."""
+        if not self.gated:
+            return F.linear(act(F.linear(x, self.gate_up)), self.w_down)
         gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
         return F.linear(act(gate) * up, self.w_down)
 
@@ -128,7 +138,12 @@ class MoeWeights:
     per_expert_scale: torch.Tensor | None = None  # [n_experts]: times the top-k weights
     #: (gate_up [n_experts, 2 d_expert, d_model] rows [gate | up], down [n_experts, d_model,
     #: d_expert]) when the experts are StackedExpert views of them: the grouped forward
+    #: (plain experts: up [n_experts, d_expert, d_model] in gate_up's place)
     stacked: tuple[torch.Tensor, torch.Tensor] | None = None
+    #: (weight [latent, d_model], bias [latent] | None): fc1_latent_proj (Nemotron-H)
+    latent_in: tuple[torch.Tensor, torch.Tensor | None] | None = None
+    #: (weight [d_model, latent], bias [d_model] | None): fc2_latent_proj
+    latent_out: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
 
 def route(w: MoeWeights, x: torch.Tensor, run: HookRun, names: MoeNames
@@ -178,9 +193,12 @@ def moe(w: MoeWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tens
     """x [batch, seq, d_model] (normalised) -> the MLP output [batch, seq, d_model].
     `router_in`: what the router reads when it is not x (Gemma-4: the residual stream)."""
     c = w.config
-    b, s, d = x.shape
+    b, s, d_model = x.shape
     top_w, top_i = route(w, x if router_in is None else router_in, run, names)
-    flat = x.reshape(-1, d)
+    flat = x.reshape(-1, d_model)
+    if w.latent_in is not None:  # the routed experts read the latent (Nemotron-H)
+        flat = F.linear(flat, *w.latent_in)
+    d = flat.shape[-1]
     flat_w = top_w.reshape(-1)  # [tokens * top_k]
     flat_i = top_i.reshape(-1).long()
     # Sort the (token, slot) pairs by expert: each expert's rows form one contiguous slice.
@@ -190,13 +208,16 @@ def moe(w: MoeWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tens
         [e for e in range(c.num_experts) if run.wants(names.expert_out[e])]
     counts: list[int] | None = None
     if _grouped_ok(w, flat):
-        rows = _grouped_rows(w.stacked, flat[tok], flat_w[order], flat_i[order], act)
+        rows = _grouped_rows(w.stacked, flat[tok], flat_w[order], flat_i[order], act,
+                             c.gated)
     else:
         counts = torch.bincount(flat_i, minlength=c.num_experts).tolist()  # one host sync
         rows = _looped_rows(w, flat, flat_w, order, tok, counts, act)
     per_slot = torch.empty_like(rows)
     per_slot[order] = rows
-    out = per_slot.view(-1, c.top_k, d).sum(dim=1)  # [tokens, d_model]
+    out = per_slot.view(-1, c.top_k, d).sum(dim=1)  # [tokens, d]
+    if w.latent_out is not None:  # back to d_model
+        out = F.linear(out, *w.latent_out)
     if hooked:
         if counts is None:
             counts = torch.bincount(flat_i, minlength=c.num_experts).tolist()
@@ -205,14 +226,17 @@ def moe(w: MoeWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tens
             starts.append(starts[-1] + n)
         for e in hooked:  # the dense [batch, seq, d_model] view, zero where not routed
             sl = slice(starts[e], starts[e + 1])
-            dense = torch.zeros_like(flat).index_copy_(0, tok[sl], rows[sl]).view(b, s, d)
+            dense = torch.zeros_like(flat).index_copy_(0, tok[sl], rows[sl])
+            if w.latent_out is not None:  # its share of fc2_latent_proj's output (no bias)
+                dense = F.linear(dense, w.latent_out[0])
+            dense = dense.view(b, s, d_model)
             name = names.expert_out[e]
             if run.spec.has_intervention_at(name):
                 before = dense.clone()
-                out = out + (run.apply(name, dense) - before).reshape(-1, d)
+                out = out + (run.apply(name, dense) - before).reshape(-1, d_model)
             else:
                 run.apply(name, dense)
-    out = out.view(b, s, d)
+    out = out.view(b, s, d_model)
     if w.shared is not None:
         sh = w.shared(x, act)
         if w.shared_gate is not None:
@@ -241,14 +265,20 @@ def _looped_rows(w: MoeWeights, flat: torch.Tensor, flat_w: torch.Tensor, order:
 
 def _grouped_rows(stacked: tuple[torch.Tensor, torch.Tensor] | None, xs: torch.Tensor,
                   ws: torch.Tensor, ids: torch.Tensor,
-                  act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                  act: Callable[[torch.Tensor], torch.Tensor], gated: bool = True
+                  ) -> torch.Tensor:
     """The same rows from two grouped matmuls: xs [S, d_model] sorted by expert (`ids`),
-    ws [S] their routing weights."""
+    ws [S] their routing weights. `gated` False: the stack's first tensor is up alone."""
     assert stacked is not None
     gate_up, down = stacked
     offs = torch.bincount(ids, minlength=gate_up.shape[0]).cumsum(0).to(torch.int32)
-    gate, up = F.grouped_mm(xs, gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)
-    return F.grouped_mm(act(gate) * up, down.transpose(1, 2), offs=offs) * ws[:, None]
+    h = F.grouped_mm(xs, gate_up.transpose(1, 2), offs=offs)
+    if gated:
+        gate, up = h.chunk(2, dim=-1)
+        h = act(gate) * up
+    else:
+        h = act(h)
+    return F.grouped_mm(h, down.transpose(1, 2), offs=offs) * ws[:, None]
 
 
 _GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -303,7 +333,15 @@ def expected_moe_shapes(prefix: str, c: MoeConfig, d_model: int) -> dict[str, tu
         out[rm + "scale"] = (d_model,)
         out[rm + "per_expert_scale"] = (c.num_experts,)
     g, u, dn = c.expert_names
-    if c.fused_linear:  # Gemma-4: [E, 2 d_expert, d_model] rows [gate | up], no ".weight"
+    d_in = c.latent_size or d_model  # what the routed experts read and write
+    if c.latent_size:  # Nemotron-H: fc1 (d_model -> latent) before, fc2 after the experts
+        for name, shape in (("fc1_latent_proj", (c.latent_size, d_model)),
+                            ("fc2_latent_proj", (d_model, c.latent_size))):
+            out[f"{m}{name}.weight"] = shape
+    if c.fused_linear and not c.gated:  # Nemotron-H as transformers holds it: [E, f, d_in]
+        out[m + "experts." + u] = (c.num_experts, c.expert_size, d_in)
+        out[m + "experts." + dn] = (c.num_experts, d_in, c.expert_size)
+    elif c.fused_linear:  # Gemma-4: [E, 2 d_expert, d_model] rows [gate | up], no ".weight"
         out[m + "experts.gate_up_proj"] = (c.num_experts, 2 * c.expert_size, d_model)
         out[m + "experts.down_proj"] = (c.num_experts, d_model, c.expert_size)
     elif c.fused:
@@ -313,9 +351,10 @@ def expected_moe_shapes(prefix: str, c: MoeConfig, d_model: int) -> dict[str, tu
         out[m + dn + ".weight"] = (c.num_experts, d_model, c.expert_size)
     for e in range(0 if c.fused or c.fused_experts or c.fused_linear else c.num_experts):
         ep = f"{m}experts.{e}."
-        out[ep + g + ".weight"] = (c.expert_size, d_model)
-        out[ep + u + ".weight"] = (c.expert_size, d_model)
-        out[ep + dn + ".weight"] = (d_model, c.expert_size)
+        if c.gated:
+            out[ep + g + ".weight"] = (c.expert_size, d_in)
+        out[ep + u + ".weight"] = (c.expert_size, d_in)
+        out[ep + dn + ".weight"] = (d_in, c.expert_size)
     if c.selection_bias:
         out[m + c.selection_bias] = (1, c.num_experts) if c.selection_bias_rows \
             else (c.num_experts,)
@@ -325,7 +364,7 @@ def expected_moe_shapes(prefix: str, c: MoeConfig, d_model: int) -> dict[str, tu
         out[prefix + c.shared_module + "." + dn + ".weight"] = (d_model, s)
     elif s:
         for name, shape in (("gate_proj", (s, d_model)), ("up_proj", (s, d_model)),
-                            ("down_proj", (d_model, s))):
+                            ("down_proj", (d_model, s)))[0 if c.gated else 1:]:
             out[f"{m}{c.shared_name}.{name}.weight"] = shape
         if c.shared_expert_gate:
             out[m + "shared_expert_gate.weight"] = (1, d_model)
@@ -354,7 +393,11 @@ def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor], eps:
     experts: list[ExpertWeights] | list[FusedExpert] | list[StackedExpert]
     stacked = None
     rm = _router_module(m, c)  # the router module (Gemma-4)
-    if c.fused_linear:  # views [d_model, 2 d_expert] / [d_expert, d_model] of the stacks
+    if c.fused_linear and not c.gated:  # Nemotron-H stacked: up [E, f, d_in], down [E, d_in,
+        # f], as the grouped forward reads them (copied only when misaligned for grouped_mm)
+        stacked = tuple(t.clone() if t.data_ptr() % 16 else t  # type: ignore[assignment]
+                        for t in (get(m + "experts." + u), get(m + "experts." + dn)))
+    elif c.fused_linear:  # views [d_model, 2 d_expert] / [d_expert, d_model] of the stacks
         gate_up, down = get(m + "experts.gate_up_proj"), get(m + "experts.down_proj")
         experts = [FusedExpert(gate_up[e].T, down[e].T, False) for e in range(c.num_experts)]
     elif c.fused:
@@ -365,30 +408,37 @@ def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor], eps:
         gate_up, down = (t.clone() if t.data_ptr() % 16 else t for t in (gate_up, down))
         stacked = gate_up, down
     elif stack:
-        first = get(f"{m}experts.0.{g}.weight")
+        first = get(f"{m}experts.0.{g if c.gated else u}.weight")
         f, d = first.shape
-        gate_up = first.new_empty(c.num_experts, 2 * f, d)
+        gate_up = first.new_empty(c.num_experts, (2 if c.gated else 1) * f, d)
         down = first.new_empty(c.num_experts, d, f)
         for e in range(c.num_experts):
             ep = f"{m}experts.{e}."
-            gate_up[e, :f] = first if e == 0 else get(ep + g + ".weight")
-            gate_up[e, f:] = get(ep + u + ".weight")
+            if c.gated:
+                gate_up[e, :f] = first if e == 0 else get(ep + g + ".weight")
+                gate_up[e, f:] = get(ep + u + ".weight")
+            else:  # plain experts: up alone
+                gate_up[e] = first if e == 0 else get(ep + u + ".weight")
             down[e] = get(ep + dn + ".weight")
         stacked = gate_up, down
     else:
-        experts = [ExpertWeights(get(f"{m}experts.{e}.{g}.weight"),
+        experts = [ExpertWeights(get(f"{m}experts.{e}.{g}.weight") if c.gated else None,
                                  get(f"{m}experts.{e}.{u}.weight"),
                                  get(f"{m}experts.{e}.{dn}.weight"))
                    for e in range(c.num_experts)]
     if stacked is not None:
-        experts = [StackedExpert(stacked[0][e], stacked[1][e]) for e in range(c.num_experts)]
+        experts = [StackedExpert(stacked[0][e], stacked[1][e], c.gated)
+                   for e in range(c.num_experts)]
     shared = None
     if c.shared_expert_size and c.shared_module:
         sp = prefix + c.shared_module + "."
         shared = ExpertWeights(*get(sp + g + ".weight").chunk(2, dim=0), get(sp + dn + ".weight"))
     elif c.shared_expert_size:
-        shared = ExpertWeights(*(get(f"{m}{c.shared_name}.{n}.weight")
-                                 for n in ("gate_proj", "up_proj", "down_proj")))
+        sp = f"{m}{c.shared_name}."
+        shared = ExpertWeights(get(sp + "gate_proj.weight") if c.gated else None,
+                               get(sp + "up_proj.weight"), get(sp + "down_proj.weight"))
+    latent = [(get(f"{m}{p}.weight"), None) for p in ("fc1_latent_proj", "fc2_latent_proj")] \
+        if c.latent_size else None
     return MoeWeights(config=c, router=get(r + "weight"), experts=experts, shared=shared,
                       shared_gate=get(m + "shared_expert_gate.weight")
                       if c.shared_expert_gate else None,
@@ -397,4 +447,6 @@ def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor], eps:
                       router_bias=get(r + "bias") if c.router_bias else None, eps=eps,
                       router_scale=get(rm + "scale") if c.router_input_scale else None,
                       per_expert_scale=get(rm + "per_expert_scale")
-                      if c.router_input_scale else None, stacked=stacked)
+                      if c.router_input_scale else None, stacked=stacked,
+                      latent_in=latent[0] if latent else None,
+                      latent_out=latent[1] if latent else None)

@@ -159,12 +159,14 @@ NAME_TABLES: dict[str, NameTable] = {
                        mlp_in="feed_forward.gate_proj", mlp_up="feed_forward.up_proj",
                        mlp_out="feed_forward.down_proj", mixer="mamba"),
     # Nemotron-H: one norm and one "mixer" module per layer, which is the Mamba-2 mixer, the
-    # attention or the MLP (an MLP-only layer's norm is its ln2)
+    # attention, the MLP or the mixture of experts (an MLP-only or MoE layer's norm is its
+    # ln2); multi-token-prediction layers (mtp.*) are not part of the causal-LM forward
+    # (transformers ignores them on load too)
     "nemotron_h": NameTable(embed="backbone.embeddings", final_norm="backbone.norm_f",
                             layer="backbone.layers.{i}.", ln1="norm", ln2="norm",
                             q="mixer.q_proj", k="mixer.k_proj", v="mixer.v_proj",
                             o="mixer.o_proj", mlp_in="mixer.up_proj", mlp_out="mixer.down_proj",
-                            mixer="mixer"),
+                            mixer="mixer", ignore=(r"(^|\.)mtp\.",)),
     "granitemoehybrid": NameTable(mlp_gate_up="shared_mlp.input_linear",
                                   mlp_out="shared_mlp.output_linear", mixer="mamba"),
     # LFM2: the short convolution's tensors under conv.; attention's output is out_proj

@@ -78,10 +78,14 @@ def _stacked_experts(out: TransformerConfig, tensor_names: Iterable[str] | None
     names = set(tensor_names)
     layer = next((i for i, m in enumerate(out.layer_moe) if m), 0) if out.layer_moe else 0
     from mi_transformer.moe import expected_moe_shapes
+    from mi_transformer.name_tables import NAME_TABLES
 
-    per_expert = expected_moe_shapes(f"model.layers.{layer}.", moe, out.hidden_size)
-    stacked = expected_moe_shapes(f"model.layers.{layer}.",
-                                  attrs.evolve(moe, fused_linear=True), out.hidden_size)
+    # (the family's layer prefix: Nemotron-H's backbone.layers.{i}., whose plain experts
+    # stack as experts.up_proj / down_proj)
+    prefix = NAME_TABLES[out.weight_names].layer.format(i=layer)
+    per_expert = expected_moe_shapes(prefix, moe, out.hidden_size)
+    stacked = expected_moe_shapes(prefix, attrs.evolve(moe, fused_linear=True),
+                                  out.hidden_size)
     if set(per_expert) <= names or not set(stacked) <= names:
         return out
     return attrs.evolve(out, moe=attrs.evolve(moe, fused_linear=True))

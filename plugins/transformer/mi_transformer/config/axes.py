@@ -154,6 +154,15 @@ class MoeConfig:
     #: ``<router>.scale`` [d_model]) and its top-k weights are multiplied by
     #: ``<router>.per_expert_scale`` [E] after the renormalisation (Gemma-4)
     router_input_scale: bool = False
+    # -- Nemotron-H's MoE layers (Nemotron 3) --
+    #: False: every expert, routed and shared, is a plain MLP ``down(act(up(x)))`` (no gate
+    #: projection; stacked experts ``experts.up_proj`` [E, d_expert, d_in] and
+    #: ``experts.down_proj`` [E, d_in, d_expert] under the block, names without ``.weight``)
+    gated: bool = True
+    #: > 0: the routed experts work in a latent space of this width: ``fc1_latent_proj``
+    #: (d_model -> latent) before them, ``fc2_latent_proj`` (latent -> d_model) after their
+    #: weighted sum; the router and the shared expert read d_model (Nemotron-H)
+    latent_size: int = 0
 
     def __attrs_post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:
@@ -162,6 +171,12 @@ class MoeConfig:
         if self.num_experts % self.n_group or not 0 < self.topk_group <= self.n_group:
             raise ConfigError(f"MoE: n_group {self.n_group} must divide the {self.num_experts} "
                               f"experts and topk_group {self.topk_group} be in 1..n_group")
+        if self.latent_size < 0:
+            raise ConfigError(f"MoE: moe_latent_size {self.latent_size} must be positive")
+        if not self.gated and (self.fused or self.fused_experts or self.shared_module
+                               or self.shared_expert_gate or self.swiglu_limit is not None):
+            raise ConfigError("MoE: plain (ungated) experts are implemented per expert or "
+                              "stacked as experts.up_proj / down_proj only")
         if self.n_group > 1 and self.top_k > self.topk_group * (self.num_experts // self.n_group):
             raise ConfigError(f"MoE: num_experts_per_tok {self.top_k} exceeds the experts of "
                               f"the {self.topk_group} groups kept")

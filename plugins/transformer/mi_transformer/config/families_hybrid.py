@@ -22,8 +22,10 @@ of the router logits, softmax over them) plus an always-on shared MLP, or the sh
 alone (``num_local_experts`` 0).
 
 Nemotron-H (``nemotron_h``): every layer is ``x + f(norm(x))`` with f one of Mamba-2,
-attention without positions, or a squared-ReLU MLP (``MLP_ONLY``); the mixture-of-experts
-layers of Nemotron-3 (sigmoid routing with group top-k) are refused.
+attention without positions, a squared-ReLU MLP (``MLP_ONLY``), or (Nemotron 3's "moe" / "E"
+layers: ``MLP_ONLY`` with ``layer_moe``) a mixture of plain squared-ReLU experts, DeepSeek-V3's
+router (sigmoid scores, a selection bias, group-limited top-k, routed scaling), an optional
+latent projection around the routed experts and an always-on shared expert.
 """
 
 from __future__ import annotations
@@ -228,7 +230,7 @@ GRANITEMOEHYBRID_READS = frozenset({
 
 #: Nemotron-H's layer kinds: transformers 5's names and hybrid_override_pattern's letters
 _NEMOTRON_TYPES = {"linear_attention": "mamba2", "full_attention": ATTENTION, "mlp": MLP_ONLY,
-                   "M": "mamba2", "*": ATTENTION, "-": MLP_ONLY}
+                   "moe": "moe", "M": "mamba2", "*": ATTENTION, "-": MLP_ONLY, "E": "moe"}
 #: legacy spelling -> the key transformers 5 reads (its config moves them on load)
 _NEMOTRON_LEGACY = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel",
                     "mamba_expand": "expand", "mamba_dt_min": "time_step_min",
@@ -249,11 +251,37 @@ def _nemotron_schedule(r: ConfigReader) -> list[str]:
                           f"layers_block_type")
     bad = sorted({repr(k) for k in given if k not in _NEMOTRON_TYPES})
     if bad:
-        moe = " (mixture-of-experts layers are not supported)" if \
-            {"'moe'", "'E'"} & set(bad) else ""
-        raise ConfigError(f"{r.src}: layer kinds {bad} not supported{moe}; supported: "
-                          f"Mamba-2, attention, MLP")
+        raise ConfigError(f"{r.src}: layer kinds {bad} not supported; supported: Mamba-2, "
+                          f"attention, MLP, mixture of experts")
     return [_NEMOTRON_TYPES[k] for k in given]
+
+
+def _nemotron_moe(r: ConfigReader) -> MoeConfig:
+    """Nemotron 3's mixture of experts (transformers' NemotronHMoE): plain relu2 experts
+    (``experts.{e}.up_proj`` / ``down_proj``), DeepSeek-V3's router (``gate``: float32
+    sigmoid scores, ``e_score_correction_bias`` for the choice only, the best topk_group of
+    n_group groups by their two best scores, renormalised + 1e-20, times
+    routed_scaling_factor), the routed experts inside fc1 / fc2_latent_proj where
+    moe_latent_size is set, and one shared expert (``shared_experts``) beside them."""
+    experts = r.int("n_routed_experts", 8, min=1)
+    local = r.int("num_local_experts", None)  # transformers' attribute_map spelling
+    if local is not None and local != experts:
+        raise ConfigError(f"{r.src}: n_routed_experts = {experts} and num_local_experts = "
+                          f"{local} disagree")
+    # transformers' NemotronHMLP gives the shared expert biases with mlp_bias (the stacked
+    # experts have none): not implemented for the MoE layers
+    r.refuse_unless("mlp_bias", False, "with mixture-of-experts layers (the shared expert's "
+                    "and latent projections' biases) it is not supported")
+    return MoeConfig(
+        num_experts=experts, top_k=r.int("num_experts_per_tok", 2),
+        expert_size=r.int("moe_intermediate_size", 7688, min=1),
+        norm_topk_prob=r.bool("norm_topk_prob", True),
+        shared_expert_size=r.int("moe_shared_expert_intermediate_size", 7688, min=1),
+        block="mixer", shared_name="shared_experts", scoring="sigmoid",
+        selection_bias="gate.e_score_correction_bias", n_group=r.int("n_group", 1, min=1),
+        topk_group=r.int("topk_group", 1, min=1),
+        routed_scaling=r.float("routed_scaling_factor", 1.0), gated=False,
+        latent_size=r.int("moe_latent_size", None, min=1) or 0)
 
 
 def parse_nemotron_h(r: ConfigReader) -> TransformerConfig:
@@ -281,6 +309,9 @@ def parse_nemotron_h(r: ConfigReader) -> TransformerConfig:
     mc = mixer_config(r, "nemotron_h", "mamba2", keys, hidden)
     r.refuse_unless("residual_in_fp32", False, "transformers' Nemotron-H never reads it: "
                     "the residual stream is in the model's dtype")
+    sparse = tuple(k == "moe" for k in kinds)
+    moe = _nemotron_moe(r) if any(sparse) else None
+    kinds = [MLP_ONLY if k == "moe" else k for k in kinds]
     return TransformerConfig(
         model_type="nemotron_h", vocab_size=r.int("vocab_size"), hidden_size=hidden,
         num_layers=n, num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
@@ -290,7 +321,8 @@ def parse_nemotron_h(r: ConfigReader) -> TransformerConfig:
         mlp_bias=r.bool("mlp_bias", False),
         tie_word_embeddings=r.bool("tie_word_embeddings", False), positions=Positions.NONE,
         layer_rope=(0,) * n, layer_windows=(None,) * n, layer_mixers=tuple(kinds),
-        mixers=(mc,), layer_mlp=tuple(k == MLP_ONLY for k in kinds))
+        mixers=(mc,), layer_mlp=tuple(k == MLP_ONLY for k in kinds), moe=moe,
+        layer_moe=sparse if moe is not None else ())
 
 
 NEMOTRON_H_READS = frozenset({
@@ -299,12 +331,17 @@ NEMOTRON_H_READS = frozenset({
     "layer_norm_epsilon", "tie_word_embeddings", "layers_block_type",
     "hybrid_override_pattern", "ssm_state_size", "mamba_num_heads", "mamba_head_dim",
     "mamba_hidden_act", "use_bias", "residual_in_fp32", "conv_kernel", "n_groups",
-    "use_conv_bias", "time_step_min", *_NEMOTRON_LEGACY})
+    "use_conv_bias", "time_step_min", *_NEMOTRON_LEGACY, "n_routed_experts",
+    "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+    "moe_shared_expert_intermediate_size", "n_group", "topk_group", "routed_scaling_factor",
+    "moe_latent_size"})
 
 #: Nemotron-H keys transformers does not read for the numbers (the mixer's dt is clamped at
 #: time_step_min, not time_step_limit; expand is implied by heads x head_dim; its attention
-#: has no biases whatever attention_bias says), or MoE / MTP
-#: keys that only matter with MoE / MTP layers, which are refused.
+#: has no biases whatever attention_bias says; the MoE has one shared expert whatever
+#: n_shared_experts says and ignores moe_shared_expert_overlap), the MoE sizes read only
+#: where the schedule has MoE layers, and the multi-token-prediction layers (mtp.*), which
+#: transformers neither builds nor loads: they are not part of the causal-LM forward.
 NEMOTRON_H_HARMLESS = frozenset({
     # auto_map: the remote code these checkpoints shipped with before transformers had the
     # family; transformers 5 runs its own implementation (which we match) unless told to
@@ -314,11 +351,15 @@ NEMOTRON_H_HARMLESS = frozenset({
     "mamba_ssm_cache_dtype", "num_logits_to_keep", "sliding_window", "n_routed_experts",
     "n_shared_experts", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
     "moe_latent_size", "moe_shared_expert_overlap", "num_experts_per_tok",
-    "routed_scaling_factor", "n_group", "topk_group", "norm_topk_prob",
+    "routed_scaling_factor", "n_group", "topk_group", "norm_topk_prob", "num_local_experts",
     "num_nextn_predict_layers", "mtp_layers_block_type", "mtp_hybrid_override_pattern",
     # published next to layer_norm_epsilon (which the norms use) and to Mamba-2's
     # time-step keys; transformers' Nemotron-H reads neither
-    "rms_norm_eps", "time_step_rank"})
+    "rms_norm_eps", "time_step_rank",
+    # Nemotron 3 Nano publishes these too: its attention has no positions (transformers'
+    # Nemotron-H builds no rotary embedding and reads neither), its norms read
+    # layer_norm_epsilon
+    "norm_eps", "rope_theta", "partial_rotary_factor"})
 #: The published configs' attention_head_dim (the remote code's name): transformers reads
 #: head_dim (default 128), so it is neutral where it equals the head width used.
 NEMOTRON_H_NEUTRAL = {"attention_head_dim": Derived("the attention head width",

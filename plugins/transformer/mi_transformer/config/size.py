@@ -107,9 +107,12 @@ def param_count(c: TransformerConfig) -> int:
     m = c.moe
     if m is not None:
         sparse = sum(c.layer_moe) if c.layer_moe else c.num_layers
-        per_layer = c.hidden_size * (m.num_experts * (3 * m.expert_size + 1)
-                                     + 3 * m.shared_expert_size)
-        total += sparse * (per_layer - c.hidden_size * c.intermediate_size * 3)
+        mats = 3 if m.gated else 2  # plain experts (Nemotron-H): up and down only
+        d_in = m.latent_size or c.hidden_size  # the routed experts' width (latent or d_model)
+        per_layer = (m.num_experts * (mats * m.expert_size * d_in + c.hidden_size)
+                     + c.hidden_size * mats * m.shared_expert_size
+                     + 2 * c.hidden_size * m.latent_size)
+        total += sparse * (per_layer - c.hidden_size * c.intermediate_size * (3 if gated else 2))
     if c.shared_block is not None:  # (Zamba2) attention and MLP only in the shared weight sets
         total = _shared_block_params(c, total - c.num_layers * (
             2 * c.hidden_size * c.head_dim * (c.num_heads + c.num_kv_heads)
