@@ -199,8 +199,12 @@ def _agreeing(r: ConfigReader, keys: tuple[str, ...], default: int, minimum: int
 # ----------------------------------------------------------------------------------------
 
 def _ernie_base(r: ConfigReader, model_type: str, kv: int) -> dict[str, Any]:
-    _defaults(r, {"head_dim": 128, "num_key_value_heads": kv, "rms_norm_eps": 1e-5,
-                  "tie_word_embeddings": True})
+    # the dense class defaults head_dim to 128; the MoE class has no head_dim field and its
+    # attention reads getattr(config, "head_dim", hidden // heads)
+    defaults = {"num_key_value_heads": kv, "rms_norm_eps": 1e-5, "tie_word_embeddings": True}
+    if model_type == "ernie4_5":
+        defaults["head_dim"] = 128
+    _defaults(r, defaults)
     base = _base(r, model_type)
     bias = r.bool("use_bias", False)
     base.update(qkv_bias=bias, o_bias=bias, mlp_bias=bias, rope_layout=RopeLayout.INTERLEAVED,
