@@ -109,7 +109,8 @@ NAME_TABLES: dict[str, NameTable] = {
     "gemma4": NameTable(ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
                         ln2_post="post_feedforward_layernorm"),
     "gemma3n": NameTable(ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
-                         ln2_post="post_feedforward_layernorm"),
+                         ln2_post="post_feedforward_layernorm",
+                         renamed=(("model.", "model.language_model."),)),  # (as Qwen3.5's)
     "gemma3n_mm": NameTable(embed="model.language_model.embed_tokens",
                             final_norm="model.language_model.norm",
                             layer="model.language_model.layers.{i}.",
@@ -184,7 +185,10 @@ NAME_TABLES: dict[str, NameTable] = {
     "qwen3_next": NameTable(mixer="linear_attn"),
     # Qwen3.5 (text, MoE text): the same names; the released multi-token-prediction block
     # (mtp.*) is not part of the causal-LM forward (transformers ignores it too)
-    "qwen3_5": NameTable(mixer="linear_attn", ignore=(r"^mtp\.", r"rotary_emb\.inv_freq$")),
+    # (a text model transformers read from the multimodal checkpoint saves its tensors
+    # under model.language_model. still: its prefix change, reverted on save)
+    "qwen3_5": NameTable(mixer="linear_attn", ignore=(r"^mtp\.", r"rotary_emb\.inv_freq$"),
+                         renamed=(("model.", "model.language_model."),)),
     # Qwen3.5 as released (multimodal): the language model under model.language_model., the
     # head at the top; the vision tower (model.visual.) and mtp.* are not loaded
     "qwen3_5_mm": NameTable(embed="model.language_model.embed_tokens",
