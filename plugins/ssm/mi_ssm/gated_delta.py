@@ -19,7 +19,8 @@ delta rule's own chunked form, ``delta_scan``), the exact recurrence only when
 ``in_proj_b`` / ``in_proj_a``, and OLMo hybrid's ``q_proj`` / ``k_proj`` / ``v_proj`` /
 ``a_proj`` / ``b_proj`` / ``g_proj`` / ``o_proj`` / ``o_norm`` and one conv per projection
 (``q_conv1d`` / ``k_conv1d`` / ``v_conv1d``, read as one concatenation: :data:`CONCATENATED`;
-with ``beta = 2 sigmoid(b)`` where it allows negative eigenvalues); the family's key table picks one (``"layout"``).
+with ``beta = 2 sigmoid(b)`` where it allows negative eigenvalues); the family's key table
+picks one (``"layout"``).
 """
 
 from __future__ import annotations
