@@ -104,13 +104,21 @@ class MixerSpec:
     :class:`~mi_core.configread.ConfigFields`, `keys` naming the family's key for each
     setting; `tensors(settings)` gives its weights ({name inside the mixer's module: shape});
     `build(settings, weights, layer)` the runnable mixer (the protocol ``mi_core.recurrence.
-    Mixer``, docs/PLUGINS.md). The backend owning the block never imports the plugin."""
+    Mixer``, docs/PLUGINS.md). The backend owning the block never imports the plugin.
+
+    `concatenated`: groups of tensor names (as `tensors` gives them) that the reference
+    implementation concatenates along dim 0 when it loads them, so a checkpoint may split the
+    group's rows anywhere (transformers' save of OLMo hybrid's q/k/v convs splits them in equal
+    thirds): a group whose stored tensors have the expected total and the same other dims is
+    read as one concatenation and re-split at the expected sizes. A group applies where all of
+    its names are among the mixer's tensors."""
 
     name: str
     settings: Callable[..., Any]
     tensors: Callable[[Any], dict[str, tuple[int, ...]]]
     build: Callable[..., Any]
     description: str = ""
+    concatenated: tuple[tuple[str, ...], ...] = ()
 
 
 @attrs.define

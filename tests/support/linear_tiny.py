@@ -57,8 +57,8 @@ LINEAR_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_5_moe": ("qwen3_5_moe", dict(text_config=dict(_QWEN35, **_MOE),
                                         vision_config=_VISION)),
     # OLMo hybrid as released: no rotary (rope_parameters null), beta in (0, 2). Key and
-    # value widths equal (2 x 16 = 4 x 8): transformers 5.23 saves the q/k/v convs split in
-    # equal thirds whatever their widths (its reverse conversion), so only then is its file right
+    # value widths equal (2 x 16 = 4 x 8); transformers saves the q/k/v convs in equal thirds
+    # whatever their widths: the uneven case is tests/transformer/test_transformer_saved_layouts.py
     "olmo_hybrid": ("olmo_hybrid", dict({k: v for k, v in _COMMON.items() if k != "head_dim"},
                                         linear_key_head_dim=16, rope_parameters=None)),
 }

@@ -18,8 +18,9 @@ delta rule's own chunked form, ``delta_scan``), the exact recurrence only when
 ``in_proj_ba`` (interleaved per key head), Qwen3.5's separate ``in_proj_qkv`` / ``in_proj_z`` /
 ``in_proj_b`` / ``in_proj_a``, and OLMo hybrid's ``q_proj`` / ``k_proj`` / ``v_proj`` /
 ``a_proj`` / ``b_proj`` / ``g_proj`` / ``o_proj`` / ``o_norm`` and one conv per projection
-(``q_conv1d`` / ``k_conv1d`` / ``v_conv1d``, as saved; with ``beta = 2 sigmoid(b)``
-where it allows negative eigenvalues); the family's key table picks one (``"layout"``).
+(``q_conv1d`` / ``k_conv1d`` / ``v_conv1d``, read as one concatenation: :data:`CONCATENATED`;
+with ``beta = 2 sigmoid(b)`` where it allows negative eigenvalues); the family's key table
+picks one (``"layout"``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ FACTORIES = {"linear_attn_" + s.split(".hook_")[1]: s for s in POINTS
              if s not in ("attn.hook_in", "attn.hook_q", "attn.hook_k", "attn.hook_v",
                           "attn.hook_z")}
 LAYOUTS = ("fused", "separate", "olmo")
+#: OLMo hybrid's per-projection convs, which transformers concatenates into one conv on load
+#: and splits in equal thirds on save (whatever the key / value widths): read as one
+#: concatenation, re-split at [key_dim, key_dim, value_dim] (the MixerSpec's `concatenated`)
+CONCATENATED = (("q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"),)
 
 
 @attrs.frozen

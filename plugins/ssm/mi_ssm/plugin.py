@@ -11,7 +11,8 @@ from mi_core.plugin import MixerSpec, plugin_impl
 
 from mi_ssm.common import FACTORIES
 from mi_ssm.gated_delta import FACTORIES as GATED_DELTA_FACTORIES
-from mi_ssm.gated_delta import build_gated_delta, gated_delta_settings, gated_delta_tensors
+from mi_ssm.gated_delta import (CONCATENATED, build_gated_delta, gated_delta_settings,
+                                gated_delta_tensors)
 from mi_ssm.lightning import build_lightning, lightning_settings, lightning_tensors
 from mi_ssm.mamba import build_mamba, mamba_tensors
 from mi_ssm.mamba2 import build_mamba2, mamba2_tensors
@@ -28,7 +29,8 @@ def mi_register_mixers() -> list[MixerSpec]:
         MixerSpec("mamba2", mamba2_settings, mamba2_tensors, build_mamba2,
                   "Mamba-2 state-space duality (a scalar decay per head, grouped B/C)"),
         MixerSpec("gated_deltanet", gated_delta_settings, gated_delta_tensors, build_gated_delta,
-                  "gated DeltaNet linear attention (Qwen3-Next, Qwen3.5): a gated delta rule"),
+                  "gated DeltaNet linear attention (Qwen3-Next, Qwen3.5): a gated delta rule",
+                  concatenated=CONCATENATED),
         MixerSpec("lightning_attention", lightning_settings, lightning_tensors, build_lightning,
                   "lightning attention (MiniMax): linear attention with a decay per head"),
         MixerSpec("short_conv", short_conv_settings, short_conv_tensors, build_short_conv,

@@ -16,8 +16,12 @@ class NameTable:
     does not have is never looked up (e.g. `ln2` in a shared-norm parallel block). `conv1d`:
     every linear weight is stored [in, out] (GPT-2's Conv1D) and is transposed on load.
     `base_prefix`: some hub checkpoints store the base model without it (GPT-2's
-    ``h.0.attn...`` for ``transformer.h.0.attn...``); both spellings load. `ignore`: regexes
-    of tensors that are known not to be weights (rotary caches, causal-mask buffers).
+    ``h.0.attn...`` for ``transformer.h.0.attn...``); both spellings load. `renamed`: (part
+    of a name here, another spelling of it) pairs for checkpoints that name a module another
+    way the reference reads too (transformers' renamings on load: Nemotron-H's ``model.``
+    for ``backbone.``), the first occurrence replaced; a tensor stored under both spellings
+    is refused (the other is unexpected). `ignore`: regexes of tensors that are known not to
+    be weights (rotary caches, causal-mask buffers).
     """
 
     embed: str = "model.embed_tokens"
@@ -44,6 +48,7 @@ class NameTable:
     attn: str = "self_attn"  # the attention module (MLA's projections and gpt-oss's sinks)
     conv1d: bool = False
     base_prefix: str = ""
+    renamed: tuple[tuple[str, str], ...] = ()
     ignore: tuple[str, ...] = (r"rotary_emb\.inv_freq$",)
     mixer: str = "mixer"  # a non-attention mixer's module (its tensors: the MixerSpec's names)
     #: a shared attention block's module (Zamba2; mi_transformer.shared_block), in the first
@@ -104,7 +109,8 @@ NAME_TABLES: dict[str, NameTable] = {
     "gemma4": NameTable(ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
                         ln2_post="post_feedforward_layernorm"),
     "gemma3n": NameTable(ln2="pre_feedforward_layernorm", ln1_post="post_attention_layernorm",
-                         ln2_post="post_feedforward_layernorm"),
+                         ln2_post="post_feedforward_layernorm",
+                         renamed=(("model.", "model.language_model."),)),  # (as Qwen3.5's)
     "gemma3n_mm": NameTable(embed="model.language_model.embed_tokens",
                             final_norm="model.language_model.norm",
                             layer="model.language_model.layers.{i}.",
@@ -166,7 +172,8 @@ NAME_TABLES: dict[str, NameTable] = {
                             layer="backbone.layers.{i}.", ln1="norm", ln2="norm",
                             q="mixer.q_proj", k="mixer.k_proj", v="mixer.v_proj",
                             o="mixer.o_proj", mlp_in="mixer.up_proj", mlp_out="mixer.down_proj",
-                            mixer="mixer", ignore=(r"(^|\.)mtp\.",)),
+                            mixer="mixer", ignore=(r"(^|\.)mtp\.",),
+                            renamed=(("backbone.", "model."),)),
     "granitemoehybrid": NameTable(mlp_gate_up="shared_mlp.input_linear",
                                   mlp_out="shared_mlp.output_linear", mixer="mamba"),
     # LFM2: the short convolution's tensors under conv.; attention's output is out_proj
@@ -178,7 +185,10 @@ NAME_TABLES: dict[str, NameTable] = {
     "qwen3_next": NameTable(mixer="linear_attn"),
     # Qwen3.5 (text, MoE text): the same names; the released multi-token-prediction block
     # (mtp.*) is not part of the causal-LM forward (transformers ignores it too)
-    "qwen3_5": NameTable(mixer="linear_attn", ignore=(r"^mtp\.", r"rotary_emb\.inv_freq$")),
+    # (a text model transformers read from the multimodal checkpoint saves its tensors
+    # under model.language_model. still: its prefix change, reverted on save)
+    "qwen3_5": NameTable(mixer="linear_attn", ignore=(r"^mtp\.", r"rotary_emb\.inv_freq$"),
+                         renamed=(("model.", "model.language_model."),)),
     # Qwen3.5 as released (multimodal): the language model under model.language_model., the
     # head at the top; the vision tower (model.visual.) and mtp.* are not loaded
     "qwen3_5_mm": NameTable(embed="model.language_model.embed_tokens",
@@ -188,10 +198,13 @@ NAME_TABLES: dict[str, NameTable] = {
                                     r"rotary_emb\.inv_freq$")),
     # OLMo hybrid as saved: DeltaNet layers pre-norm (attention_layer_norm before the mixer,
     # feedforward_layer_norm before the MLP); attention layers post-norm only (OLMo2), their
-    # post-attention norm saved as feedforward_layer_norm too (transformers' reverse renaming)
+    # post-attention norm saved as feedforward_layer_norm too (transformers' reverse renaming);
+    # transformers' module names (input_layernorm, post_attention_layernorm) read too
     "olmo_hybrid": NameTable(ln1="attention_layer_norm", ln2="feedforward_layer_norm",
                              ln1_post="feedforward_layer_norm",
-                             ln2_post="post_feedforward_layernorm", mixer="linear_attn"),
+                             ln2_post="post_feedforward_layernorm", mixer="linear_attn",
+                             renamed=(("attention_layer_norm", "input_layernorm"),
+                                      ("feedforward_layer_norm", "post_attention_layernorm"))),
     # MiniMax: the lightning-attention mixer under self_attn. like attention
     "minimax": NameTable(mixer="self_attn"),
     # Zamba2: Mamba-2 layers; a layer with the shared block keeps its norm and mixer under

@@ -94,7 +94,7 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
         if own:
             _shared_entries(cfg, t, out, i)
         if mixer is not None:  # a plugin's mixer: its own tensors, slots "mixer:<name>"
-            prefix = t.layer.format(i=i) + own + t.mixer + "."
+            prefix = _mixer_prefix(cfg, t, i)
             for name, shape in mixer.spec.tensors(mixer.settings).items():
                 out[prefix + name] = Entry("mixer:" + name, i, tuple(shape))
         if cfg.has_attention(i):  # beside a mixer too (layer_parallel); not in MLP_ONLY
@@ -117,6 +117,29 @@ def tensor_table(cfg: TransformerConfig) -> dict[str, Entry]:
             for slot, name in _BESIDE_NORMS.items():  # the dense MLP's and the MoE's norms
                 add(i, slot, name, (d,), False)
         _mlp_entries(cfg, t, add, out, i)
+    return out
+
+
+def _mixer_prefix(cfg: TransformerConfig, t: NameTable, i: int) -> str:
+    """Layer i's mixer module prefix (``model.layers.{i}.linear_attn.``; Zamba2's layers with
+    the shared block keep theirs under ``mamba_decoder.``)."""
+    own = t.shared_prefix if cfg.shared_set(i) is not None else ""
+    return t.layer.format(i=i) + own + t.mixer + "."
+
+
+def concat_groups(cfg: TransformerConfig) -> list[tuple[str, ...]]:
+    """The groups of expected tensor names a reader takes as one concatenation along dim 0
+    (a mixer's :attr:`~mi_core.registry.MixerSpec.concatenated`, at each layer that runs it):
+    a checkpoint may split such a group's rows anywhere, as long as the total is right."""
+    t = NAME_TABLES[cfg.weight_names]
+    out: list[tuple[str, ...]] = []
+    for i in range(cfg.num_layers):
+        mixer = cfg.mixer_of(i)
+        if mixer is None or not mixer.spec.concatenated:
+            continue
+        names, prefix = mixer.spec.tensors(mixer.settings), _mixer_prefix(cfg, t, i)
+        out += [tuple(prefix + n for n in g) for g in mixer.spec.concatenated
+                if all(n in names for n in g)]
     return out
 
 
@@ -298,11 +321,16 @@ def resolve_names(cfg: TransformerConfig, names: Mapping[str, object] | list[str
     have = set(names)
     out = {}
     for name in tensor_table(cfg):
-        if name not in have and t.base_prefix and name.startswith(t.base_prefix) \
+        out[name] = name
+        if name in have:
+            continue
+        if t.base_prefix and name.startswith(t.base_prefix) \
                 and name[len(t.base_prefix):] in have:
             out[name] = name[len(t.base_prefix):]
-        else:
-            out[name] = name
+        for ours, theirs in t.renamed:  # another spelling the reference reads too
+            if ours in name and name.replace(ours, theirs, 1) in have:
+                out[name] = name.replace(ours, theirs, 1)
+                break
     return out
 
 
@@ -316,9 +344,12 @@ def check_tensors(cfg: TransformerConfig, shapes: Mapping[str, tuple[int, ...]])
     tied_head = t.lm_head + ".weight"
     unexpected = [n for n in shapes if n not in used and not is_ignorable(cfg, n)
                   and not (cfg.tie_word_embeddings and n == tied_head)]
+    regrouped, bad_groups = _regroup(cfg, shapes, table, alias)
+    in_groups = {n for g in bad_groups for n in g} | set(regrouped)
     misshaped = [f"{alias[n]}: {list(shapes[alias[n]])} != expected {list(e.shape)}"
-                 for n, e in table.items() if alias[n] in shapes
+                 for n, e in table.items() if alias[n] in shapes and n not in in_groups
                  and tuple(shapes[alias[n]]) != e.shape]
+    misshaped += [_group_message(g, shapes, table, alias) for g in bad_groups]
     misshaped += [f"{n}: {list(shapes[n])} != expected {list(table[first].shape)}"
                   for n, first in dups.items() if tuple(shapes[n]) != table[first].shape]
     pat = re.compile(re.escape(t.layer).replace(re.escape("{i}"), r"(\d+)"))
@@ -326,6 +357,87 @@ def check_tensors(cfg: TransformerConfig, shapes: Mapping[str, tuple[int, ...]])
                     if (mt := pat.match(n) or pat.match(t.base_prefix + n))
                     and int(mt.group(1)) >= cfg.num_layers})
     return WeightCheck(missing, unexpected, misshaped, cfg.num_layers, extra)
+
+
+def _regroup(cfg: TransformerConfig, shapes: Mapping[str, tuple[int, ...]],
+             table: Mapping[str, Entry], alias: Mapping[str, str]
+             ) -> tuple[dict[str, tuple[tuple[str, ...], int]], list[tuple[str, ...]]]:
+    """The concatenated groups (:func:`concat_groups`) stored split otherwise than expected:
+    those read as one concatenation (expected name -> (the group, its first row in the
+    concatenation)) and those that cannot be (a total or another dim differs). A group
+    stored as expected, or with a tensor missing, is in neither."""
+    ok: dict[str, tuple[tuple[str, ...], int]] = {}
+    bad: list[tuple[str, ...]] = []
+    for g in concat_groups(cfg):
+        if any(alias[n] not in shapes for n in g):
+            continue  # reported missing
+        stored = [tuple(shapes[alias[n]]) for n in g]
+        want = [table[n].shape for n in g]
+        if stored == want:
+            continue
+        if all(len(s) == len(w) >= 1 and s[1:] == w[1:] for s, w in zip(stored, want)) \
+                and sum(s[0] for s in stored) == sum(w[0] for w in want):
+            start = 0
+            for n, w in zip(g, want):
+                ok[n] = (g, start)
+                start += w[0]
+        else:
+            bad.append(g)
+    return ok, bad
+
+
+def _group_message(g: tuple[str, ...], shapes: Mapping[str, tuple[int, ...]],
+                   table: Mapping[str, Entry], alias: Mapping[str, str]) -> str:
+    stored = ", ".join(f"{alias[n]}: {list(shapes[alias[n]])}" for n in g)
+    want = ", ".join(str(list(table[n].shape)) for n in g)
+    total = sum(table[n].shape[0] for n in g)
+    return (f"{stored} (read as one concatenation along dim 0, as the reference does: "
+            f"expected {want}, {total} rows in all with equal other dims)")
+
+
+class RegroupedSource:
+    """A TensorSource whose concatenated groups (:func:`concat_groups`) stored split
+    otherwise than expected (transformers' save splits OLMo hybrid's q/k/v convs in equal
+    thirds) give each tensor at its expected shape: the group's stored tensors concatenated
+    along dim 0, then split at the expected sizes (numbers as the reference, which reads the
+    concatenation). Every other tensor is `src`'s own."""
+
+    def __init__(self, src: "TensorSource", plan: Mapping[str, tuple[tuple[str, ...], int]],
+                 expected: Mapping[str, tuple[int, ...]]) -> None:
+        self.src, self.plan = src, dict(plan)  # stored name -> (stored group, first row)
+        self.files = getattr(src, "files", None)
+        self.origin = getattr(src, "origin", "<memory>")
+        self.shapes = {**src.shapes, **{n: tuple(expected[n]) for n in self.plan}}
+        self._last: tuple[tuple[Any, ...], torch.Tensor] | None = None
+
+    def names(self) -> list[str]:
+        return self.src.names()
+
+    def get(self, name: str, dtype: torch.dtype | None = None,
+            device: torch.device | str | None = None,
+            shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        if name not in self.plan:
+            return self.src.get(name, dtype=dtype, device=device, shape=shape)
+        if shape is not None and tuple(shape) != self.shapes[name]:
+            raise WeightLoadError(f"{_origin(self)}: tensor {name!r} has shape "
+                                  f"{list(self.shapes[name])}, expected {list(shape)}")
+        group, start = self.plan[name]
+        key = (group, dtype, str(device))
+        if self._last is None or self._last[0] != key:  # one concatenation per group
+            self._last = (key, torch.cat([self.src.get(n, dtype=dtype, device=device)
+                                          for n in group]))
+        return self._last[1][start:start + self.shapes[name][0]].clone()
+
+
+def regrouped(cfg: TransformerConfig, src: "TensorSource") -> "TensorSource":
+    """`src` itself, or a :class:`RegroupedSource` over it where a concatenated group is
+    stored split otherwise than expected (and its total is right: :func:`check_tensors`)."""
+    table, alias = tensor_table(cfg), resolve_names(cfg, src.names())
+    ok, _ = _regroup(cfg, src.shapes, table, alias)
+    if not ok:
+        return src
+    plan = {alias[n]: (tuple(alias[m] for m in g), start) for n, (g, start) in ok.items()}
+    return RegroupedSource(src, plan, {alias[n]: table[n].shape for n in ok})
 
 
 class TensorSource(Protocol):
@@ -444,6 +556,7 @@ def load_weights(cfg: TransformerConfig, src: TensorSource, device: torch.device
     chk = check_tensors(cfg, src.shapes)
     if not chk.ok:
         raise WeightLoadError(chk.message(_origin(src), cfg.model_type))
+    src = regrouped(cfg, src)  # concatenated groups stored split otherwise: re-split
     lay = layout if layout is not None else Layout.single(device, cfg.num_layers)
     table, alias = tensor_table(cfg), resolve_names(cfg, src.names())
     t = NAME_TABLES[cfg.weight_names]
