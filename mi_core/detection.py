@@ -56,21 +56,16 @@ def report(source: str, src: ModelSource, dets: list[Detection]) -> Compatibilit
     mt = (src.config or {}).get("model_type") if src.config else None
     return CompatibilityReport(source=source, model_type=mt, supported=best is not None,
                                backend=best.backend if best else None, detections=dets,
-                               gguf_architecture=_gguf_architecture(src))
+                               gguf_architecture=_gguf_architecture(src, dets))
 
 
-def _gguf_architecture(src: ModelSource) -> str | None:
-    """A GGUF file's ``general.architecture`` (None for anything else, or an unreadable
-    header: the plugins' detections say what is wrong with it)."""
-    if src.config is not None or not src.path.is_file() or src.path.suffix.lower() != ".gguf":
+def _gguf_architecture(src: ModelSource, dets: list[Detection]) -> str | None:
+    """A GGUF file's ``general.architecture`` as a plugin that reads GGUF headers reported it
+    (the kernel does not parse GGUF itself; None when no plugin did, or not a GGUF file)."""
+    if src.config is not None or src.path.suffix.lower() != ".gguf":
         return None
-    try:
-        from mi_core.gguf import gguf_architecture
-
-        arch = gguf_architecture(src.path)
-    except (ImportError, MIError):
-        return None
-    return arch if isinstance(arch, str) else None
+    return next((d.gguf_architecture for d in dets if isinstance(d.gguf_architecture, str)),
+                None)
 
 
 def check_compatibility(source: str | os.PathLike[str]) -> CompatibilityReport:

@@ -44,6 +44,9 @@ class Detection:
     config_keys: list[str] = attrs.field(factory=list)  # config keys the backend refuses
     #: the plugin implements the checkpoint's model_type (even if it refuses this config)
     implements: bool = False
+    #: a GGUF file's ``general.architecture`` as the plugin read it (a GGUF file has no
+    #: config.json, so no model_type: the report names this instead)
+    gguf_architecture: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -108,8 +111,8 @@ class MixerSpec:
 
     `concatenated`: groups of tensor names (as `tensors` gives them) that the reference
     implementation concatenates along dim 0 when it loads them, so a checkpoint may split the
-    group's rows anywhere (transformers' save of OLMo hybrid's q/k/v convs splits them in equal
-    thirds): a group whose stored tensors have the expected total and the same other dims is
+    group's rows anywhere (a reference that saves such a group by splitting it in equal parts
+    writes them so): a group whose stored tensors have the expected total and the same other dims is
     read as one concatenation and re-split at the expected sizes. A group applies where all of
     its names are among the mixer's tensors."""
 

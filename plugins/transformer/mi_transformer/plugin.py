@@ -104,12 +104,13 @@ def _detect_gguf(path: Any) -> Detection:
         return Detection(BACKEND, 0.1, f"GGUF file whose header cannot be read: {exc}",
                          implements=True)
     if arch in _GGUF.split(", "):
-        return Detection(BACKEND, 0.9, f"GGUF file of architecture {arch!r}", implements=True)
+        return Detection(BACKEND, 0.9, f"GGUF file of architecture {arch!r}", implements=True,
+                         gguf_architecture=arch)
     if arch is None:
         return Detection(BACKEND, 0.1, "GGUF file without general.architecture",
                          implements=True)
     return Detection(BACKEND, 0.0, f"mi-transformer does not implement GGUF architecture "
-                                   f"{arch!r} (it reads {_GGUF})")
+                                   f"{arch!r} (it reads {_GGUF})", gguf_architecture=arch)
 
 
 @plugin_impl

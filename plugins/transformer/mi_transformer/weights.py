@@ -14,7 +14,7 @@ weights, no NaN/inf), from a memory map.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import attrs
 import torch
@@ -32,6 +32,7 @@ from mi_transformer.norm import Norm
 from mi_transformer.placement import Layout
 from mi_transformer import shared_block
 from mi_transformer.name_tables import _CAUSAL_BUFFERS, NAME_TABLES, NameTable  # noqa: F401
+from mi_transformer.sources import DictSource, TensorSource  # noqa: F401 (re-exported)
 
 
 @attrs.frozen
@@ -438,39 +439,6 @@ def regrouped(cfg: TransformerConfig, src: "TensorSource") -> "TensorSource":
         return src
     plan = {alias[n]: (tuple(alias[m] for m in g), start) for n, (g, start) in ok.items()}
     return RegroupedSource(src, plan, {alias[n]: table[n].shape for n in ok})
-
-
-class TensorSource(Protocol):
-    shapes: Mapping[str, tuple[int, ...]]
-
-    def names(self) -> list[str]: ...
-
-    def get(self, name: str, dtype: torch.dtype | None = None,
-            device: torch.device | str | None = None,
-            shape: tuple[int, ...] | None = None) -> torch.Tensor: ...
-
-
-class DictSource:
-    """A TensorSource over an in-memory ``{name: tensor}`` dict (e.g. from GGUF)."""
-
-    def __init__(self, tensors: Mapping[str, torch.Tensor], origin: str = "<memory>") -> None:
-        self.tensors = tensors
-        self.origin = origin
-        self.shapes = {k: tuple(v.shape) for k, v in tensors.items()}
-
-    def names(self) -> list[str]:
-        return list(self.tensors)
-
-    def get(self, name: str, dtype: torch.dtype | None = None,
-            device: torch.device | str | None = None,
-            shape: tuple[int, ...] | None = None) -> torch.Tensor:
-        if name not in self.tensors:
-            raise WeightLoadError(f"{self.origin}: tensor {name!r} not found")
-        t = self.tensors[name]
-        if shape is not None and tuple(t.shape) != tuple(shape):
-            raise WeightLoadError(f"{self.origin}: tensor {name!r} has shape {list(t.shape)}, "
-                                  f"expected {list(shape)}")
-        return checked_tensor(t, name, self.origin, dtype, device)
 
 
 @attrs.define(eq=False)

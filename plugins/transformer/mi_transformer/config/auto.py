@@ -77,16 +77,18 @@ def _stacked_experts(out: TransformerConfig, tensor_names: Iterable[str] | None
         return out
     names = set(tensor_names)
     layer = next((i for i, m in enumerate(out.layer_moe) if m), 0) if out.layer_moe else 0
-    from mi_transformer.moe import expected_moe_shapes
     from mi_transformer.name_tables import NAME_TABLES
 
     # (the family's layer prefix: Nemotron-H's backbone.layers.{i}., whose plain experts
-    # stack as experts.up_proj / down_proj)
+    # stack as experts.up_proj / down_proj); the names only, as mi_transformer.moe's
+    # expected_moe_shapes spells them (not imported: the config package stays below it)
     prefix = NAME_TABLES[out.weight_names].layer.format(i=layer)
-    per_expert = expected_moe_shapes(prefix, moe, out.hidden_size)
-    stacked = expected_moe_shapes(prefix, attrs.evolve(moe, fused_linear=True),
-                                  out.hidden_size)
-    if set(per_expert) <= names or not set(stacked) <= names:
+    m = prefix + moe.block + "." if moe.block else prefix
+    _, up, down = moe.expert_names
+    per_expert = f"{m}experts.0.{down}.weight"
+    stacked = {f"{m}experts.{down}", f"{m}experts.{up}" if not moe.gated
+               else f"{m}experts.gate_up_proj"}
+    if per_expert in names or not stacked <= names:
         return out
     return attrs.evolve(out, moe=attrs.evolve(moe, fused_linear=True))
 
