@@ -239,7 +239,11 @@ class ActivationCache(HookCache):
         return int(layer)
 
     def _attn_only(self) -> bool:
-        return not self._need_model().has_hook_point("blocks.0.hook_mlp_out")
+        """No layer has an MLP (a hybrid's first layer may lack one that later layers have:
+        Nemotron-H's mixer-only and MLP-only layers)."""
+        model = self._need_model()
+        return not any(model.has_hook_point(HookPoint.mlp_out(i))
+                       for i in range(model.num_layers))
 
     # -- layer norm ------------------------------------------------------------------------
     def _cached_ln_scale(self, layer: int, mlp_input: bool, pos_slice: Slice,
@@ -313,8 +317,15 @@ class ActivationCache(HookCache):
         incl_attn, incl_mlp = mode != "mlp", mode != "attn" and not self._attn_only()
         items: list[tuple[HookPoint, str]] = []
         if incl_embeds:
-            items += [(HookPoint.parse(key), label) for key, label in (
-                ("hook_embed", "embed"), ("hook_pos_embed", "pos_embed")) if key in self._captures]
+            # "embed" is what enters layer 0 (resid_pre 0): the embedding, unless the backend
+            # transforms it before layer 0 (RWKV's pre-LN); split from pos_embed where the
+            # model has one (as TransformerLens)
+            embeds = ("hook_embed", "hook_pos_embed")
+            if "hook_pos_embed" not in self._captures and "blocks.0.hook_resid_pre" in \
+                    self._captures:
+                embeds = ("blocks.0.hook_resid_pre",)
+            items += [(HookPoint.parse(key), label) for key, label in zip(
+                embeds, ("embed", "pos_embed")) if key in self._captures]
         items += layer_outputs(layer, incl_attn, incl_mlp, "_attn_out", "_mlp_out",
                                self.model.has_hook_point if self.model is not None else None)
         if mlp_input and incl_attn:  # this layer's attention and / or mixer output
