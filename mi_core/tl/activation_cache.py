@@ -580,13 +580,27 @@ def model_weight(model: MIModel, name: str, layer: int | None = None) -> torch.T
 
 def head_results(model: MIModel, cache: HookCache, layer: int) -> torch.Tensor:
     """Per-head outputs of `layer` without b_O: the captured ``attn.hook_result``, else
-    ``hook_z`` [*batch, pos, heads, d_head] times W_O [heads, d_head, d_model]."""
+    ``hook_z`` [*batch, pos, heads, d_head] times W_O [heads, d_head, d_model] (times the
+    output gate ``attn.hook_gate`` first where the attention has one: W_O reads z * gate,
+    Qwen3-Next / Qwen3.5)."""
     res = cache.get(HookPoint.attn_result(layer))
     if res is not None:
         return res
     z = cache.require(HookPoint.attn_z(layer))
+    gate = attention_output_gate(model, layer)
+    if gate is not None:
+        z = z * cache.require(gate).to(z.dtype)
     w_o = model_weight(model, "W_O", layer).to(z.dtype)
     return torch.einsum("...hk,hkd->...hd", z, w_o)
+
+
+def attention_output_gate(model: MIModel, layer: int) -> HookPoint | None:
+    """``blocks.{layer}.attn.hook_gate`` where `layer` has softmax attention with an output
+    gate (W_O reads ``hook_z * hook_gate``), else None."""
+    gate = HookPoint.parse(f"blocks.{layer}.attn.hook_gate")
+    if model.has_hook_point(HookPoint.attn_pattern(layer)) and model.has_hook_point(gate):
+        return gate
+    return None
 
 
 def accumulated_bias(model: MIModel, layer: int, mlp_input: bool = False,
