@@ -473,3 +473,57 @@ def test_state_cached_greedy_generation_equals_transformers(family_model, name):
     eos = hf.generation_config.eos_token_id
     n = ours.index(eos) + 1 if isinstance(eos, int) and eos in ours else len(ours)
     assert ours[:n] == theirs[:n]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_effective_attention_includes_a_state_knockout(family_model, name):
+    """Under a state knockout at position 2, A @ x == y still holds and A's column 2 is zero
+    below the diagonal (the write is gone; the D skip, on the diagonal, is not a write)."""
+    model = family_model(name)
+    ids = ids_for(model, 1, SEQ, seed=16)
+    for layer, eff in recurrent_layers(model).items():
+        xp, yp, lay = x_and_y(None, eff)
+        hooks = mi.HookSpec().capture_all([eff, xp, yp]).set_state_knockout(
+            mi.StateKnockoutSpec(positions=[2]).layer(layer))
+        cache = model.forward(ids, hooks)
+        a, y = cache[eff].double(), cache[yp].double()
+        y = y.reshape(*y.shape[:3], -1)
+        x = lay(cache[xp].double(), y).reshape(y.shape)
+        got = torch.einsum("bhts,bshp->bthp", a, x)
+        assert (got - y).abs().max().item() < 1e-5 * y.abs().max().item(), layer
+        assert a[:, :, 3:, 2].abs().max().item() == 0.0, layer
+
+
+_FLAGS = ["fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_process_weights_each_flag_keeps_the_softmax_or_is_refused(family_model, name):
+    ids = ids_for(family_model(name), seed=17)
+    for flag in _FLAGS:
+        model = mi.MIModel.from_pretrained(_BUILT[name][0])
+        before = model.forward(ids).output
+        try:
+            model.process_weights(**{f: f == flag for f in _FLAGS})
+        except mi.MIError as e:
+            assert flag.split("_")[0] in str(e) or "process_weights" in str(e), (flag, e)
+            assert (model.forward(ids).output - before).abs().max().item() == 0.0, flag
+            continue
+        after = model.forward(ids).output
+        shift = (after - before) - (after - before).mean(-1, keepdim=True)
+        assert shift.abs().max().item() < 1e-4, flag
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_hooked_transformer_equals_the_kernel_or_refuses(family_model, name):
+    from mi_core.tl import HookedTransformer
+
+    model = family_model(name)
+    try:
+        tl = HookedTransformer.from_pretrained_no_processing(_BUILT[name][0])
+    except mi.MIError as e:
+        pytest.skip(f"typed refusal: {type(e).__name__}: {str(e).splitlines()[0]}")
+    ids = ids_for(model, 2, SEQ, seed=18)
+    with torch.no_grad():
+        ours = tl(ids)
+    assert (ours - model.forward(ids).output).abs().max().item() < 1e-4
