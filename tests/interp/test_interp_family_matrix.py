@@ -315,6 +315,9 @@ def test_tl_weights_in_transformerlens_shapes_or_a_typed_refusal(family_model, n
     model = family_model(name)
     L, H, d = model.num_layers, model.num_heads, model.hidden_size
     assert model.W_E.shape[1] == d and model.W_U.shape[0] == d
+    cfg = model.cfg  # TransformerLens' summary: d_mlp None where no layer has a dense MLP
+    assert cfg.n_layers == L and cfg.d_model == d
+    assert cfg.d_mlp is None or cfg.d_mlp > 0
     for attr in ("W_Q", "W_K", "W_V", "W_O"):
         try:
             w = getattr(model, attr)

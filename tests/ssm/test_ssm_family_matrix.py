@@ -394,6 +394,8 @@ def test_the_transformerlens_layer_runs_and_its_cache_decomposes(family_model, n
     assert (logits - model.forward(ids).output).abs().max().item() < 1e-4
     acc = cache.accumulated_resid()
     assert acc.shape[0] == model.num_layers + 1
+    cfg = model.cfg  # TransformerLens' summary: d_mlp None where no layer has a dense MLP
+    assert cfg.n_layers == model.num_layers and (cfg.d_mlp is None or cfg.d_mlp > 0)
     assert cache["resid_post", model.num_layers - 1].shape == (1, SEQ, model.hidden_size)
     try:
         stack = cache.decompose_resid()
