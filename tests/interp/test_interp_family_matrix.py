@@ -244,6 +244,17 @@ def test_logit_lens_and_patching(family_model, name):
     z = patching_grid(model, ids, corrupt, metric, "z", layers=[last], show_progress=False)
     assert z.grid.shape == (1, model.num_heads) and torch.isfinite(z.grid).all()
     assert z.grid.abs().max().item() > 1e-4
+    # keys by KV head over every layer (Gemma-4's full layers have fewer KV heads: NaN in the
+    # columns of heads a layer does not have); the gradient estimate has the same cells
+    from mi_core.interp import attribution_patching
+
+    own = [i for i in range(model.num_layers)  # (not the layers reading earlier KV)
+           if f"blocks.{i}.attn.hook_k" in points_of(model)]
+    k = patching_grid(model, ids, corrupt, metric, "k", layers=own, show_progress=False)
+    assert k.grid.shape[0] == len(own) and k.grid.shape[1] >= 1
+    assert torch.isfinite(k.grid[:, 0]).all()
+    kk = attribution_patching(model, ids, corrupt, metric, "k", layers=own)
+    assert torch.equal(kk.grid.isnan(), k.grid.isnan())
 
 
 @pytest.mark.parametrize("name", NAMES)
