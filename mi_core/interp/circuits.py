@@ -26,7 +26,7 @@ from mi_core.tl.factored_matrix import FactoredMatrix
 
 def _kv_index(model: MIModel, heads: list[int], kv: torch.Tensor) -> list[int]:
     """The key / value head each query head in `heads` reads, from the layer's own stored
-    `kv` [kv_heads, ...] (the KV-head count can differ per layer: Gemma-4's full layers)."""
+    `kv` [kv_heads, ...] (the KV-head count can differ per layer)."""
     rep = model.num_heads // kv.shape[0]
     return [h // rep for h in heads]
 

@@ -103,7 +103,7 @@ def stack_head_results(model: MIModel, cache: HookCache, layers: Sequence[int] |
 
     Uses ``attn.hook_result`` when captured, else ``attn.hook_z`` and ``W_O`` from the
     backend (``get_weight``). Per layer, heads + bias sum to ``hook_attn_out``; a model where
-    they cannot (a norm on the attention output: Gemma 2-4, OLMo-2/3, EXAONE-4, GLM-4) is a
+    they cannot (a norm on the attention output, a scale on it) is a
     CapabilityError (:class:`mi_core.capabilities.HeadTerms`).
     """
     require_head_sum(model.backend, "stack_head_results")

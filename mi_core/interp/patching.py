@@ -159,7 +159,7 @@ def _n_heads(model: MIModel, kind: str) -> int:
 
 def _layer_heads(kind: str, act: torch.Tensor) -> int:
     """Heads of one layer's captured per-head activation (the count can differ per layer:
-    Gemma-4's full layers have fewer KV heads): pattern [b, heads, q, k], else
+    fewer KV heads on some layers): pattern [b, heads, q, k], else
     [b, s, heads, d]."""
     return act.shape[1] if kind == "pattern" else act.shape[2]
 

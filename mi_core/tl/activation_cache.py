@@ -240,7 +240,7 @@ class ActivationCache(HookCache):
 
     def _attn_only(self) -> bool:
         """No layer has an MLP (a hybrid's first layer may lack one that later layers have:
-        Nemotron-H's mixer-only and MLP-only layers)."""
+        mixer-only and MLP-only layers)."""
         model = self._need_model()
         return not any(model.has_hook_point(HookPoint.mlp_out(i))
                        for i in range(model.num_layers))
@@ -318,7 +318,7 @@ class ActivationCache(HookCache):
         items: list[tuple[HookPoint, str]] = []
         if incl_embeds:
             # "embed" is what enters layer 0 (resid_pre 0): the embedding, unless the backend
-            # transforms it before layer 0 (RWKV's pre-LN); split from pos_embed where the
+            # transforms it before layer 0 (a norm there); split from pos_embed where the
             # model has one (as TransformerLens)
             embeds = ("hook_embed", "hook_pos_embed")
             if "hook_pos_embed" not in self._captures and "blocks.0.hook_resid_pre" in \
@@ -581,8 +581,7 @@ def model_weight(model: MIModel, name: str, layer: int | None = None) -> torch.T
 def head_results(model: MIModel, cache: HookCache, layer: int) -> torch.Tensor:
     """Per-head outputs of `layer` without b_O: the captured ``attn.hook_result``, else
     ``hook_z`` [*batch, pos, heads, d_head] times W_O [heads, d_head, d_model] (times the
-    output gate ``attn.hook_gate`` first where the attention has one: W_O reads z * gate,
-    Qwen3-Next / Qwen3.5)."""
+    output gate ``attn.hook_gate`` first where the attention has one: W_O reads z * gate)."""
     res = cache.get(HookPoint.attn_result(layer))
     if res is not None:
         return res

@@ -98,7 +98,7 @@ class TransformerLensMixin:
             d_head = getattr(be, "d_head", None)
             d_mlp = _d_mlp(self) if kind == "m" else None
             if (kind == "hd" and d_head is None) or (kind == "m" and d_mlp is None):
-                raise  # no attention heads / dense MLP to have an absent bias (RWKV, Mamba)
+                raise  # no attention heads / dense MLP to have an absent bias (recurrent models)
             dims = {"hd": ((be.num_kv_heads if kv else self.num_heads), d_head),
                     "d": (self.hidden_size,), "m": (d_mlp,)}[kind]
             return torch.zeros(dims, dtype=be.dtype, device=be.device)
@@ -364,8 +364,8 @@ def _has_weight(model: Any, name: str, layer: int | None = None) -> bool:
 
 def _d_mlp(model: Any) -> int | None:
     """The dense MLP width: the first layer with one (a hybrid's layer 0 may be a mixer
-    without an MLP, or a mixture of experts); None where no layer has a dense MLP (Mamba,
-    RWKV, gpt-oss: TransformerLens' d_mlp of attention-only / MoE configs)."""
+    without an MLP, or a mixture of experts); None where no layer has a dense MLP (recurrent
+    or all-MoE models: TransformerLens' d_mlp of attention-only / MoE configs)."""
     for layer in range(model.num_layers):
         try:
             return int(_get_weight(model, "W_out", layer).shape[0])

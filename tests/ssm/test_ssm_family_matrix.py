@@ -411,14 +411,18 @@ def test_an_sae_splices_into_a_recurrent_mixers_input(family_model, name, tmp_pa
 
     model = family_model(name)
     layer = sorted(recurrent_layers(model))[0]
-    point = f"blocks.{layer}.hook_resid_pre"
-    sae = mi.load_dictionary(write_saelens_sae(tmp_path / "sae", point, model.hidden_size, 48))
     ids = ids_for(model, seed=11)
     plain = model.forward(ids).output
-    spliced = model.forward(ids, sae.splice(mi.HookSpec(), model=model)).output
-    assert (spliced - plain).abs().max().item() > 1e-3
-    exact = model.forward(ids, sae.splice(mi.HookSpec(), include_error=True, model=model)).output
-    assert (exact - plain).abs().max().item() < 1e-4
+    for point in (f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.hook_mixer_out"):
+        if point not in points_of(model):  # (RWKV: its time mix is hook_attn_out)
+            point = f"blocks.{layer}.hook_attn_out"
+        sae = mi.load_dictionary(write_saelens_sae(tmp_path / point, point, model.hidden_size,
+                                                   48))
+        spliced = model.forward(ids, sae.splice(mi.HookSpec(), model=model)).output
+        assert (spliced - plain).abs().max().item() > 1e-4, point
+        exact = model.forward(ids, sae.splice(mi.HookSpec(), include_error=True,
+                                              model=model)).output
+        assert (exact - plain).abs().max().item() < 1e-4, point
 
 
 @pytest.mark.parametrize("name", NAMES)
