@@ -293,6 +293,17 @@ def test_attention_knockout_where_there_is_attention_and_a_typed_refusal_elsewhe
         out = model.forward(ids, hooks).output
         assert (out - plain)[:, :-1].abs().max().item() < 1e-4, layer
         assert (out - plain)[:, -1].abs().max().item() > 1e-4, layer
+    attn = attention_layers(model)
+    if attn:  # side by side in one run: attention knockout and a state knockout
+        both = knockout_hooks(model, KnockoutSpec(layers=attn[:1], from_positions=[-1],
+                                                  to_positions=[0, 1, 2]), SEQ)
+        both.set_state_knockout(mi.StateKnockoutSpec(positions=[3]))
+        out_both = model.forward(ids, both).output
+        state_only = model.forward(ids, mi.HookSpec().set_state_knockout(
+            mi.StateKnockoutSpec(positions=[3]))).output
+        assert (out_both - plain)[:, :3].abs().max().item() < 1e-4  # neither acts before 3
+        assert (out_both - state_only)[:, -1].abs().max().item() > 1e-6
+        assert (out_both - state_only)[:, :-1].abs().max().item() < 1e-4
     for layer in range(model.num_layers):
         if layer in attention_layers(model):
             continue
