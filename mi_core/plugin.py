@@ -20,7 +20,8 @@ from mi_core.capabilities import (
 from mi_core.capabilities import capabilities as capabilities_of
 from mi_core.capabilities import has as has_capability
 from mi_core.capabilities import require as require_capability
-from mi_core.capabilities import ResidualTerms, require_residual_sum
+from mi_core.capabilities import (HeadTerms, ResidualTerms, require_head_sum,
+                                   require_residual_sum)
 from mi_core.configread import (
     GENERIC_AT_DEFAULT, GENERIC_HARMLESS, REQUIRED, ConfigFields, is_generic_harmless,
 )
@@ -83,7 +84,7 @@ __all__ = [
     "has_capability", "hook_name", "hookimpl", "is_generic_harmless", "load_dictionary",
     "looks_like_hub_id", "mixer", "mixers", "plugin_impl", "plugin_infos", "progress",
     "read_config", "read_json", "refuse_pickle", "register_plugin", "require_capability",
-    "ResidualTerms", "require_residual_sum",
+    "ResidualTerms", "require_residual_sum", "HeadTerms", "require_head_sum",
     "require_field", "require_points", "resolve_device", "resolve_source", "safetensors_header", "sample_token",
     "set_progress", "standard_shape", "to_json", "unregister_plugin", "view",
 ]

@@ -24,8 +24,10 @@ from mi_core.interp.describe import model_label
 from mi_core.tl.factored_matrix import FactoredMatrix
 
 
-def _kv_index(model: MIModel, heads: list[int]) -> list[int]:
-    rep = model.num_heads // model.num_kv_heads
+def _kv_index(model: MIModel, heads: list[int], kv: torch.Tensor) -> list[int]:
+    """The key / value head each query head in `heads` reads, from the layer's own stored
+    `kv` [kv_heads, ...] (the KV-head count can differ per layer)."""
+    rep = model.num_heads // kv.shape[0]
     return [h // rep for h in heads]
 
 
@@ -45,7 +47,8 @@ def qk_circuit(model: MIModel, layer: int, heads: Sequence[int] | None = None,
     (layer,) = check_layers([layer], model.num_layers)
     hs = check_heads(heads, model.num_heads)
     wq = _w(model, "W_Q", layer)[hs]
-    wk = _w(model, "W_K", layer)[_kv_index(model, hs)]
+    wk = _w(model, "W_K", layer)
+    wk = wk[_kv_index(model, hs, wk)]
     w = _ln1(model, layer, fold_ln)
     if w is not None:
         wq, wk = wq * w[:, None], wk * w[:, None]
@@ -57,7 +60,8 @@ def ov_circuit(model: MIModel, layer: int, heads: Sequence[int] | None = None,
     """``W_V[h] @ W_O[h]``: [heads, D, D] (factored): what a head writes for what it reads."""
     (layer,) = check_layers([layer], model.num_layers)
     hs = check_heads(heads, model.num_heads)
-    wv = _w(model, "W_V", layer)[_kv_index(model, hs)]
+    wv = _w(model, "W_V", layer)
+    wv = wv[_kv_index(model, hs, wv)]
     w = _ln1(model, layer, fold_ln)
     if w is not None:
         wv = wv * w[:, None]

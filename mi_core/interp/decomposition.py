@@ -19,9 +19,11 @@ import torch
 
 from mi_core.plugin import (
     HookCache, HookPoint, HookSpec, MIError, MIModel, Readout, WeightAccess,
-    has_capability, require_points, require_residual_sum,
+    has_capability, require_head_sum, require_points, require_residual_sum,
 )
-from mi_core.tl.activation_cache import head_results, layer_outputs, stack_points
+from mi_core.tl.activation_cache import (
+    attention_output_gate, head_results, layer_outputs, stack_points,
+)
 from mi_core.interp._common import as_ids, norm_position, resolve_token, token_str
 
 
@@ -55,6 +57,9 @@ def decomposition_points(model: MIModel, heads: bool = False) -> list[HookPoint]
             pts += [HookPoint.attn_out(i), HookPoint.resid_post(i)]
         if heads:
             pts.append(HookPoint.attn_z(i))
+            gate = attention_output_gate(model, i)
+            if gate is not None:
+                pts.append(gate)
     return pts
 
 
@@ -97,9 +102,11 @@ def stack_head_results(model: MIModel, cache: HookCache, layers: Sequence[int] |
     seq, d_model], labels "L{i}H{h}" (and "L{i}_bias" for ``b_O`` when the model has one).
 
     Uses ``attn.hook_result`` when captured, else ``attn.hook_z`` and ``W_O`` from the
-    backend (``get_weight``). Per layer, heads + bias sum to ``hook_attn_out`` for models
-    without an attention post-norm.
+    backend (``get_weight``). Per layer, heads + bias sum to ``hook_attn_out``; a model where
+    they cannot (a norm on the attention output, a scale on it) is a
+    CapabilityError (:class:`mi_core.capabilities.HeadTerms`).
     """
+    require_head_sum(model.backend, "stack_head_results")
     layers = range(model.num_layers) if layers is None else layers
     parts: list[torch.Tensor] = []
     labels: list[str] = []

@@ -157,9 +157,27 @@ def _n_heads(model: MIModel, kind: str) -> int:
     return model.num_kv_heads if kind in ("k", "v") else model.num_heads
 
 
-def _columns(model: MIModel, kind: str, ids: torch.Tensor, positions: list[int]) -> list[str]:
+def _layer_heads(kind: str, act: torch.Tensor) -> int:
+    """Heads of one layer's captured per-head activation (the count can differ per layer:
+    fewer KV heads on some layers): pattern [b, heads, q, k], else
+    [b, s, heads, d]."""
+    return act.shape[1] if kind == "pattern" else act.shape[2]
+
+
+def _stack_rows(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Rows of per-layer values as one grid; a layer with fewer heads than the widest gets
+    NaN in the columns of heads it does not have."""
+    width = max(r.shape[0] for r in rows)
+    grid = torch.full((len(rows), width), float("nan"), dtype=rows[0].dtype)
+    for i, r in enumerate(rows):
+        grid[i, :r.shape[0]] = r
+    return grid
+
+
+def _columns(model: MIModel, kind: str, ids: torch.Tensor, positions: list[int],
+             n_heads: int | None = None) -> list[str]:
     if kind in HEAD_KINDS:
-        return [f"H{h}" for h in range(_n_heads(model, kind))]
+        return [f"H{h}" for h in range(n_heads or _n_heads(model, kind))]
     try:
         toks = model.to_str_tokens(ids[0])
     except Exception:
@@ -202,11 +220,18 @@ def patching_grid(model: MIModel, clean: Any, corrupted: Any, metric: Metric,
         lambda v: normalize_metric(v, m_clean, m_corr))
     if not raw:
         normalize_metric(0.0, m_clean, m_corr)  # fail early on a constant metric
-    cols = list(range(_n_heads(model, kind))) if kind in HEAD_KINDS else pos
-    grid = torch.zeros(len(layers), len(cols), device="cpu")  # results live on the CPU
+    heads = [_layer_heads(kind, clean_cache.require(hp)) for hp in points] \
+        if kind in HEAD_KINDS else [0]
+    width = max(heads)
+    cols_of = (lambda li: list(range(heads[li]))) if kind in HEAD_KINDS else (  # noqa: E731
+        lambda li: pos)
+    # results live on the CPU; a layer with fewer heads than the widest: NaN beyond its own
+    grid = torch.full((len(layers), width if kind in HEAD_KINDS else len(pos)), float("nan"),
+                      device="cpu")
     for li, (layer, hp) in enumerate(progress(list(zip(layers, points)), f"patch {kind}",
                                              enabled=show_progress)):
         src = clean_cache.require(hp)
+        cols = cols_of(li)
         for start in range(0, len(cols), batch_size):
             chunk = cols[start:start + batch_size]
 
@@ -222,7 +247,8 @@ def patching_grid(model: MIModel, clean: Any, corrupted: Any, metric: Metric,
 
             out = model.forward(k_ids.expand(len(chunk), -1), HookSpec().intervene(hp, patch)).output
             grid[li, start:start + len(chunk)] = scale(_metric_values(metric, out))
-    return PatchingResult(kind, "exact", grid, layers, _columns(model, kind, c_ids, pos),
+    return PatchingResult(kind, "exact", grid, layers,
+                          _columns(model, kind, c_ids, pos, width or None),
                           m_clean, m_corr, *_texts(clean, corrupted),
                           *metric_name(model, metric), model_label(model), not raw)
 
@@ -258,8 +284,9 @@ def attribution_patching(model: MIModel, clean: Any, corrupted: Any, metric: Met
             rows.append(prod.sum((0, 2)))
         else:
             rows.append(prod.sum(-1)[pos])
-    est = torch.stack(rows).detach().cpu() + m_corr
+    est = _stack_rows([r.detach().cpu() for r in rows]) + m_corr
     grid = est if raw else normalize_metric(est, m_clean, m_corr)
-    return PatchingResult(kind, "attribution", grid, layers, _columns(model, kind, c_ids, pos),
+    return PatchingResult(kind, "attribution", grid, layers,
+                          _columns(model, kind, c_ids, pos, est.shape[1]),
                           m_clean, m_corr, *_texts(clean, corrupted),
                           *metric_name(model, metric), model_label(model), not raw)

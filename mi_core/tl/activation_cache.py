@@ -239,7 +239,11 @@ class ActivationCache(HookCache):
         return int(layer)
 
     def _attn_only(self) -> bool:
-        return not self._need_model().has_hook_point("blocks.0.hook_mlp_out")
+        """No layer has an MLP (a hybrid's first layer may lack one that later layers have:
+        mixer-only and MLP-only layers)."""
+        model = self._need_model()
+        return not any(model.has_hook_point(HookPoint.mlp_out(i))
+                       for i in range(model.num_layers))
 
     # -- layer norm ------------------------------------------------------------------------
     def _cached_ln_scale(self, layer: int, mlp_input: bool, pos_slice: Slice,
@@ -313,8 +317,15 @@ class ActivationCache(HookCache):
         incl_attn, incl_mlp = mode != "mlp", mode != "attn" and not self._attn_only()
         items: list[tuple[HookPoint, str]] = []
         if incl_embeds:
-            items += [(HookPoint.parse(key), label) for key, label in (
-                ("hook_embed", "embed"), ("hook_pos_embed", "pos_embed")) if key in self._captures]
+            # "embed" is what enters layer 0 (resid_pre 0): the embedding, unless the backend
+            # transforms it before layer 0 (a norm there); split from pos_embed where the
+            # model has one (as TransformerLens)
+            embeds = ("hook_embed", "hook_pos_embed")
+            if "hook_pos_embed" not in self._captures and "blocks.0.hook_resid_pre" in \
+                    self._captures:
+                embeds = ("blocks.0.hook_resid_pre",)
+            items += [(HookPoint.parse(key), label) for key, label in zip(
+                embeds, ("embed", "pos_embed")) if key in self._captures]
         items += layer_outputs(layer, incl_attn, incl_mlp, "_attn_out", "_mlp_out",
                                self.model.has_hook_point if self.model is not None else None)
         if mlp_input and incl_attn:  # this layer's attention and / or mixer output
@@ -569,13 +580,26 @@ def model_weight(model: MIModel, name: str, layer: int | None = None) -> torch.T
 
 def head_results(model: MIModel, cache: HookCache, layer: int) -> torch.Tensor:
     """Per-head outputs of `layer` without b_O: the captured ``attn.hook_result``, else
-    ``hook_z`` [*batch, pos, heads, d_head] times W_O [heads, d_head, d_model]."""
+    ``hook_z`` [*batch, pos, heads, d_head] times W_O [heads, d_head, d_model] (times the
+    output gate ``attn.hook_gate`` first where the attention has one: W_O reads z * gate)."""
     res = cache.get(HookPoint.attn_result(layer))
     if res is not None:
         return res
     z = cache.require(HookPoint.attn_z(layer))
+    gate = attention_output_gate(model, layer)
+    if gate is not None:
+        z = z * cache.require(gate).to(z.dtype)
     w_o = model_weight(model, "W_O", layer).to(z.dtype)
     return torch.einsum("...hk,hkd->...hd", z, w_o)
+
+
+def attention_output_gate(model: MIModel, layer: int) -> HookPoint | None:
+    """``blocks.{layer}.attn.hook_gate`` where `layer` has softmax attention with an output
+    gate (W_O reads ``hook_z * hook_gate``), else None."""
+    gate = HookPoint.parse(f"blocks.{layer}.attn.hook_gate")
+    if model.has_hook_point(HookPoint.attn_pattern(layer)) and model.has_hook_point(gate):
+        return gate
+    return None
 
 
 def accumulated_bias(model: MIModel, layer: int, mlp_input: bool = False,

@@ -44,7 +44,7 @@ class TLConfig:
     n_key_value_heads: int | None
     d_model: int
     d_head: int
-    d_mlp: int
+    d_mlp: int | None  # None: no layer has a dense MLP
     d_vocab: int
     n_ctx: int | None
     device: torch.device
@@ -94,8 +94,13 @@ class TransformerLensMixin:
             if key not in _ZERO_BIASES:
                 raise
             kv = name.startswith("_")
-            dims = {"hd": ((be.num_kv_heads if kv else self.num_heads), be.d_head),
-                    "d": (self.hidden_size,), "m": (_d_mlp(self),)}[_ZERO_BIASES[key]]
+            kind = _ZERO_BIASES[key]
+            d_head = getattr(be, "d_head", None)
+            d_mlp = _d_mlp(self) if kind == "m" else None
+            if (kind == "hd" and d_head is None) or (kind == "m" and d_mlp is None):
+                raise  # no attention heads / dense MLP to have an absent bias (recurrent models)
+            dims = {"hd": ((be.num_kv_heads if kv else self.num_heads), d_head),
+                    "d": (self.hidden_size,), "m": (d_mlp,)}[kind]
             return torch.zeros(dims, dtype=be.dtype, device=be.device)
         if name in ("W_K", "W_V", "b_K", "b_V"):
             groups = self.num_heads // w.shape[0]
@@ -357,8 +362,16 @@ def _has_weight(model: Any, name: str, layer: int | None = None) -> bool:
     return True
 
 
-def _d_mlp(model: Any) -> int:
-    return int(_get_weight(model, "W_out", 0).shape[0])
+def _d_mlp(model: Any) -> int | None:
+    """The dense MLP width: the first layer with one (a hybrid's layer 0 may be a mixer
+    without an MLP, or a mixture of experts); None where no layer has a dense MLP (recurrent
+    or all-MoE models: TransformerLens' d_mlp of attention-only / MoE configs)."""
+    for layer in range(model.num_layers):
+        try:
+            return int(_get_weight(model, "W_out", layer).shape[0])
+        except MIError:
+            continue
+    return None
 
 
 def _stacked(model: Any, name: str) -> torch.Tensor:

@@ -86,6 +86,14 @@ def mi_declare_hook_points() -> dict[str, str]:
 
 
 @plugin_impl
+def mi_opt_in_hook_points() -> list[str]:
+    """The state and the effective attention ([b, heads, s, s], O(s^2) to compute) are, as
+    every recurrent mixer's (mi-ssm's), left out of a default run_with_cache: hook them by
+    name or with a names_filter that accepts them."""
+    return ["rwkv.hook_state", "rwkv.hook_effective_attn"]
+
+
+@plugin_impl
 def mi_register_tokenizers() -> list[TokenizerSpec]:
     return [TokenizerSpec("rwkv-world", detect_world_vocab, load_world_vocab)]
 

@@ -200,12 +200,15 @@ def streams_hook(run: HookRun, name: str, streams: torch.Tensor) -> torch.Tensor
 
 
 def stream_hook(run: HookRun, name: str, streams: torch.Tensor, a: int) -> torch.Tensor:
-    """Stream `a` of [n, b, s, d] through the point `name`; an intervention's result is
-    written back into the stack (out of place: captures keep what they saw)."""
+    """Stream `a` of [n, b, s, d] through the point `name`; what the point returns, when it
+    is not the stream itself (an intervention's result, or the tensor a gradient capture
+    hooks), is written back into the stack (out of place: captures keep what they saw), so
+    the rest of the forward reads it."""
     if not run.wants(name):
         return streams
-    y = run.apply(name, streams[a])
-    return with_stream(streams, a, y) if run.spec.has_intervention_at(name) else streams
+    x = streams[a]
+    y = run.apply(name, x)
+    return streams if y is x else with_stream(streams, a, y)
 
 
 def with_stream(streams: torch.Tensor, a: int, x: torch.Tensor) -> torch.Tensor:

@@ -89,6 +89,8 @@ class TransformerBackend:
         #: ResidualTerms (mi_core.capabilities): why the final residual is not the embedding
         #: plus the layers' attention / MLP outputs ("" when it is), for the decompositions
         self.residual_not_a_sum = config.residual_not_a_sum()
+        #: HeadTerms: why per-head results do not sum to hook_attn_out ("" when they do)
+        self.heads_not_a_sum = config.heads_not_a_sum()
         #: layers whose keys and values later layers read (kept for them during a forward)
         self._kv_sources = {config.kv_source_of(i) for i in range(config.num_layers)
                             if config.shares_kv(i)}

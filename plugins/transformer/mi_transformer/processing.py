@@ -9,8 +9,9 @@
 - ``center_writing_weights`` (LayerNorm models only, as TransformerLens): W_E, W_pos, W_O,
   b_O, W_out, b_out have zero mean over d_model (the next LayerNorm removes the mean anyway).
 - ``center_unembed``: W_U (and b_U) have zero mean over the vocabulary: every logit of a
-  position shifts by the same amount, so probabilities are unchanged (before a final
-  soft-cap, where TransformerLens does the same).
+  position shifts by the same amount, so probabilities are unchanged; refused before a final
+  soft-cap (Gemma 2, Gemma-3n, Gemma-4), which is not invariant to that shift
+  (TransformerLens' ``from_pretrained`` turns it off there).
 - ``fold_value_biases``: b_O += sum_h b_V[h] @ W_O[h] and b_V = 0 (attention rows sum to 1).
 
 Refused with an ``MIError`` where the numbers would change: ``fold_ln`` /
@@ -83,6 +84,12 @@ def process_weights(be: HasWeights, fold_ln: bool = True,
         raise MIError(f"process_weights: fold_value_biases would change the numbers of "
                       f"{c.model_type}: with attention sinks a pattern row sums to less than 1, "
                       f"so b_V cannot move into b_O; use fold_value_biases=False")
+    if center_unembed and c.final_softcap is not None:
+        raise MIError(f"process_weights: center_unembed would change the numbers of "
+                      f"{c.model_type}: its logits are soft-capped (final_logit_softcapping "
+                      f"{c.final_softcap}), and the cap is not invariant to the per-position "
+                      f"shift centring adds (TransformerLens turns it off for these models); "
+                      f"use center_unembed=False")
     if fold_ln:
         for lw in w.layers:
             if lw.ln1 is not None:

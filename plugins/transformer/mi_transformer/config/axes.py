@@ -590,6 +590,17 @@ class TransformerConfig:
                         else "each sublayer's residual is scaled")
              + " (x = alpha * norm(x) + beta * f(norm(x)))")) if flag)
 
+    def heads_not_a_sum(self) -> str:
+        """Why per-head results z @ W_O do not sum to hook_attn_out ("" when they do): the
+        HeadTerms capability per-head attribution reads."""
+        if self.post_norms:
+            return ("a norm on the attention output (post-norm) acts on the heads' sum before "
+                    "hook_attn_out, so no head's result is a term of it")
+        if self.residual_scale != 1.0:
+            return (f"hook_attn_out is the attention output times the residual multiplier "
+                    f"{self.residual_scale}")
+        return ""
+
     def residual_scales(self, layer: int) -> tuple[float, float, float, float] | None:
         """(alpha_mixer, beta_mixer, alpha_mlp, beta_mlp) of `layer`, None when all are 1."""
         if not self.layer_residual_scales or self.layer_residual_scales[layer] == (1, 1, 1, 1):
