@@ -33,7 +33,7 @@ from mi_core import (
 )
 from mi_core.plugin import KVCachedGeneration, LayerSchedule, Readout, has_capability
 from mi_core.plugin import require_capability
-from mi_core.tl import arithmetic, components
+from mi_core.tl import arithmetic, components, processing
 from mi_core.tl.activation_cache import ActivationCache
 from mi_core.tl.config import HookedTransformerConfig, config_of
 from mi_core.tl.errors import TLAttributeError
@@ -182,10 +182,10 @@ class HookedTransformer(TokensMixin, HookedRootModule):
         out = cls(model, tokenizer, move_to_device, default_padding_side or "right",
                   default_prepend_bos=True if default_prepend_bos is None else
                   bool(default_prepend_bos), model_name=str(model_name))
-        out.process_weights_(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                             center_unembed=center_unembed,
-                             refactor_factored_attn_matrices=refactor_factored_attn_matrices,
-                             fold_value_biases=fold_value_biases)
+        flags = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                     center_unembed=center_unembed, fold_value_biases=fold_value_biases,
+                     refactor_factored_attn_matrices=refactor_factored_attn_matrices)
+        processing.process_at_load(out, flags)
         print(f"Loaded pretrained model {model_name} into HookedTransformer")
         return out
 
@@ -210,6 +210,7 @@ class HookedTransformer(TokensMixin, HookedRootModule):
                 "refactor_factored_attn_matrices: you can't refactor the QK circuit when using "
                 "rotary embeddings (as the QK matrix depends on the position of the query and "
                 "key), as TransformerLens refuses it")
+        center_unembed = processing.unembed_centring(self.cfg, center_unembed)
         flags = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                      center_unembed=center_unembed, fold_value_biases=fold_value_biases)
         if any(flags.values()):
