@@ -144,20 +144,17 @@ def require_residual_sum(backend: Any, needed_for: str) -> None:
 
 @runtime_checkable
 class HeadTerms(Protocol):
-    """Whether each layer's per-head results (``z[h] @ W_O[h]``, plus ``b_O``) sum to its
-    ``hook_attn_out``: ``heads_not_a_sum`` is "" when they do, else why not (a norm on the
-    attention output acts on the heads' sum). Per-head attribution (``stack_head_results``,
-    ``direct_logit_attribution(per_head=True)``) refuses then (:func:`require_head_sum`). A
-    backend that does not declare it is taken to sum."""
+    """``heads_not_a_sum``: "" when each layer's per-head results (``z[h] @ W_O[h]``, plus
+    ``b_O``) sum to its ``hook_attn_out``, else why not (a norm on the attention output);
+    per-head attribution refuses then (:func:`require_head_sum`). Undeclared: they sum."""
 
     heads_not_a_sum: str
 
 
 def require_head_sum(backend: Any, needed_for: str) -> None:
-    """CapabilityError when `backend` declares its heads' results do not sum to the attention
-    output (:class:`HeadTerms`), naming what needed it and why."""
-    why = backend.heads_not_a_sum if isinstance(backend, HeadTerms) else ""
-    if why:
+    """CapabilityError naming `needed_for` and why, when `backend` declares (:class:`HeadTerms`)
+    that its heads' results do not sum to the attention output."""
+    if why := (backend.heads_not_a_sum if isinstance(backend, HeadTerms) else ""):
         raise CapabilityError(f"{needed_for} needs each head's result z @ W_O to be a term of "
                               f"hook_attn_out, which it is not in this {backend.name} model: "
                               f"{why}")

@@ -56,16 +56,9 @@ def report(source: str, src: ModelSource, dets: list[Detection]) -> Compatibilit
     mt = (src.config or {}).get("model_type") if src.config else None
     return CompatibilityReport(source=source, model_type=mt, supported=best is not None,
                                backend=best.backend if best else None, detections=dets,
-                               gguf_architecture=_gguf_architecture(src, dets))
-
-
-def _gguf_architecture(src: ModelSource, dets: list[Detection]) -> str | None:
-    """A GGUF file's ``general.architecture`` as a plugin that reads GGUF headers reported it
-    (the kernel does not parse GGUF itself; None when no plugin did, or not a GGUF file)."""
-    if src.config is not None or src.path.suffix.lower() != ".gguf":
-        return None
-    return next((d.gguf_architecture for d in dets if isinstance(d.gguf_architecture, str)),
-                None)
+                               gguf_architecture=None if src.config is not None else next(
+                                   (d.gguf_architecture for d in dets if d.gguf_architecture),
+                                   None))  # a GGUF file, as a plugin that reads it said
 
 
 def check_compatibility(source: str | os.PathLike[str]) -> CompatibilityReport:

@@ -137,10 +137,8 @@ def _no_constant(name: str) -> Any:
 
 
 def _config_constant(name: str) -> Any:
-    """A config's bare ``Infinity``: what transformers 4 wrote (Python's json) for an infinite
-    float, e.g. a state-space mixer's ``time_step_limit: [0.0, Infinity]`` in published
-    configs; read as transformers 5 writes it, ``{"__float__": "Infinity"}``,
-    so only a reader that accepts that spelling (the mixers' dt limit) accepts it."""
+    """A config's bare ``Infinity`` (transformers 4's JSON of an infinite float) read as
+    transformers 5 writes it, ``{"__float__": "Infinity"}``: only readers of that accept it."""
     if name == "Infinity":
         return {"__float__": "Infinity"}
     return _no_constant(name)

@@ -44,9 +44,7 @@ class Detection:
     config_keys: list[str] = attrs.field(factory=list)  # config keys the backend refuses
     #: the plugin implements the checkpoint's model_type (even if it refuses this config)
     implements: bool = False
-    #: a GGUF file's ``general.architecture`` as the plugin read it (a GGUF file has no
-    #: config.json, so no model_type: the report names this instead)
-    gguf_architecture: str | None = None
+    gguf_architecture: str | None = None  # a GGUF file's general.architecture, as read
 
     @property
     def ok(self) -> bool:
@@ -109,12 +107,8 @@ class MixerSpec:
     `build(settings, weights, layer)` the runnable mixer (the protocol ``mi_core.recurrence.
     Mixer``, docs/PLUGINS.md). The backend owning the block never imports the plugin.
 
-    `concatenated`: groups of tensor names (as `tensors` gives them) that the reference
-    implementation concatenates along dim 0 when it loads them, so a checkpoint may split the
-    group's rows anywhere (a reference that saves such a group by splitting it in equal parts
-    writes them so): a group whose stored tensors have the expected total and the same other dims is
-    read as one concatenation and re-split at the expected sizes. A group applies where all of
-    its names are among the mixer's tensors."""
+    `concatenated`: groups of its tensors the reference concatenates on load (dim 0), so a
+    checkpoint may split them anywhere: read as one concatenation, re-split as expected."""
 
     name: str
     settings: Callable[..., Any]

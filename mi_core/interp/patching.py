@@ -168,7 +168,8 @@ def _stack_rows(rows: list[torch.Tensor]) -> torch.Tensor:
     """Rows of per-layer values as one grid; a layer with fewer heads than the widest gets
     NaN in the columns of heads it does not have."""
     width = max(r.shape[0] for r in rows)
-    grid = torch.full((len(rows), width), float("nan"), dtype=rows[0].dtype)
+    grid = torch.full((len(rows), width), float("nan"), dtype=rows[0].dtype,
+                      device=rows[0].device)
     for i, r in enumerate(rows):
         grid[i, :r.shape[0]] = r
     return grid

@@ -152,7 +152,7 @@ def test_published_llama4_scout_config_parses_its_language_model():
     (DEEPSEEK_V2_LITE, "moe_layer_freq", 2, "moe_layer_freq = 2 .*neutral value 1"),
     (DEEPSEEK_V2_LITE, "scoring_func", "sigmoid", "scoring_func"),
     (DEEPSEEK_V3, "topk_method", "greedy", "topk_method = 'greedy'"),
-    (DEEPSEEK_V3, "num_key_value_heads", 64, "num_key_value_heads"),
+    (DEEPSEEK_V3, "num_key_value_heads", 0, "num_key_value_heads"),  # any value >= 1 reads
     (DEEPSEEK_V3, "qk_head_dim", 128, "qk_head_dim"),
     (GPT_OSS_20B, "experts_per_token", 2, "disagree"),
     (GPT_OSS_20B, "initial_context_length", 8192, "initial_context_length"),
@@ -162,6 +162,12 @@ def test_published_llama4_scout_config_parses_its_language_model():
 def test_a_value_that_would_change_the_numbers_is_refused_naming_it(base, key, value, match):
     with pytest.raises(mi.ConfigError, match=match):
         parse_config({**base, key: value})
+
+
+def test_deepseek_num_key_value_heads_cannot_change_the_numbers_so_any_count_loads():
+    """Latent attention expands k and v per head from the latent (transformers' default path
+    gives the same logits at any num_key_value_heads; DeepSeek's own code never reads it)."""
+    assert parse_config({**DEEPSEEK_V3, "num_key_value_heads": 64}).num_kv_heads == 128
 
 
 def test_llama4_refuses_a_changed_neutral_value_inside_text_config():
