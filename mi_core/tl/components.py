@@ -26,6 +26,7 @@ detached parameters take no part in the forward: they do not require gradients.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -231,6 +232,10 @@ class Embed(nn.Module):
         super().__init__()
         _add(self, "W_E", tree.param("W_E", None, "embed.W_E"))
 
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [batch, pos] -> [batch, pos, d_model] (TransformerLens' ``Embed``)."""
+        return self.W_E[tokens, :]
+
 
 class PosEmbed(nn.Module):
     """``W_pos`` [n_ctx, d_model] (learned absolute positions)."""
@@ -238,6 +243,19 @@ class PosEmbed(nn.Module):
     def __init__(self, tree: WeightTree) -> None:
         super().__init__()
         _add(self, "W_pos", tree.param("W_pos", None, "pos_embed.W_pos"))
+
+    def forward(self, tokens: torch.Tensor, past_kv_pos_offset: int = 0,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [batch, pos] -> [batch, pos, d_model]; with a mask, positions count real
+        tokens and pads get zeros (TransformerLens' ``PosEmbed``)."""
+        n = tokens.size(-1)
+        if attention_mask is None:
+            rows = self.W_pos[past_kv_pos_offset:past_kv_pos_offset + n, :]
+            return rows.expand(tokens.size(0), -1, -1).clone()
+        from mi_core.tl.utils import get_offset_position_ids
+        rows = self.W_pos[get_offset_position_ids(past_kv_pos_offset, attention_mask)]
+        pad = ~attention_mask.bool()[:, past_kv_pos_offset:past_kv_pos_offset + n, None]
+        return torch.where(pad, 0, rows).clone()
 
 
 class Unembed(nn.Module):
@@ -252,6 +270,12 @@ class Unembed(nn.Module):
         self.hook_in = point("unembed.hook_in")
         self.hook_out = point("unembed.hook_out")
 
+    def forward(self, residual: torch.Tensor) -> torch.Tensor:
+        """[batch, pos, d_model] -> logits [batch, pos, d_vocab], through ``hook_in`` and
+        ``hook_out`` (TransformerLens' ``Unembed``)."""
+        residual = self.hook_in(residual)
+        return self.hook_out(torch.nn.functional.linear(residual, self.W_U.T, self.b_U))
+
 
 class Norm(nn.Module):
     """A norm's gain ``w`` and bias ``b`` (none once folded) and its two hook points."""
@@ -265,6 +289,25 @@ class Norm(nn.Module):
         for suffix in NORM_POINTS:
             if f"{label}.{suffix}" in points:
                 self.add_module(suffix, point(f"{label}.{suffix}"))
+        #: set by :func:`build` from the config: whether the norm centres (LayerNorm), its eps
+        self.centres, self.eps = True, 1e-5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., d_model] -> normalized (then scaled and shifted unless folded), through
+        ``hook_scale`` and ``hook_normalized``: TransformerLens' ``LayerNorm`` /
+        ``LayerNormPre`` / ``RMSNorm`` / ``RMSNormPre``, chosen by the config."""
+        dtype = x.dtype
+        if dtype not in (torch.float32, torch.float64):
+            x = x.float()
+        if self.centres:
+            x = x - x.mean(-1, keepdim=True)
+        scale = (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+        scale = self.hook_scale(scale) if hasattr(self, "hook_scale") else scale
+        x = x / scale
+        x = (self.hook_normalized(x) if hasattr(self, "hook_normalized") else x).to(dtype)
+        if "w" in self._parameters:
+            x = x * self.w
+        return x + self.b if "b" in self._parameters and self.centres else x
 
 
 class Attention(nn.Module):
@@ -286,6 +329,11 @@ class Attention(nn.Module):
         for suffix in ATTN_POINTS:
             if f"{p}.{suffix}" in points:
                 self.add_module(suffix, point(f"{p}.{suffix}"))
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        raise CapabilityError("calling an attention module on its own is not supported (the "
+                              "kernel computes attention inside the model's forward): run the "
+                              "block (model.blocks[i](resid_pre)) or the model with hooks")
 
     @property
     def OV(self) -> Any:
@@ -338,6 +386,35 @@ class MLP(nn.Module):
         for suffix in MLP_POINTS:
             if f"{p}.{suffix}" in points:
                 self.add_module(suffix, point(f"{p}.{suffix}"))
+        #: set by :func:`build` from the config (``cfg.act_fn``)
+        self.act_fn_name: str | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[batch, pos, d_model] -> [batch, pos, d_model] through ``hook_pre`` (and
+        ``hook_pre_linear``) and ``hook_post``: TransformerLens' ``MLP`` / ``GatedMLP``."""
+        act = _activation(self.act_fn_name)
+        hook = lambda name, v: getattr(self, name)(v) if hasattr(self, name) else v  # noqa
+        if "W_gate" in self._parameters:
+            pre = hook("hook_pre", x @ self.W_gate)
+            post = hook("hook_post", act(pre) * hook("hook_pre_linear", x @ self.W_in)
+                        + self.b_in)
+        else:
+            post = hook("hook_post", act(hook("hook_pre", x @ self.W_in + self.b_in)))
+        return post @ self.W_out + self.b_out
+
+
+def _activation(name: str | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """TransformerLens' activation function of that name; others refused by name."""
+    import torch.nn.functional as F
+
+    from mi_core.tl import utils
+    table = {"gelu_new": utils.gelu_new, "gelu_fast": utils.gelu_fast, "silu": F.silu,
+             "relu": F.relu, "gelu": F.gelu,
+             "gelu_pytorch_tanh": lambda t: F.gelu(t, approximate="tanh")}
+    if name not in table:
+        raise CapabilityError(f"calling an MLP module with act_fn={name!r} is not supported "
+                              f"(supported: {sorted(table)}); run the model instead")
+    return table[name]
 
 
 class TransformerBlock(nn.Module):
@@ -358,6 +435,21 @@ class TransformerBlock(nn.Module):
         for suffix in BLOCK_POINTS:
             if f"{b}.{suffix}" in points:
                 self.add_module(suffix, point(f"{b}.{suffix}"))
+        self.layer = layer
+        #: the HookedTransformer that runs this block (a weak reference: no module cycle)
+        self._root: Callable[[], Any] = lambda: None
+
+    def forward(self, resid_pre: torch.Tensor, shortformer_pos_embed: Any = None,
+                past_kv_cache_entry: Any = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """resid_pre [batch, pos, d_model] -> resid_post: the model run from this block to the
+        next (``start_at_layer`` / ``stop_at_layer``), with its hooks, positions from 0."""
+        root = self._root()
+        if root is None or shortformer_pos_embed is not None or past_kv_cache_entry is not None:
+            raise CapabilityError("a block runs only inside its HookedTransformer, without "
+                                  "shortformer_pos_embed / past_kv_cache_entry")
+        return root(resid_pre, start_at_layer=self.layer, stop_at_layer=self.layer + 1,
+                    attention_mask=attention_mask)
 
 
 class Container(nn.Module):
@@ -410,6 +502,14 @@ def build(root: nn.Module, model: MIModel, cfg: Any, tree: WeightTree,
     if any(n.startswith("ln_final.") for n in points):
         root.ln_final = Norm(tree, "ln_final", None, points, folded, "ln_final", point)
     root.unembed = Unembed(tree, cfg.d_vocab, point)
+    for block in root.blocks:
+        block._root = weakref.ref(root)
+    for module in root.modules():  # what the modules' forwards read from the config
+        if isinstance(module, Norm):
+            module.centres = str(cfg.normalization_type).startswith("LN")
+            module.eps = cfg.eps
+        elif isinstance(module, MLP):
+            module.act_fn_name = cfg.act_fn
     present = {n for n, m in root.named_modules() if isinstance(m, HookPoint)}
     for name in names:
         if name not in present:

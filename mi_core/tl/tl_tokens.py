@@ -141,7 +141,7 @@ class TokensMixin:
         if not len(indices):
             raise TLInputError("The token does not occur in the prompt")
         if mode not in ("first", "last"):
-            raise InputError(f"mode must be 'first' or 'last', not {mode}")
+            raise TLValueError(f"mode must be 'first' or 'last', not {mode}")
         return int(indices[0 if mode == "first" else -1].item())
 
     def tokens_to_residual_directions(self, tokens: Any) -> torch.Tensor:
@@ -162,8 +162,8 @@ class TokensMixin:
         padded, or tokens [batch, pos]); returns text for text ("str"), tokens for tokens
         ("tokens"). Hooks on the model apply at every step."""
         if return_type not in ("input", "str", "tokens"):
-            raise InputError(f"return_type must be 'input', 'str' or 'tokens', got "
-                             f"{return_type!r} (embeddings are not supported)")
+            raise TLInputError(f"return_type must be 'input', 'str' or 'tokens', got "
+                               f"{return_type!r} (embeddings are not supported)")
         is_text = isinstance(input, (str, list))
         if return_type == "input":
             return_type = "str" if is_text else "tokens"
@@ -188,7 +188,7 @@ class TokensMixin:
         elif isinstance(input, torch.Tensor) and input.dim() == 2:
             tokens = input.to(self.mi_model.device)
         else:
-            raise InputError("generate needs a text, a list of texts or tokens [batch, pos]")
+            raise TLInputError("generate needs a text, a list of texts or tokens [batch, pos]")
         mask = None
         if self.tokenizer is not None:
             side = "left" if batched else (padding_side or self.tokenizer.padding_side)

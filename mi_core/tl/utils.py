@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from mi_core import CapabilityError, InputError, MIModel
 from mi_core.tl.activation_cache import Slice, SliceInput, get_act_name
+from mi_core.tl.errors import TLInputError  # noqa: F401  (re-exported: its home was here)
 
 #: TransformerLens' marker for "use the model's default" (``prepend_bos``, ``padding_side``).
 USE_DEFAULT_VALUE = None
@@ -33,10 +34,6 @@ class TLCapabilityError(CapabilityError, AssertionError):
     raises."""
 
 
-class TLInputError(InputError, AssertionError):
-    """A bad argument TransformerLens refuses with an assertion (a token that is not a single
-    token, a token absent from a prompt, ...): an :class:`mi_core.InputError` that is also the
-    ``AssertionError`` TransformerLens raises."""
 
 
 # -- devices and tensors -------------------------------------------------------------------------
