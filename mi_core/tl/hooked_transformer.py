@@ -483,7 +483,7 @@ class HookedTransformer(TokensMixin, HookedRootModule):
                 self._request = None
             if incl_bwd:
                 out.backward()
-        slicer = Slice(pos_slice)
+        slicer = Slice.unwrap(pos_slice)  # an int keeps the axis, as TransformerLens
         cache: dict[str, torch.Tensor] = {}
         entries = list(request.values.items())
         if incl_bwd:  # in the order backward reached them, as TransformerLens' hooks fire

@@ -278,3 +278,27 @@ def test_patching_and_head_detector_functions_as_transformerlens(pair):
     for mod, m in ((head_detector, ours), (tl_hd, tl)):
         with pytest.raises(AssertionError):
             mod.detect_head(m, seq, "not_a_head")
+
+
+def test_cache_pos_slice_and_hook_argument_errors_as_transformerlens(pair):
+    """``run_with_cache(pos_slice=i)`` keeps the position axis (TransformerLens'
+    ``Slice.unwrap``); a hook that is not callable is a ``TypeError``, a bad direction or
+    names filter a ``ValueError``."""
+    ours, tl = pair("gpt2")
+    tokens = tl.to_tokens(TEXTS[0])
+    with torch.no_grad():
+        for pos_slice in (-1, (1, 3)):
+            a = ours.run_with_cache(tokens, pos_slice=pos_slice)[1]
+            b = tl.run_with_cache(tokens, pos_slice=pos_slice)[1]
+            for key in (("resid_post", 0), ("z", 1), ("pattern", 0)):
+                _close(a[key], b[key])
+    for m in (ours, tl):
+        with pytest.raises(TypeError):
+            m.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_pre", 3)])
+        with pytest.raises(TypeError):
+            m.run_with_hooks(tokens, fwd_hooks=[(3, lambda x, hook: x)])
+        with pytest.raises(ValueError):
+            m.add_hook("hook_embed", lambda x, hook: x, dir="sideways")
+        with pytest.raises(ValueError):
+            m.run_with_cache(tokens, names_filter=3)
+        m.reset_hooks()
