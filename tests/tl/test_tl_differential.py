@@ -302,3 +302,21 @@ def test_cache_pos_slice_and_hook_argument_errors_as_transformerlens(pair):
         with pytest.raises(ValueError):
             m.run_with_cache(tokens, names_filter=3)
         m.reset_hooks()
+
+
+@pytest.mark.parametrize("kwargs", [dict(max_length=16), dict(max_length=8, add_bos_token=False),
+                                    dict(max_length=512)])
+def test_tokenize_and_concatenate_as_transformerlens_3(pair, kwargs):
+    """TransformerLens 3's algorithm (documents tokenized alone, joined by EOS, cut into rows;
+    a corpus shorter than one row padded) on SmolLM2's tokenizer, extra columns dropped."""
+    datasets = pytest.importorskip("datasets")
+    from transformer_lens import utils as tu
+
+    ours, tl = pair("smollm2_2l")
+    texts = ["The cat sat on the mat. " * 5, "Hello world, a test of tokenization.", "Short",
+             "Another document with some more words in it " * 3]
+    data = datasets.Dataset.from_dict({"text": texts, "meta": list(range(4))})
+    a = utils.tokenize_and_concatenate(data, ours.tokenizer, num_proc=None, **kwargs)
+    b = tu.tokenize_and_concatenate(data, tl.tokenizer, num_proc=None, **kwargs)
+    assert a.column_names == b.column_names == ["tokens"]
+    assert torch.equal(torch.stack(list(a["tokens"])), torch.stack(list(b["tokens"])))
