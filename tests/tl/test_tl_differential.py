@@ -266,6 +266,14 @@ def test_patching_and_head_detector_functions_as_transformerlens(pair):
         for fn in ("get_act_patch_resid_mid", "get_act_patch_mlp_out"):
             _close(getattr(patching, fn)(ours, corrupt, c, metric),
                    getattr(tl_patching, fn)(tl, corrupt, t, metric), 1e-3)
+        index_df = tl_patching.make_df_from_ranges([2, 3], ["layer", "pos"])
+        assert patching.make_df_from_ranges([2, 3], ["layer", "pos"]).equals(index_df)
+        _close(patching.generic_activation_patch(ours, corrupt, c, metric,
+                                                 patching.layer_pos_patch_setter, "resid_pre",
+                                                 index_df=index_df),
+               tl_patching.generic_activation_patch(tl, corrupt, t, metric,
+                                                    tl_patching.layer_pos_patch_setter,
+                                                    "resid_pre", index_df=index_df), 1e-3)
         seq = "The cat sat on the mat. The cat sat on the mat."
         n = tl.to_tokens(seq).shape[1]
         for kwargs in (dict(detection_pattern="induction_head", error_measure="abs",
