@@ -263,11 +263,11 @@ def test_patching_and_head_detector_functions_as_transformerlens(pair):
     with torch.no_grad():
         _, c = ours.run_with_cache(clean)
         _, t = tl.run_with_cache(clean)
-        for fn in ("get_act_patch_resid_mid", "get_act_patch_mlp_out"):
-            _close(getattr(patching, fn)(ours, corrupt, c, metric),
-                   getattr(tl_patching, fn)(tl, corrupt, t, metric), 1e-3)
+        # a few indices only: TransformerLens' side takes ~0.8 s a run on one core (the
+        # get_act_patch_* functions: tests/transformer/test_transformer_tl_patching.py)
         index_df = tl_patching.make_df_from_ranges([2, 3], ["layer", "pos"])
         assert patching.make_df_from_ranges([2, 3], ["layer", "pos"]).equals(index_df)
+        index_df = index_df.iloc[[0, 4]]
         _close(patching.generic_activation_patch(ours, corrupt, c, metric,
                                                  patching.layer_pos_patch_setter, "resid_pre",
                                                  index_df=index_df),
