@@ -36,7 +36,7 @@ from mi_core.plugin import require_capability
 from mi_core.tl import arithmetic, components
 from mi_core.tl.activation_cache import ActivationCache
 from mi_core.tl.config import HookedTransformerConfig, config_of
-from mi_core.tl.errors import TLAttributeError
+from mi_core.tl.errors import TLAttributeError, TLInputError
 from mi_core.tl.hook_points import HookedRootModule, HookPoint, TLHookError, names_filter_fn
 from mi_core.tl.tl_tokens import TokensMixin
 from mi_core.tl.tokenizer import TLTokenizer
@@ -288,8 +288,8 @@ class HookedTransformer(TokensMixin, HookedRootModule):
         if return_type is None:
             return None
         if tokens is None:
-            raise InputError("tokens must be passed in if return_type is 'loss' or 'both' "
-                             "(with start_at_layer)")
+            raise TLInputError("tokens must be passed in if return_type is 'loss' or 'both' "
+                               "(with start_at_layer)")  # TransformerLens asserts
         loss = self.loss_fn(out, tokens, attention_mask, per_token=loss_per_token)
         return loss if return_type == "loss" else Output(out, loss)
 

@@ -135,6 +135,8 @@ def test_forward_and_cache_options_as_transformerlens(pair, name):
     for m in (ours, tl):
         with pytest.raises(AssertionError):
             m.accumulated_bias(m.cfg.n_layers, mlp_input=True)
+        with pytest.raises(AssertionError, match="tokens must be passed in"):
+            m(resid, start_at_layer=1, return_type="loss")
 
 
 @pytest.mark.parametrize("name", ["smollm2_2l", "gpt2"])
