@@ -160,10 +160,11 @@ class TokensMixin:
                  verbose: bool = True) -> Any:
         """Sample up to `max_new_tokens` tokens after `input` (a text, a list of texts, left
         padded, or tokens [batch, pos]); returns text for text ("str"), tokens for tokens
-        ("tokens"). Hooks on the model apply at every step."""
-        if return_type not in ("input", "str", "tokens"):
-            raise TLInputError(f"return_type must be 'input', 'str' or 'tokens', got "
-                               f"{return_type!r} (embeddings are not supported)")
+        ("tokens"), or the sequence's embeddings [batch, pos, d_model] ("embeds"). Hooks on
+        the model apply at every step."""
+        if return_type not in ("input", "str", "tokens", "embeds"):
+            raise TLInputError(f"return_type must be one of ['input', 'str', 'tokens', "
+                               f"'embeds'], got {return_type!r}")
         is_text = isinstance(input, (str, list))
         if return_type == "input":
             return_type = "str" if is_text else "tokens"
@@ -175,6 +176,8 @@ class TokensMixin:
                               use_past_kv_cache)
         if return_type == "tokens":
             return output
+        if return_type == "embeds":  # TransformerLens: the embeddings of the whole sequence
+            return self.embed(output)  # type: ignore[attr-defined]
         texts = [self._tok("generate").decode(row, skip_special_tokens=True) for row in output]
         return texts[0] if len(texts) == 1 else texts
 

@@ -239,6 +239,10 @@ def test_token_and_generation_errors_are_transformerlens_kinds(pair):
     assert ours.to_string(tokens[0, 1]) == tl.to_string(tokens[0, 1])
     assert ours.to_str_tokens(tokens[0, 1]) == tl.to_str_tokens(tokens[0, 1])
     _close(ours.tokens_to_residual_directions(" cat"), tl.tokens_to_residual_directions(" cat"))
+    _close(ours.generate(TEXTS[0], max_new_tokens=2, return_type="embeds", verbose=False,
+                         do_sample=False),
+           tl.generate(TEXTS[0], max_new_tokens=2, return_type="embeds", verbose=False,
+                       do_sample=False))
     for kwargs in (dict(temperature=0.0), dict(do_sample=False, stop_at_eos=False),
                    dict(do_sample=False, padding_side="left")):
         torch.manual_seed(0)
