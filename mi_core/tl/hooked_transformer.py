@@ -384,6 +384,7 @@ class HookedTransformer(TokensMixin, HookedRootModule):
             lambda: arithmetic.positions_of(ids, mask, offset), self.cfg.n_ctx,
             (lambda i: self.blocks[i].attn.W_O) if self.cfg.use_attn_result else None, wire)
         plan.before(spec)  # recomputed values, which the user's hooks then see
+        arithmetic.pad_as_transformerlens(spec, {n for n, _ in kernel}, blocks, mask)
         for name, hp in kernel:
             wanted = request is not None and name in request.wanted
             grads = bool(hp.bwd_hooks) or (wanted and request.grads)  # type: ignore[union-attr]

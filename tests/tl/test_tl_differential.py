@@ -334,3 +334,21 @@ def test_tokenize_and_concatenate_as_transformerlens_3(pair, kwargs):
     b = tu.tokenize_and_concatenate(data, tl.tokenizer, num_proc=None, **kwargs)
     assert a.column_names == b.column_names == ["tokens"]
     assert torch.equal(torch.stack(list(a["tokens"])), torch.stack(list(b["tokens"])))
+
+
+@pytest.mark.parametrize("name", ["smollm2_2l", "gpt2"])
+def test_padded_positions_equal_transformerlens_left_and_right(pair, name):
+    """Every cached activation at every position, pads included, as TransformerLens: a pad's
+    positional embedding is zero, no query attends to a pad, a left pad's pattern row is
+    zeros (TransformerLens' NaN -> 0); the logits at every position follow."""
+    ours, tl = pair(name)
+    texts = ["The cat sat on the mat.", "A dog"]
+    with torch.no_grad():
+        for side in ("left", "right"):
+            _, c = ours.run_with_cache(texts, padding_side=side)
+            _, t = tl.run_with_cache(texts, padding_side=side)
+            for key in t.keys():
+                finite = torch.isfinite(t[key])
+                assert torch.equal(torch.isfinite(c[key]), finite), (side, key)
+                _close(c[key][finite], t[key][finite])
+            _close(ours(texts, padding_side=side), tl(texts, padding_side=side))
