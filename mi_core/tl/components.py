@@ -291,11 +291,17 @@ class Norm(nn.Module):
                 self.add_module(suffix, point(f"{label}.{suffix}"))
         #: set by :func:`build` from the config: whether the norm centres (LayerNorm), its eps
         self.centres, self.eps = True, 1e-5
+        self._tree, self._label = tree, label
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[..., d_model] -> normalized (then scaled and shifted unless folded), through
         ``hook_scale`` and ``hook_normalized``: TransformerLens' ``LayerNorm`` /
         ``LayerNormPre`` / ``RMSNorm`` / ``RMSNormPre``, chosen by the config."""
+        mine = [p for p in self._parameters.values() if p is not None]
+        if any(p is q for _, q, _ in self._tree.detached for p in mine):
+            raise CapabilityError(f"{self._label}: the stored weight is not the gain the model "
+                                  f"multiplies by (derived at load, e.g. 1 + w), so the norm "
+                                  f"cannot run alone; run the model")
         dtype = x.dtype
         if dtype not in (torch.float32, torch.float64):
             x = x.float()

@@ -352,3 +352,27 @@ def test_padded_positions_equal_transformerlens_left_and_right(pair, name):
                 assert torch.equal(torch.isfinite(c[key]), finite), (side, key)
                 _close(c[key][finite], t[key][finite])
             _close(ours(texts, padding_side=side), tl(texts, padding_side=side))
+
+
+def test_a_norm_whose_gain_is_derived_at_load_refuses_to_run_alone(tmp_path):
+    """Gemma's norms multiply by 1 + w, made at load: the tree's stored ``w`` is not that gain,
+    so ``model.ln_final(x)`` refuses by name instead of scaling by the wrong weight; the MLP
+    (no such weight) runs and equals the model's own MLP output."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    import mi_core as mi
+
+    torch.manual_seed(0)
+    hf = GemmaForCausalLM(GemmaConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=64,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)).eval()
+    hf.save_pretrained(tmp_path)
+    model = HookedTransformer.from_pretrained(tmp_path)
+    ids = torch.tensor([[1, 5, 9, 20, 7]])
+    with torch.no_grad():
+        _, cache = model.run_with_cache(ids)
+        with pytest.raises(mi.CapabilityError, match="ln_final: the stored weight"):
+            model.ln_final(cache["resid_post", 1])
+        inner = model.mi_model.forward(ids, mi.HookSpec().capture("blocks.1.mlp.hook_in"))
+        _close(model.blocks[1].mlp(inner["blocks.1.mlp.hook_in"]), cache["mlp_out", 1])
