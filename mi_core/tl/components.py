@@ -34,7 +34,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map_only
 
-from mi_core import CapabilityError, MIError, MIModel
+from mi_core import CapabilityError, HookSpec, MIError, MIModel
 from mi_core.tl.hook_points import HookPoint
 
 #: A block's hook points, in TransformerLens' registration order (after ln1, ln2, attn, mlp).
@@ -231,10 +231,36 @@ class Embed(nn.Module):
     def __init__(self, tree: WeightTree) -> None:
         super().__init__()
         _add(self, "W_E", tree.param("W_E", None, "embed.W_E"))
+        #: the HookedTransformer (a weak reference), and whether its ``hook_embed`` is
+        #: ``W_E[tokens]`` (checked once, on a 2-token probe)
+        self._root: Callable[[], Any] = lambda: None
+        self._plain: bool | None = None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [batch, pos] -> [batch, pos, d_model] (TransformerLens' ``Embed``)."""
+        """tokens [batch, pos] -> [batch, pos, d_model] (TransformerLens' ``Embed``); refused
+        where the model scales its embedding in the forward (Gemma's sqrt(d_model))."""
+        if self._plain is None:
+            self._plain = _embeds_plainly(self._root(), self.W_E)
+        if not self._plain:
+            raise CapabilityError("embed: this model scales W_E[tokens] in its forward, so "
+                                  "the embedding module cannot run alone; read "
+                                  "cache['hook_embed'] (run_with_cache) instead")
         return self.W_E[tokens, :]
+
+
+def _embeds_plainly(root: Any, w_e: torch.Tensor) -> bool:
+    """Whether the model's ``hook_embed`` is ``W_E[tokens]`` (a 2-token probe; True where
+    there is no model or no such point to compare with)."""
+    if root is None:
+        return True
+    probe = torch.tensor([[0, 1]], device=w_e.device)
+    try:
+        with torch.no_grad():
+            seen = root.mi_model.forward(probe, HookSpec().capture("hook_embed"))["hook_embed"]
+    except MIError:
+        return True
+    want = w_e.detach()[probe]
+    return bool(torch.allclose(seen.to(want.dtype), want, rtol=1e-5, atol=1e-6))
 
 
 class PosEmbed(nn.Module):
@@ -510,6 +536,7 @@ def build(root: nn.Module, model: MIModel, cfg: Any, tree: WeightTree,
     root.unembed = Unembed(tree, cfg.d_vocab, point)
     for block in root.blocks:
         block._root = weakref.ref(root)
+    root.embed._root = weakref.ref(root)
     for module in root.modules():  # what the modules' forwards read from the config
         if isinstance(module, Norm):
             module.centres = str(cfg.normalization_type).startswith("LN")

@@ -356,8 +356,9 @@ def test_padded_positions_equal_transformerlens_left_and_right(pair, name):
 
 def test_a_norm_whose_gain_is_derived_at_load_refuses_to_run_alone(tmp_path):
     """Gemma's norms multiply by 1 + w, made at load: the tree's stored ``w`` is not that gain,
-    so ``model.ln_final(x)`` refuses by name instead of scaling by the wrong weight; the MLP
-    (no such weight) runs and equals the model's own MLP output."""
+    so ``model.ln_final(x)`` refuses by name instead of scaling by the wrong weight, and
+    ``model.embed`` refuses as the forward scales ``W_E[tokens]``; the MLP (no such weight)
+    runs and equals the model's own MLP output."""
     from transformers import GemmaConfig, GemmaForCausalLM
 
     import mi_core as mi
@@ -374,5 +375,7 @@ def test_a_norm_whose_gain_is_derived_at_load_refuses_to_run_alone(tmp_path):
         _, cache = model.run_with_cache(ids)
         with pytest.raises(mi.CapabilityError, match="ln_final: the stored weight"):
             model.ln_final(cache["resid_post", 1])
+        with pytest.raises(mi.CapabilityError, match="scales W_E"):  # by sqrt(d_model)
+            model.embed(ids)
         inner = model.mi_model.forward(ids, mi.HookSpec().capture("blocks.1.mlp.hook_in"))
         _close(model.blocks[1].mlp(inner["blocks.1.mlp.hook_in"]), cache["mlp_out", 1])
