@@ -379,3 +379,24 @@ def test_a_norm_whose_gain_is_derived_at_load_refuses_to_run_alone(tmp_path):
             model.embed(ids)
         inner = model.mi_model.forward(ids, mi.HookSpec().capture("blocks.1.mlp.hook_in"))
         _close(model.blocks[1].mlp(inner["blocks.1.mlp.hook_in"]), cache["mlp_out", 1])
+
+
+def test_opt_positions_start_at_row_two_as_transformerlens(tmp_path):
+    """OPT stores two rows before position 0 (HF offsets positions by 2); TransformerLens'
+    ``W_pos`` leaves them out ([n_ctx, d_model]), and so does the tree: ``pos_embed(tokens)``
+    is the model's ``hook_pos_embed``."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(0)
+    hf = OPTForCausalLM(OPTConfig(hidden_size=64, ffn_dim=96, num_hidden_layers=2,
+                                  num_attention_heads=4, vocab_size=128,
+                                  max_position_embeddings=64, word_embed_proj_dim=64,
+                                  pad_token_id=1, bos_token_id=2, eos_token_id=2)).eval()
+    hf.save_pretrained(tmp_path)
+    model = HookedTransformer.from_pretrained_no_processing(tmp_path)
+    assert tuple(model.W_pos.shape) == (model.cfg.n_ctx, 64)
+    _close(model.W_pos, hf.model.decoder.embed_positions.weight[2:], 0.0 + 1e-12)
+    ids = torch.tensor([[2, 5, 9, 20, 7]])
+    with torch.no_grad():
+        _, cache = model.run_with_cache(ids)
+        _close(model.pos_embed(ids), cache["hook_pos_embed"])
