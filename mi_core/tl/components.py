@@ -418,14 +418,28 @@ class MLP(nn.Module):
         for suffix in MLP_POINTS:
             if f"{p}.{suffix}" in points:
                 self.add_module(suffix, point(f"{p}.{suffix}"))
-        #: set by :func:`build` from the config (``cfg.act_fn``)
+        #: set by :func:`build` from the config (``cfg.act_fn``) and the HookedTransformer (a
+        #: weak reference); whether the model's ``mlp.hook_post`` is this formula's (checked
+        #: once, on a 2-token probe)
         self.act_fn_name: str | None = None
+        self.layer, self._root, self._plain = layer, (lambda: None), None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[batch, pos, d_model] -> [batch, pos, d_model] through ``hook_pre`` (and
-        ``hook_pre_linear``) and ``hook_post``: TransformerLens' ``MLP`` / ``GatedMLP``."""
+        ``hook_pre_linear``) and ``hook_post``: TransformerLens' ``MLP`` / ``GatedMLP``;
+        refused where the model's MLP computes otherwise (a clamp, activation sparsity)."""
+        if self._plain is None:
+            self._plain = self._agrees_with_model()
+        if not self._plain:
+            raise CapabilityError(f"blocks.{self.layer}.mlp: this model's MLP is not "
+                                  f"TransformerLens' formula, so it cannot run alone; read "
+                                  f"cache['mlp_out', {self.layer}] (run_with_cache) instead")
+        return self._compute(x, lambda name, v: getattr(self, name)(v)
+                             if hasattr(self, name) else v)
+
+    def _compute(self, x: torch.Tensor, hook: Callable[[str, torch.Tensor], torch.Tensor]
+                 ) -> torch.Tensor:
         act = _activation(self.act_fn_name)
-        hook = lambda name, v: getattr(self, name)(v) if hasattr(self, name) else v  # noqa
         if "W_gate" in self._parameters:
             pre = hook("hook_pre", x @ self.W_gate)
             post = hook("hook_post", act(pre) * hook("hook_pre_linear", x @ self.W_in)
@@ -433,6 +447,26 @@ class MLP(nn.Module):
         else:
             post = hook("hook_post", act(hook("hook_pre", x @ self.W_in + self.b_in)))
         return post @ self.W_out + self.b_out
+
+    def _agrees_with_model(self) -> bool:
+        """The formula's ``hook_post`` from the model's MLP input equals the model's, on a
+        2-token probe (True where there is no model or no such point to compare with)."""
+        root, p = self._root(), f"blocks.{self.layer}.mlp."
+        if root is None:
+            return True
+        probe = torch.tensor([[0, 1]], device=self.W_out.device)
+        try:
+            with torch.no_grad():
+                seen = root.mi_model.forward(probe, HookSpec().capture(p + "hook_in").capture(
+                    p + "hook_post"))
+                mine: dict[str, torch.Tensor] = {}
+                self._compute(seen[p + "hook_in"],
+                              lambda name, v: mine.setdefault(name, v))
+        except MIError:
+            return True
+        want = seen[p + "hook_post"]
+        return bool(torch.allclose(mine["hook_post"].to(want.dtype), want, rtol=1e-4,
+                                   atol=1e-5 * float(want.abs().max()) + 1e-6))
 
 
 def _activation(name: str | None) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -537,6 +571,9 @@ def build(root: nn.Module, model: MIModel, cfg: Any, tree: WeightTree,
     for block in root.blocks:
         block._root = weakref.ref(root)
     root.embed._root = weakref.ref(root)
+    for block in root.blocks:
+        if isinstance(getattr(block, "mlp", None), MLP):
+            block.mlp._root = weakref.ref(root)
     for module in root.modules():  # what the modules' forwards read from the config
         if isinstance(module, Norm):
             module.centres = str(cfg.normalization_type).startswith("LN")

@@ -379,6 +379,12 @@ def test_a_norm_whose_gain_is_derived_at_load_refuses_to_run_alone(tmp_path):
             model.embed(ids)
         inner = model.mi_model.forward(ids, mi.HookSpec().capture("blocks.1.mlp.hook_in"))
         _close(model.blocks[1].mlp(inner["blocks.1.mlp.hook_in"]), cache["mlp_out", 1])
+        # an MLP computing otherwise than the formula (here: told the wrong activation, as a
+        # clamp or activation sparsity would differ) is found by the probe and refused
+        mlp = model.blocks[0].mlp
+        mlp.act_fn_name, mlp._plain = "relu", None
+        with pytest.raises(mi.CapabilityError, match="not TransformerLens' formula"):
+            mlp(inner["blocks.1.mlp.hook_in"])
 
 
 def test_opt_positions_start_at_row_two_as_transformerlens(tmp_path):
