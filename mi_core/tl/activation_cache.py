@@ -25,7 +25,7 @@ import torch
 
 from mi_core import HookCache, HookError, HookPoint, MIError, MIModel
 from mi_core.plugin import hook_name, require_residual_sum
-from mi_core.tl.errors import TLHookError
+from mi_core.tl.errors import TLHookError, TLInputError, TLValueError
 
 SliceInput = Union[None, int, tuple, slice, list, torch.Tensor, "Slice"]
 
@@ -86,14 +86,33 @@ class Slice:
             self.slice, self.mode = slice(None), "identity"
         elif hasattr(input_slice, "slice") and hasattr(input_slice, "mode"):  # TL's own Slice
             self.slice, self.mode = input_slice.slice, input_slice.mode
-        else:
-            raise MIError(f"pos_slice / batch_slice: cannot slice with {input_slice!r} (use None, "
-                          f"an int, a tuple, a slice or a list of indices)")
+        else:  # a ValueError, as TransformerLens'
+            raise TLValueError(f"pos_slice / batch_slice: cannot slice with {input_slice!r} (use "
+                               f"None, an int, a tuple, a slice or a list of indices)")
 
     def apply(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
         idx: list[Any] = [slice(None)] * tensor.ndim
         idx[dim] = self.slice
         return tensor[tuple(idx)]
+
+    def indices(self, max_ctx: int | None = None) -> Any:
+        """The indices this slice selects on an axis of `max_ctx` (a numpy int64 array; an
+        int slice gives ``[i]`` without `max_ctx`), as TransformerLens'."""
+        import numpy as np
+        if self.mode == "int":
+            return np.array([self.slice], dtype=np.int64)
+        if max_ctx is None:
+            raise TLValueError("max_ctx must be specified if slice is not an integer")
+        sl = self.slice.numpy() if isinstance(self.slice, torch.Tensor) else self.slice
+        return np.arange(max_ctx, dtype=np.int64)[sl]
+
+    @classmethod
+    def unwrap(cls, slice_input: Any) -> "Slice":
+        """`slice_input` as a Slice; an int becomes ``[i]`` (keeps its axis), as
+        TransformerLens'."""
+        if isinstance(slice_input, Slice):
+            return slice_input
+        return cls([slice_input] if isinstance(slice_input, int) else slice_input)
 
     def __repr__(self) -> str:
         return f"Slice({self.slice!r}, mode={self.mode})"
@@ -201,7 +220,8 @@ class ActivationCache(HookCache):
             batched = {k for k, v in self._captures.items() if self._batched(k, v)}
             sizes = {self._captures[k].shape[0] for k in batched}
             if sizes - {1}:
-                raise MIError(f"cannot remove the batch dimension of a batch of {sorted(sizes)}")
+                raise TLInputError(f"cannot remove the batch dimension of a batch of "
+                                   f"{sorted(sizes)}")
             self._captures = {k: (v[0] if k in batched else v) for k, v in self._captures.items()}
             self.has_batch_dim = False
         return self
@@ -234,8 +254,9 @@ class ActivationCache(HookCache):
         if layer is None or layer == -1:
             return n
         if not 0 <= layer <= n:
-            raise HookError(f"layer {layer} out of range; valid: 0..{n} (n_layers means the "
-                            f"unembedding), or -1 / None")
+            # a KeyError, as TransformerLens' lookup of the missing point
+            raise TLHookError(f"layer {layer} out of range; valid: 0..{n} (n_layers means the "
+                              f"unembedding), or -1 / None")
         return int(layer)
 
     def _attn_only(self) -> bool:
@@ -613,8 +634,9 @@ def accumulated_bias(model: MIModel, layer: int, mlp_input: bool = False,
             out = out + model.tl_weight("b_out", i)
     if mlp_input:
         if layer >= model.num_layers:
-            raise MIError("accumulated_bias: no MLP input beyond the final layer")
-        out = out + model.tl_weight("b_O", layer)
+            raise TLInputError("accumulated_bias: no MLP input beyond the final layer")
+        # a negative layer indexes from the end, as TransformerLens' blocks[layer]
+        out = out + model.tl_weight("b_O", layer % model.num_layers)
     return out
 
 

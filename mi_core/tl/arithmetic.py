@@ -21,6 +21,9 @@ the rest is recomputed at the hook points (interventions in the forward's HookSp
 - with ``use_attn_result``, the per-head results are TransformerLens' ``(z * W_O)`` summed
   over ``d_head`` (a multiply and a sum, where the kernel uses a matrix product); the kernel
   then sums them over heads and adds ``b_O``, as TransformerLens does.
+- **padded positions** (a list of texts) are TransformerLens' (:func:`pad_as_transformerlens`):
+  zero positional embedding, no query attends to a pad, a row with nothing to attend to has a
+  zero pattern; the real positions do not change.
 
 Measured (tests/tl/test_tl_arithmetic.py): on the embedded checkpoint's first layers every
 activation and the logits of the TransformerLens layer equal TransformerLens' bit for bit.
@@ -217,3 +220,35 @@ class Plan:
                 spec.intervene(a + "hook_z", self._keep(a + "hook_z"))
         if "ln_final.hook_scale" in self.names:
             spec.intervene("ln_final.hook_scale", _identity)
+
+
+def pad_as_transformerlens(spec: HookSpec, names: set[str], blocks: range,
+                           mask: Optional[torch.Tensor]) -> None:
+    """Padded positions as TransformerLens computes them (real positions are unaffected):
+    their positional embedding is zero, no query attends to a padded key (a left pad's own
+    row is then all ``-inf``) and a row with nothing to attend to has a zero pattern
+    (TransformerLens replaces the softmax's NaN by 0). `mask` [batch, past + pos] (1 = real)."""
+    if mask is None or bool(mask.bool().all()):
+        return
+    pad = ~mask.bool()
+
+    def pos_embed(x: torch.Tensor) -> torch.Tensor:  # [batch, pos, d_model]
+        if x.dim() != 3:  # another layout: left as the kernel computed it
+            return x
+        return x.masked_fill(pad[:, -x.shape[1]:, None].to(x.device), 0.0)
+
+    def scores(x: torch.Tensor) -> torch.Tensor:  # [batch, heads, query, key]
+        if x.dim() != 4:
+            return x
+        return x.masked_fill(pad[:, None, None, -x.shape[-1]:].to(x.device), float("-inf"))
+
+    def pattern(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(torch.isnan(x), torch.zeros_like(x), x)
+
+    if "hook_pos_embed" in names:
+        spec.intervene("hook_pos_embed", pos_embed)
+    for i in blocks:
+        a = f"blocks.{i}.attn."
+        if a + "hook_attn_scores" in names and a + "hook_pattern" in names:
+            spec.intervene(a + "hook_attn_scores", scores)
+            spec.intervene(a + "hook_pattern", pattern)

@@ -26,6 +26,7 @@ detached parameters take no part in the forward: they do not require gradients.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -33,7 +34,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map_only
 
-from mi_core import CapabilityError, MIError, MIModel
+from mi_core import CapabilityError, HookSpec, MIError, MIModel
 from mi_core.tl.hook_points import HookPoint
 
 #: A block's hook points, in TransformerLens' registration order (after ln1, ln2, attn, mlp).
@@ -230,6 +231,36 @@ class Embed(nn.Module):
     def __init__(self, tree: WeightTree) -> None:
         super().__init__()
         _add(self, "W_E", tree.param("W_E", None, "embed.W_E"))
+        #: the HookedTransformer (a weak reference), and whether its ``hook_embed`` is
+        #: ``W_E[tokens]`` (checked once, on a 2-token probe)
+        self._root: Callable[[], Any] = lambda: None
+        self._plain: bool | None = None
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [batch, pos] -> [batch, pos, d_model] (TransformerLens' ``Embed``); refused
+        where the model scales its embedding in the forward (Gemma's sqrt(d_model))."""
+        if self._plain is None:
+            self._plain = _embeds_plainly(self._root(), self.W_E)
+        if not self._plain:
+            raise CapabilityError("embed: this model scales W_E[tokens] in its forward, so "
+                                  "the embedding module cannot run alone; read "
+                                  "cache['hook_embed'] (run_with_cache) instead")
+        return self.W_E[tokens, :]
+
+
+def _embeds_plainly(root: Any, w_e: torch.Tensor) -> bool:
+    """Whether the model's ``hook_embed`` is ``W_E[tokens]`` (a 2-token probe; True where
+    there is no model or no such point to compare with)."""
+    if root is None:
+        return True
+    probe = torch.tensor([[0, 1]], device=w_e.device)
+    try:
+        with torch.no_grad():
+            seen = root.mi_model.forward(probe, HookSpec().capture("hook_embed"))["hook_embed"]
+    except MIError:
+        return True
+    want = w_e.detach()[probe]
+    return bool(torch.allclose(seen.to(want.dtype), want, rtol=1e-5, atol=1e-6))
 
 
 class PosEmbed(nn.Module):
@@ -238,6 +269,19 @@ class PosEmbed(nn.Module):
     def __init__(self, tree: WeightTree) -> None:
         super().__init__()
         _add(self, "W_pos", tree.param("W_pos", None, "pos_embed.W_pos"))
+
+    def forward(self, tokens: torch.Tensor, past_kv_pos_offset: int = 0,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [batch, pos] -> [batch, pos, d_model]; with a mask, positions count real
+        tokens and pads get zeros (TransformerLens' ``PosEmbed``)."""
+        n = tokens.size(-1)
+        if attention_mask is None:
+            rows = self.W_pos[past_kv_pos_offset:past_kv_pos_offset + n, :]
+            return rows.expand(tokens.size(0), -1, -1).clone()
+        from mi_core.tl.utils import get_offset_position_ids
+        rows = self.W_pos[get_offset_position_ids(past_kv_pos_offset, attention_mask)]
+        pad = ~attention_mask.bool()[:, past_kv_pos_offset:past_kv_pos_offset + n, None]
+        return torch.where(pad, 0, rows).clone()
 
 
 class Unembed(nn.Module):
@@ -252,6 +296,12 @@ class Unembed(nn.Module):
         self.hook_in = point("unembed.hook_in")
         self.hook_out = point("unembed.hook_out")
 
+    def forward(self, residual: torch.Tensor) -> torch.Tensor:
+        """[batch, pos, d_model] -> logits [batch, pos, d_vocab], through ``hook_in`` and
+        ``hook_out`` (TransformerLens' ``Unembed``)."""
+        residual = self.hook_in(residual)
+        return self.hook_out(torch.nn.functional.linear(residual, self.W_U.T, self.b_U))
+
 
 class Norm(nn.Module):
     """A norm's gain ``w`` and bias ``b`` (none once folded) and its two hook points."""
@@ -265,6 +315,31 @@ class Norm(nn.Module):
         for suffix in NORM_POINTS:
             if f"{label}.{suffix}" in points:
                 self.add_module(suffix, point(f"{label}.{suffix}"))
+        #: set by :func:`build` from the config: whether the norm centres (LayerNorm), its eps
+        self.centres, self.eps = True, 1e-5
+        self._tree, self._label = tree, label
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., d_model] -> normalized (then scaled and shifted unless folded), through
+        ``hook_scale`` and ``hook_normalized``: TransformerLens' ``LayerNorm`` /
+        ``LayerNormPre`` / ``RMSNorm`` / ``RMSNormPre``, chosen by the config."""
+        mine = [p for p in self._parameters.values() if p is not None]
+        if any(p is q for _, q, _ in self._tree.detached for p in mine):
+            raise CapabilityError(f"{self._label}: the stored weight is not the gain the model "
+                                  f"multiplies by (derived at load, e.g. 1 + w), so the norm "
+                                  f"cannot run alone; run the model")
+        dtype = x.dtype
+        if dtype not in (torch.float32, torch.float64):
+            x = x.float()
+        if self.centres:
+            x = x - x.mean(-1, keepdim=True)
+        scale = (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+        scale = self.hook_scale(scale) if hasattr(self, "hook_scale") else scale
+        x = x / scale
+        x = (self.hook_normalized(x) if hasattr(self, "hook_normalized") else x).to(dtype)
+        if "w" in self._parameters:
+            x = x * self.w
+        return x + self.b if "b" in self._parameters and self.centres else x
 
 
 class Attention(nn.Module):
@@ -286,6 +361,11 @@ class Attention(nn.Module):
         for suffix in ATTN_POINTS:
             if f"{p}.{suffix}" in points:
                 self.add_module(suffix, point(f"{p}.{suffix}"))
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        raise CapabilityError("calling an attention module on its own is not supported (the "
+                              "kernel computes attention inside the model's forward): run the "
+                              "block (model.blocks[i](resid_pre)) or the model with hooks")
 
     @property
     def OV(self) -> Any:
@@ -338,6 +418,69 @@ class MLP(nn.Module):
         for suffix in MLP_POINTS:
             if f"{p}.{suffix}" in points:
                 self.add_module(suffix, point(f"{p}.{suffix}"))
+        #: set by :func:`build` from the config (``cfg.act_fn``) and the HookedTransformer (a
+        #: weak reference); whether the model's ``mlp.hook_post`` is this formula's (checked
+        #: once, on a 2-token probe)
+        self.act_fn_name: str | None = None
+        self.layer, self._root, self._plain = layer, (lambda: None), None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[batch, pos, d_model] -> [batch, pos, d_model] through ``hook_pre`` (and
+        ``hook_pre_linear``) and ``hook_post``: TransformerLens' ``MLP`` / ``GatedMLP``;
+        refused where the model's MLP computes otherwise (a clamp, activation sparsity)."""
+        if self._plain is None:
+            self._plain = self._agrees_with_model()
+        if not self._plain:
+            raise CapabilityError(f"blocks.{self.layer}.mlp: this model's MLP is not "
+                                  f"TransformerLens' formula, so it cannot run alone; read "
+                                  f"cache['mlp_out', {self.layer}] (run_with_cache) instead")
+        return self._compute(x, lambda name, v: getattr(self, name)(v)
+                             if hasattr(self, name) else v)
+
+    def _compute(self, x: torch.Tensor, hook: Callable[[str, torch.Tensor], torch.Tensor]
+                 ) -> torch.Tensor:
+        act = _activation(self.act_fn_name)
+        if "W_gate" in self._parameters:
+            pre = hook("hook_pre", x @ self.W_gate)
+            post = hook("hook_post", act(pre) * hook("hook_pre_linear", x @ self.W_in)
+                        + self.b_in)
+        else:
+            post = hook("hook_post", act(hook("hook_pre", x @ self.W_in + self.b_in)))
+        return post @ self.W_out + self.b_out
+
+    def _agrees_with_model(self) -> bool:
+        """The formula's ``hook_post`` from the model's MLP input equals the model's, on a
+        2-token probe (True where there is no model or no such point to compare with)."""
+        root, p = self._root(), f"blocks.{self.layer}.mlp."
+        if root is None:
+            return True
+        probe = torch.tensor([[0, 1]], device=self.W_out.device)
+        try:
+            with torch.no_grad():
+                seen = root.mi_model.forward(probe, HookSpec().capture(p + "hook_in").capture(
+                    p + "hook_post"))
+                mine: dict[str, torch.Tensor] = {}
+                self._compute(seen[p + "hook_in"],
+                              lambda name, v: mine.setdefault(name, v))
+        except MIError:
+            return True
+        want = seen[p + "hook_post"]
+        return bool(torch.allclose(mine["hook_post"].to(want.dtype), want, rtol=1e-4,
+                                   atol=1e-5 * float(want.abs().max()) + 1e-6))
+
+
+def _activation(name: str | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """TransformerLens' activation function of that name; others refused by name."""
+    import torch.nn.functional as F
+
+    from mi_core.tl import utils
+    table = {"gelu_new": utils.gelu_new, "gelu_fast": utils.gelu_fast, "silu": F.silu,
+             "relu": F.relu, "gelu": F.gelu,
+             "gelu_pytorch_tanh": lambda t: F.gelu(t, approximate="tanh")}
+    if name not in table:
+        raise CapabilityError(f"calling an MLP module with act_fn={name!r} is not supported "
+                              f"(supported: {sorted(table)}); run the model instead")
+    return table[name]
 
 
 class TransformerBlock(nn.Module):
@@ -358,6 +501,21 @@ class TransformerBlock(nn.Module):
         for suffix in BLOCK_POINTS:
             if f"{b}.{suffix}" in points:
                 self.add_module(suffix, point(f"{b}.{suffix}"))
+        self.layer = layer
+        #: the HookedTransformer that runs this block (a weak reference: no module cycle)
+        self._root: Callable[[], Any] = lambda: None
+
+    def forward(self, resid_pre: torch.Tensor, shortformer_pos_embed: Any = None,
+                past_kv_cache_entry: Any = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """resid_pre [batch, pos, d_model] -> resid_post: the model run from this block to the
+        next (``start_at_layer`` / ``stop_at_layer``), with its hooks, positions from 0."""
+        root = self._root()
+        if root is None or shortformer_pos_embed is not None or past_kv_cache_entry is not None:
+            raise CapabilityError("a block runs only inside its HookedTransformer, without "
+                                  "shortformer_pos_embed / past_kv_cache_entry")
+        return root(resid_pre, start_at_layer=self.layer, stop_at_layer=self.layer + 1,
+                    attention_mask=attention_mask)
 
 
 class Container(nn.Module):
@@ -410,6 +568,18 @@ def build(root: nn.Module, model: MIModel, cfg: Any, tree: WeightTree,
     if any(n.startswith("ln_final.") for n in points):
         root.ln_final = Norm(tree, "ln_final", None, points, folded, "ln_final", point)
     root.unembed = Unembed(tree, cfg.d_vocab, point)
+    for block in root.blocks:
+        block._root = weakref.ref(root)
+    root.embed._root = weakref.ref(root)
+    for block in root.blocks:
+        if isinstance(getattr(block, "mlp", None), MLP):
+            block.mlp._root = weakref.ref(root)
+    for module in root.modules():  # what the modules' forwards read from the config
+        if isinstance(module, Norm):
+            module.centres = str(cfg.normalization_type).startswith("LN")
+            module.eps = cfg.eps
+        elif isinstance(module, MLP):
+            module.act_fn_name = cfg.act_fn
     present = {n for n, m in root.named_modules() if isinstance(m, HookPoint)}
     for name in names:
         if name not in present:

@@ -23,10 +23,22 @@ class TLValueError(InputError, ValueError):
     that is also that ``ValueError``."""
 
 
+class TLTypeError(InputError, TypeError):
+    """A hook that is not callable, or a hook name that is neither a name nor a function: an
+    :class:`mi_core.InputError` that is also the ``TypeError`` TransformerLens raises."""
+
+
+class TLInputError(InputError, AssertionError):
+    """A bad argument TransformerLens refuses with an assertion (a token that is not a single
+    token, a token absent from a prompt, a batch-2 cache's batch axis removed, ...): an
+    :class:`mi_core.InputError` that is also the ``AssertionError`` TransformerLens raises."""
+
+
 class TLAttributeError(WeightLoadError, AttributeError):
     """A weight this model does not have (``W_pos`` of a rotary model, ``W_in`` of an
     attention-only one): an :class:`mi_core.WeightLoadError` that is also the
     ``AttributeError`` TransformerLens raises (so ``hasattr(model, "W_pos")`` is False)."""
 
 
-__all__ = ["TLAttributeError", "TLHookError", "TLValueError"]
+__all__ = ["TLAttributeError", "TLHookError", "TLInputError", "TLTypeError",
+           "TLValueError"]

@@ -161,8 +161,9 @@ class FactoredMatrix:
         if length == lead + 2:
             idx = _int_to_slice(_int_to_slice(idx, -1), -2)
             return FactoredMatrix(self.A[idx[:-1]], self.B[idx[:-2] + (slice(None), idx[-1])])
-        raise _ShapeError(f"{idx} is too long an index for a FactoredMatrix with shape "
-                          f"{tuple(self.shape)}")
+        from mi_core.tl.errors import TLValueError  # TransformerLens raises a ValueError here
+        raise TLValueError(f"{idx} is too long an index for a FactoredMatrix with shape "
+                           f"{tuple(self.shape)}")
 
     def __repr__(self) -> str:
         return f"FactoredMatrix: Shape({self.shape}), Hidden Dim({self.mdim})"

@@ -24,8 +24,8 @@ import torch
 import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
-from mi_core import HookError, InputError
-from mi_core.tl.errors import TLHookError
+from mi_core import HookError
+from mi_core.tl.errors import TLHookError, TLTypeError, TLValueError
 
 NamesFilter = Optional[Union[Callable[[str], bool], Sequence[str], str]]
 Direction = Literal["fwd", "bwd"]
@@ -68,7 +68,8 @@ class HookPoint(nn.Module):
         """Register ``hook(activation, hook=self)`` (forward) or ``hook(grad, hook=self)``
         (backward); a returned tensor replaces the activation (the gradient upstream)."""
         if not callable(hook):
-            raise InputError(f"hook at {self.name!r} must be callable, got {type(hook).__name__}")
+            raise TLTypeError(f"hook at {self.name!r} must be callable, got "
+                              f"{type(hook).__name__}")
         if dir == "fwd":
             def fwd(module: nn.Module, inputs: Any, output: Any) -> Any:
                 return hook(output, hook=self)
@@ -81,7 +82,7 @@ class HookPoint(nn.Module):
             handle = self.register_full_backward_hook(bwd, prepend=prepend)
             hooks = self.bwd_hooks
         else:
-            raise InputError(f"dir must be 'fwd' or 'bwd', got {dir!r}")
+            raise TLValueError(f"dir must be 'fwd' or 'bwd', got {dir!r}")
         entry = LensHandle(handle, is_permanent, level, user_hook=hook)
         hooks.insert(0, entry) if prepend else hooks.append(entry)
 
@@ -91,14 +92,14 @@ class HookPoint(nn.Module):
             return any((including_permanent or not h.is_permanent)
                        and (level is None or h.context_level == level) for h in handles)
         if dir not in ("fwd", "bwd", "both"):
-            raise InputError(f"dir must be 'fwd', 'bwd' or 'both', got {dir!r}")
+            raise TLValueError(f"dir must be 'fwd', 'bwd' or 'both', got {dir!r}")
         return (dir != "bwd" and any_in(self.fwd_hooks)) or (
             dir != "fwd" and any_in(self.bwd_hooks))
 
     def remove_hooks(self, dir: Literal["fwd", "bwd", "both"] = "fwd",
                      including_permanent: bool = False, level: Optional[int] = None) -> None:
         if dir not in ("fwd", "bwd", "both"):
-            raise InputError(f"dir must be 'fwd', 'bwd' or 'both', got {dir!r}")
+            raise TLValueError(f"dir must be 'fwd', 'bwd' or 'both', got {dir!r}")
 
         def keep(handles: list[LensHandle]) -> list[LensHandle]:
             kept = []
@@ -141,8 +142,8 @@ def names_filter_fn(names_filter: NamesFilter) -> Callable[[str], bool]:
         return lambda name: name in wanted
     if callable(names_filter):
         return names_filter
-    raise InputError(f"names_filter must be a name, a list of names or a function of the name, "
-                     f"got {type(names_filter).__name__}")
+    raise TLValueError(f"names_filter must be a name, a list of names or a function of the "
+                       f"name, got {type(names_filter).__name__}")
 
 
 class HookedRootModule(nn.Module):
@@ -241,8 +242,8 @@ class HookedRootModule(nn.Module):
                 if name(point_name):
                     point.add_hook(hook, dir=dir, level=self.context_level)
         else:
-            raise InputError(f"a hook's name must be a hook name or a function of the name, "
-                             f"got {type(name).__name__}")
+            raise TLTypeError(f"a hook's name must be a hook name or a function of the name, "
+                              f"got {type(name).__name__}")
 
     @contextlib.contextmanager
     def hooks(self, fwd_hooks: Sequence[tuple[Any, Callable[..., Any]]] = (),
@@ -286,7 +287,7 @@ class HookedRootModule(nn.Module):
 
         cache = {} if cache is None else cache
         keep = names_filter_fn(names_filter)
-        slicer = Slice(pos_slice)
+        slicer = Slice.unwrap(pos_slice)  # an int keeps the axis, as TransformerLens
         self.is_caching = True
 
         def save(tensor: torch.Tensor, hook: HookPoint, is_backward: bool = False) -> None:

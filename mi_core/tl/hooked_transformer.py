@@ -36,7 +36,7 @@ from mi_core.plugin import require_capability
 from mi_core.tl import arithmetic, components, processing
 from mi_core.tl.activation_cache import ActivationCache
 from mi_core.tl.config import HookedTransformerConfig, config_of
-from mi_core.tl.errors import TLAttributeError
+from mi_core.tl.errors import TLAttributeError, TLInputError
 from mi_core.tl.hook_points import HookedRootModule, HookPoint, TLHookError, names_filter_fn
 from mi_core.tl.tl_tokens import TokensMixin
 from mi_core.tl.tokenizer import TLTokenizer
@@ -289,8 +289,8 @@ class HookedTransformer(TokensMixin, HookedRootModule):
         if return_type is None:
             return None
         if tokens is None:
-            raise InputError("tokens must be passed in if return_type is 'loss' or 'both' "
-                             "(with start_at_layer)")
+            raise TLInputError("tokens must be passed in if return_type is 'loss' or 'both' "
+                               "(with start_at_layer)")  # TransformerLens asserts
         loss = self.loss_fn(out, tokens, attention_mask, per_token=loss_per_token)
         return loss if return_type == "loss" else Output(out, loss)
 
@@ -385,6 +385,7 @@ class HookedTransformer(TokensMixin, HookedRootModule):
             lambda: arithmetic.positions_of(ids, mask, offset), self.cfg.n_ctx,
             (lambda i: self.blocks[i].attn.W_O) if self.cfg.use_attn_result else None, wire)
         plan.before(spec)  # recomputed values, which the user's hooks then see
+        arithmetic.pad_as_transformerlens(spec, {n for n, _ in kernel}, blocks, mask)
         for name, hp in kernel:
             wanted = request is not None and name in request.wanted
             grads = bool(hp.bwd_hooks) or (wanted and request.grads)  # type: ignore[union-attr]
@@ -484,7 +485,7 @@ class HookedTransformer(TokensMixin, HookedRootModule):
                 self._request = None
             if incl_bwd:
                 out.backward()
-        slicer = Slice(pos_slice)
+        slicer = Slice.unwrap(pos_slice)  # an int keeps the axis, as TransformerLens
         cache: dict[str, torch.Tensor] = {}
         entries = list(request.values.items())
         if incl_bwd:  # in the order backward reached them, as TransformerLens' hooks fire

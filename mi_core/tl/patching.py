@@ -104,8 +104,21 @@ def generic_activation_patch(model: Any, corrupted_tokens: torch.Tensor, clean_c
         else:
             out[tuple(index)] = value
     if return_index_df:
-        return out, index_df if index_df is not None else rows
+        if index_df is None:
+            index_df = make_df_from_ranges(dims, index_axis_names)  # type: ignore[arg-type]
+        return out, index_df
     return out
+
+
+def make_df_from_ranges(column_max_ranges: Sequence[int], column_names: Sequence[str]) -> Any:
+    """Every index tuple of the ranges, as TransformerLens' (a pandas DataFrame with those
+    columns; without pandas, the list of rows)."""
+    rows = [list(r) for r in itertools.product(*(range(n) for n in column_max_ranges))]
+    try:
+        import pandas as pd
+    except ImportError:  # pandas is not a dependency of mi-core; TransformerLens requires it
+        return rows
+    return pd.DataFrame(rows, columns=list(column_names))
 
 
 # -- patch setters (TransformerLens' own) ---------------------------------------------------------

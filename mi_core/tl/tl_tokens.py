@@ -141,7 +141,7 @@ class TokensMixin:
         if not len(indices):
             raise TLInputError("The token does not occur in the prompt")
         if mode not in ("first", "last"):
-            raise InputError(f"mode must be 'first' or 'last', not {mode}")
+            raise TLValueError(f"mode must be 'first' or 'last', not {mode}")
         return int(indices[0 if mode == "first" else -1].item())
 
     def tokens_to_residual_directions(self, tokens: Any) -> torch.Tensor:
@@ -160,10 +160,11 @@ class TokensMixin:
                  verbose: bool = True) -> Any:
         """Sample up to `max_new_tokens` tokens after `input` (a text, a list of texts, left
         padded, or tokens [batch, pos]); returns text for text ("str"), tokens for tokens
-        ("tokens"). Hooks on the model apply at every step."""
-        if return_type not in ("input", "str", "tokens"):
-            raise InputError(f"return_type must be 'input', 'str' or 'tokens', got "
-                             f"{return_type!r} (embeddings are not supported)")
+        ("tokens"), or the sequence's embeddings [batch, pos, d_model] ("embeds"). Hooks on
+        the model apply at every step."""
+        if return_type not in ("input", "str", "tokens", "embeds"):
+            raise TLInputError(f"return_type must be one of ['input', 'str', 'tokens', "
+                               f"'embeds'], got {return_type!r}")
         is_text = isinstance(input, (str, list))
         if return_type == "input":
             return_type = "str" if is_text else "tokens"
@@ -175,6 +176,8 @@ class TokensMixin:
                               use_past_kv_cache)
         if return_type == "tokens":
             return output
+        if return_type == "embeds":  # TransformerLens: the embeddings of the whole sequence
+            return self.embed(output)  # type: ignore[attr-defined]
         texts = [self._tok("generate").decode(row, skip_special_tokens=True) for row in output]
         return texts[0] if len(texts) == 1 else texts
 
@@ -188,7 +191,7 @@ class TokensMixin:
         elif isinstance(input, torch.Tensor) and input.dim() == 2:
             tokens = input.to(self.mi_model.device)
         else:
-            raise InputError("generate needs a text, a list of texts or tokens [batch, pos]")
+            raise TLInputError("generate needs a text, a list of texts or tokens [batch, pos]")
         mask = None
         if self.tokenizer is not None:
             side = "left" if batched else (padding_side or self.tokenizer.padding_side)

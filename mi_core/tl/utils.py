@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from mi_core import CapabilityError, InputError, MIModel
 from mi_core.tl.activation_cache import Slice, SliceInput, get_act_name
+from mi_core.tl.errors import TLInputError  # noqa: F401  (re-exported: its home was here)
 
 #: TransformerLens' marker for "use the model's default" (``prepend_bos``, ``padding_side``).
 USE_DEFAULT_VALUE = None
@@ -33,10 +34,6 @@ class TLCapabilityError(CapabilityError, AssertionError):
     raises."""
 
 
-class TLInputError(InputError, AssertionError):
-    """A bad argument TransformerLens refuses with an assertion (a token that is not a single
-    token, a token absent from a prompt, ...): an :class:`mi_core.InputError` that is also the
-    ``AssertionError`` TransformerLens raises."""
 
 
 # -- devices and tensors -------------------------------------------------------------------------
@@ -358,13 +355,64 @@ def download_file_from_hf(*args: Any, **kwargs: Any) -> Any:
                           "outside MIModel.from_pretrained)")
 
 
+def keep_single_column(dataset: Any, col_name: str) -> Any:
+    """`dataset` (a ``datasets`` Dataset) with only the column `col_name`."""
+    for key in list(dataset.features):
+        if key != col_name:
+            dataset = dataset.remove_columns(key)
+    return dataset
+
+
+def tokenize_and_concatenate(dataset: Any, tokenizer: Any, streaming: bool = False,
+                             max_length: int = 1024, column_name: str = "text",
+                             add_bos_token: bool = True, num_proc: Optional[int] = 10,
+                             set_format: bool = True) -> Any:
+    """TransformerLens 3's ``tokenize_and_concatenate``: each document tokenized without
+    special tokens, documents joined by EOS, cut into rows of `max_length` (BOS first when
+    `add_bos_token`; a corpus shorter than a row padded with EOS, or the pad token if the
+    tokenizer has one) -> a Dataset with one column ``"tokens"`` [rows, max_length]. Needs the
+    ``datasets`` package (the caller's `dataset` is one)."""
+    import numpy as np
+
+    dataset = keep_single_column(dataset, column_name)
+    if tokenizer.eos_token_id is None:
+        raise TLInputError("Tokenizer must have an EOS token.")
+    seq_len = max_length - 1 if add_bos_token else max_length
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token is not None else tokenizer.eos_token_id
+
+    def tokenize(examples: dict[str, Any]) -> dict[str, Any]:
+        texts = examples[column_name]
+        if not texts:
+            return {"tokens": np.array([], dtype=np.int64)}
+        rows = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        pieces: list[Any] = []
+        for i, row in enumerate(rows):  # documents joined by one EOS token
+            pieces += [np.asarray(row, dtype=np.int64)] + (
+                [np.array([tokenizer.eos_token_id], dtype=np.int64)] if i < len(rows) - 1
+                else [])
+        tokens = np.concatenate(pieces)
+        n_rows = max(1, len(tokens) // seq_len)
+        if len(tokens) < seq_len:
+            tokens = np.concatenate([tokens, np.full(seq_len - len(tokens), pad_id)])
+        tokens = tokens[:seq_len * n_rows].reshape(n_rows, seq_len)
+        if add_bos_token:
+            tokens = np.concatenate([np.full((n_rows, 1), tokenizer.bos_token_id), tokens], 1)
+        return {"tokens": tokens}
+
+    out = dataset.map(tokenize, batched=True, remove_columns=[column_name],
+                      **({"num_proc": num_proc} if not streaming else {}))
+    if set_format:
+        out.set_format(type="torch", columns=["tokens"])
+    return out
+
+
 __all__ = [
     "SliceInput", "Slice", "USE_DEFAULT_VALUE", "TLCapabilityError", "TLInputError",
     "composition_scores", "download_file_from_hf", "filter_dict_by_prefix", "gelu_fast",
     "gelu_new", "get_act_name", "get_attention_mask", "get_corner", "get_cumsum_along_dim",
     "get_dataset", "get_device", "get_input_with_manually_prepended_bos", "get_nested_attr",
     "get_offset_position_ids", "get_tokens_with_bos_removed", "is_lower_triangular",
-    "is_square", "lm_accuracy", "lm_cross_entropy_loss", "override_or_use_default_value",
+    "is_square", "keep_single_column", "lm_accuracy", "lm_cross_entropy_loss", "override_or_use_default_value",
     "remove_batch_dim", "repeat_along_head_dimension", "sample_logits", "set_nested_attr",
-    "solu", "test_prompt", "to_numpy", "transpose",
+    "solu", "test_prompt", "to_numpy", "tokenize_and_concatenate", "transpose",
 ]

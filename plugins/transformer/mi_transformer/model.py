@@ -577,7 +577,8 @@ class TransformerBackend:
     def get_weight(self, name: str, layer: int | None = None) -> torch.Tensor:
         """A weight in TransformerLens naming and layout (a view where possible).
 
-        Global: W_E [vocab, d_model], W_U [d_model, vocab], W_pos [positions, d_model] and
+        Global: W_E [vocab, d_model], W_U [d_model, vocab], W_pos [positions, d_model] (from
+        position 0: OPT's two leading rows left out, as TransformerLens) and
         b_U [vocab] where the family has them, ln_final.w / ln_final.b. W_U and b_U include
         the family's logit multiplier (Granite's 1 / logits_scaling, Cohere's logit_scale,
         Falcon-H1's lm_head_multiplier; then a new tensor): logits = ln_final(x) @ W_U + b_U
@@ -596,6 +597,8 @@ class TransformerBackend:
             return w.lm_head.T if scale == 1.0 else (w.lm_head * scale).T
         if name == "b_U" and w.lm_head_bias is not None and scale != 1.0:
             return w.lm_head_bias * scale
+        if name == "W_pos" and w.pos_embed is not None:  # the rows positions 0.. read (OPT
+            return w.pos_embed[c.position_offset:]  # keeps 2 before them): a view
         if name in ("W_pos", "b_U"):
             return self._need(w.pos_embed if name == "W_pos" else w.lm_head_bias, name, None)
         if name in ("ln_final.w", "ln_final.b"):
