@@ -1,7 +1,7 @@
 """Mixture-of-experts layers in half precision against transformers in the same dtype.
 
 transformers 5.24 keeps the top-k routing weights in float32 for Mixtral, MiniMax,
-DeepSeek-V2/V3, GLM-4.5, Gemma-4 and Nemotron-H (float32 softmax / sigmoid not cast back), so
+DeepSeek-V2/V3, GLM-4.5 and Nemotron-H (float32 softmax / sigmoid not cast back), so
 its default ``grouped_mm`` experts multiply each expert's half output by a float32 weight and
 sum the top-k rows in float32, rounding once; the other families cast the weights to the
 model's dtype first. We follow it (``MoeConfig.accumulate_float32``). Checked on the logits of

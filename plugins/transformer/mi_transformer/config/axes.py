@@ -166,7 +166,7 @@ class MoeConfig:
     #: the top-k routing weights stay float32 in a half-precision model, and each expert's
     #: weighted output and their per-token sum are float32, rounded to the model's dtype
     #: once (transformers' float32 top-k weights through its grouped_mm experts: Mixtral,
-    #: MiniMax, DeepSeek-V2/V3, GLM-4.5, Gemma-4, Nemotron-H); nothing changes in float32
+    #: MiniMax, DeepSeek-V2/V3, GLM-4.5, Nemotron-H); nothing changes in float32
     accumulate_float32: bool = False
 
     def __attrs_post_init__(self) -> None:

@@ -276,7 +276,7 @@ def parse_gemma4_text(r: ConfigReader) -> TransformerConfig:
             num_experts=r.int("num_experts"), top_k=r.int("top_k_experts"),
             expert_size=r.int("moe_intermediate_size"), norm_topk_prob=True, block="",
             router_name="router.proj", fused_linear=True, beside_mlp=True,
-            router_input_scale=True, accumulate_float32=True)
+            router_input_scale=True)
         base["layer_moe"] = (True,) * n
     else:  # read only with the block (transformers' class defaults them to null)
         r.read.update({"num_experts", "top_k_experts", "moe_intermediate_size"})
