@@ -109,7 +109,9 @@ def test_captured_values_follow_the_documented_dtype_rule(tiny, make_ids, name):
         if point.endswith("mlp.hook_expert_indices"):
             expected = torch.int64
         elif point.endswith(_FLOAT32_SUFFIXES) or (
-                fp32_router and point.endswith("mlp.hook_router_logits")):
+                fp32_router and point.endswith("mlp.hook_router_logits")) or (
+                model.config.moe is not None and model.config.moe.accumulate_float32
+                and point.endswith("mlp.hook_expert_weights")):
             expected = torch.float32
         else:
             expected = torch.bfloat16

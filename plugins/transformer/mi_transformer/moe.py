@@ -172,11 +172,17 @@ def route(w: MoeWeights, x: torch.Tensor, run: HookRun, names: MoeNames
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
     if w.per_expert_scale is not None:  # Gemma-4: each chosen expert's weight scaled
         top_w = top_w * w.per_expert_scale[top_i]
-    top_w = run.apply(names.expert_weights, top_w.to(x.dtype))
+    top_w = run.apply(names.expert_weights, top_w.to(weights_dtype(c, x.dtype)))
     top_i = run.apply(names.expert_indices, top_i)
     if run.spec.has_intervention_at(names.expert_indices):
         _check_indices(top_i, c, names.expert_indices, tuple(x.shape[:-1]))
     return top_w, top_i
+
+
+def weights_dtype(c: MoeConfig, dtype: torch.dtype) -> torch.dtype:
+    """The routing weights' dtype in a model of `dtype`: float32 in a half model where
+    transformers keeps them so (:attr:`MoeConfig.accumulate_float32`), else the model's."""
+    return torch.promote_types(dtype, torch.float32) if c.accumulate_float32 else dtype
 
 
 def _check_indices(idx: torch.Tensor, c: MoeConfig, name: str, lead: tuple[int, ...]) -> None:
@@ -215,7 +221,8 @@ def moe(w: MoeWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tens
         rows = _looped_rows(w, flat, flat_w, order, tok, counts, act)
     per_slot = torch.empty_like(rows)
     per_slot[order] = rows
-    out = per_slot.view(-1, c.top_k, d).sum(dim=1)  # [tokens, d]
+    # [tokens, d]; rows in float32 with float32 weights (accumulate_float32): one rounding
+    out = per_slot.view(-1, c.top_k, d).sum(dim=1).to(x.dtype)
     if w.latent_out is not None:  # back to d_model
         out = F.linear(out, *w.latent_out)
     if hooked:
@@ -226,7 +233,7 @@ def moe(w: MoeWeights, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tens
             starts.append(starts[-1] + n)
         for e in hooked:  # the dense [batch, seq, d_model] view, zero where not routed
             sl = slice(starts[e], starts[e + 1])
-            dense = torch.zeros_like(flat).index_copy_(0, tok[sl], rows[sl])
+            dense = torch.zeros_like(flat).index_copy_(0, tok[sl], rows[sl].to(flat.dtype))
             if w.latent_out is not None:  # its share of fc2_latent_proj's output (no bias)
                 dense = F.linear(dense, w.latent_out[0])
             dense = dense.view(b, s, d_model)
@@ -249,14 +256,16 @@ def _looped_rows(w: MoeWeights, flat: torch.Tensor, flat_w: torch.Tensor, order:
                  tok: torch.Tensor, counts: list[int],
                  act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """[tokens * top_k, d_model] in expert order: each expert on its own slice of rows."""
-    rows = flat.new_empty(order.shape[0], flat.shape[-1])
+    # the weights' dtype when wider (float32 weights in a half model: accumulate_float32)
+    rows = flat.new_empty(order.shape[0], flat.shape[-1],
+                          dtype=torch.promote_types(flat.dtype, flat_w.dtype))
     start = 0
     for e, n in enumerate(counts):
         if n == 0:
             continue
         sel, xe = order[start:start + n], flat[tok[start:start + n]]
         if w.config.weights_scale_input:  # Llama 4: the expert reads its weighted input
-            rows[start:start + n] = w.experts[e](xe * flat_w[sel, None], act)
+            rows[start:start + n] = w.experts[e](xe * flat_w[sel, None].to(xe.dtype), act)
         else:
             rows[start:start + n] = w.experts[e](xe, act) * flat_w[sel, None]
         start += n

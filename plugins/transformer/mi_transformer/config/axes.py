@@ -163,6 +163,11 @@ class MoeConfig:
     #: (d_model -> latent) before them, ``fc2_latent_proj`` (latent -> d_model) after their
     #: weighted sum; the router and the shared expert read d_model (Nemotron-H)
     latent_size: int = 0
+    #: the top-k routing weights stay float32 in a half-precision model, and each expert's
+    #: weighted output and their per-token sum are float32, rounded to the model's dtype
+    #: once (transformers' float32 top-k weights through its grouped_mm experts: Mixtral,
+    #: MiniMax, DeepSeek-V2/V3, GLM-4.5, Nemotron-H); nothing changes in float32
+    accumulate_float32: bool = False
 
     def __attrs_post_init__(self) -> None:
         if not 0 < self.top_k <= self.num_experts:

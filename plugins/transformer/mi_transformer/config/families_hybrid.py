@@ -281,7 +281,7 @@ def _nemotron_moe(r: ConfigReader) -> MoeConfig:
         selection_bias="gate.e_score_correction_bias", n_group=r.int("n_group", 1, min=1),
         topk_group=r.int("topk_group", 1, min=1),
         routed_scaling=r.float("routed_scaling_factor", 1.0), gated=False,
-        latent_size=r.int("moe_latent_size", None, min=1) or 0)
+        latent_size=r.int("moe_latent_size", None, min=1) or 0, accumulate_float32=True)
 
 
 def parse_nemotron_h(r: ConfigReader) -> TransformerConfig:

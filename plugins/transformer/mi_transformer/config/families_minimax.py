@@ -73,7 +73,8 @@ def parse_minimax(r: ConfigReader) -> TransformerConfig:
     settings = spec.settings(r, LIGHTNING_KEYS, hidden)
     factor = {k: (r.float(a, 1.0), r.float(b, 1.0)) for k, (a, b) in _FACTORS.items()}
     moe = _moe(r, ("num_local_experts", "num_experts"), "intermediate_size", None,
-               block="block_sparse_moe", expert_names=("w1", "w3", "w2"))
+               block="block_sparse_moe", expert_names=("w1", "w3", "w2"),
+               accumulate_float32=True)
     window = r.int("sliding_window", None)
     base.update(weight_names="minimax", moe=moe, layer_moe=(True,) * n,
                 layer_mixers=tuple(_TYPES[t] for t in types),

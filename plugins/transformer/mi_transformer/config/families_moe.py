@@ -50,7 +50,7 @@ def _sparse_layers(r: ConfigReader, n: int) -> tuple[bool, ...]:
 def parse_mixtral(r: ConfigReader) -> TransformerConfig:
     base = _base(r, "mixtral")
     moe = _moe(r, ("num_local_experts",), "intermediate_size", None, block="block_sparse_moe",
-               expert_names=("w1", "w3", "w2"))
+               expert_names=("w1", "w3", "w2"), accumulate_float32=True)
     base.update(moe=moe, layer_moe=(True,) * base["num_layers"])
     window = r.int("sliding_window", None)
     types = ["sliding_attention" if window else "full_attention"] * base["num_layers"]

@@ -149,7 +149,7 @@ def _deepseek_moe(r: ConfigReader, model_type: str, defaults: dict[str, Any]) ->
                      shared_expert_size=size * n_shared, shared_name="shared_experts",
                      routed_scaling=r.float("routed_scaling_factor",
                                             defaults["routed_scaling_factor"], gt=0),
-                     **route)
+                     accumulate_float32=True, **route)
 
 
 def _deepseek(r: ConfigReader, model_type: str) -> TransformerConfig:

@@ -177,7 +177,7 @@ def parse_glm4_moe(r: ConfigReader) -> TransformerConfig:
                     scoring="sigmoid", selection_bias="gate.e_score_correction_bias",
                     n_group=r.int("n_group"), topk_group=r.int("topk_group"),
                     routed_scaling=r.float("routed_scaling_factor", gt=0),
-                    shared_name="shared_experts")
+                    shared_name="shared_experts", accumulate_float32=True)
     dense = r.int("first_k_dense_replace", min=0)
     mtp = _agreeing(r, ("num_nextn_predict_layers", "num_mtp_layers"), 1, minimum=0)
     base.update(qkv_bias=r.bool("attention_bias", False), qk_norm=r.bool("use_qk_norm", False),
