@@ -8,30 +8,22 @@ HookedTransformer's weight processing, hook names and numerics. Here it is the
 :class:`~mi_core.tl.HookedTransformer` of the same checkpoint: :meth:`boot_transformers`
 loads it unprocessed (the bridge's weights before ``enable_compatibility_mode``) with
 TransformerLens' defaults (BOS prepended), :meth:`enable_compatibility_mode` runs
-HookedTransformer's weight processing with the bridge's flags. What the bridge adds over
-HookedTransformer that its demos use: :meth:`tl_named_parameters` / :meth:`tl_parameters`
-(TransformerLens-named weights in the bridge's order) and the block points ``hook_in`` /
-``hook_out`` (the residual stream entering / leaving the block, i.e. ``hook_resid_pre`` /
-``hook_resid_post``; ``utils.get_act_name("in", layer)``)."""
+HookedTransformer's weight processing with the bridge's flags (both, and what else the bridge
+adds that its demos use, are :class:`mi_core.tl.bridge_compat.BridgeCompatMixin`'s, on
+HookedTransformer too). Here, as on the bridge, a name filter skips the opt-in points whose
+switch is off (with a warning) where HookedTransformer refuses them."""
 
 from __future__ import annotations
 
 import os
-import re
 import warnings
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 
 from mi_core import CapabilityError, HookError
 from mi_core.tl.hook_points import HookPoint
 from mi_core.tl.hooked_transformer import _OPT_IN, HookedTransformer
-
-#: the bridge's block-level names for HookedTransformer's residual points
-_BLOCK_ALIASES = (
-    (re.compile(r"^blocks\.(\d+)\.hook_in$"), r"blocks.\1.hook_resid_pre"),
-    (re.compile(r"^blocks\.(\d+)\.hook_out$"), r"blocks.\1.hook_resid_post"),
-)
 
 #: boot_transformers' arguments that change nothing on a local, single-device load
 _NEUTRAL = {"hf_config_overrides": None, "load_weights": True, "trust_remote_code": False,
@@ -66,30 +58,8 @@ class TransformerBridge(HookedTransformer):
                 f"mi-core's TransformerLens layer (save other weights as a checkpoint "
                 f"directory and pass its path)")
         kw = {} if revision is None else {"revision": revision}
-        out = cls.from_pretrained_no_processing(model_name, device=device, dtype=dtype,
-                                                tokenizer=tokenizer, **kw)
-        out._layer_norm = out.cfg.normalization_type == "LN"  # its norms have biases
-        return out
-
-    def enable_compatibility_mode(self, disable_warnings: bool = False,
-                                  no_processing: bool = False, fold_ln: bool = True,
-                                  center_writing_weights: bool = True,
-                                  center_unembed: bool = True, fold_value_biases: bool = True,
-                                  refactor_factored_attn_matrices: bool = False) -> None:
-        """HookedTransformer's weight processing with these flags (TransformerLens' bridge:
-        its hook names are already HookedTransformer's here); ``no_processing`` keeps the
-        weights as loaded. Processing twice is refused, as the weights would be folded
-        again."""
-        if no_processing:
-            return
-        if getattr(self, "_compatibility_processed", False):
-            raise CapabilityError("enable_compatibility_mode: the weights are already "
-                                  "processed (call it once per loaded model)")
-        self.process_weights_(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                              center_unembed=center_unembed,
-                              refactor_factored_attn_matrices=refactor_factored_attn_matrices,
-                              fold_value_biases=fold_value_biases)
-        self._compatibility_processed = True
+        return cls.from_pretrained_no_processing(model_name, device=device, dtype=dtype,
+                                                 tokenizer=tokenizer, **kw)
 
     def _gated(self, name: str) -> Optional[str]:
         """The switch (``use_attn_result`` ...) that is off for opt-in point `name`, or None."""
@@ -119,48 +89,6 @@ class TransformerBridge(HookedTransformer):
             warnings.warn(f"add_hook: filter matched {len(skipped)} gated-off hook name(s) "
                           f"that were skipped: {skipped}. Call the relevant set_use_*(True) "
                           f"setter first to enable them.", stacklevel=2)
-
-    def _point(self, name: str) -> HookPoint:
-        for pattern, target in _BLOCK_ALIASES:
-            if pattern.match(name):
-                name = pattern.sub(target, name)
-        return super()._point(name)
-
-    def tl_named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(TransformerLens name, weight) in the bridge's order: embeddings, then per block
-        the attention's ``W_Q W_K W_V W_O b_Q b_K b_V b_O`` (keys and values repeated per
-        query head), the MLP's ``W_in W_out b_in b_out [W_gate]``, the norms' ``w [b]``
-        (ones / zeros once folded, as TransformerLens' bridge shows), then the final norm
-        and the unembedding."""
-        yield "embed.W_E", self.embed.W_E
-        if self.cfg.positional_embedding_type == "standard":
-            yield "pos_embed.W_pos", self.pos_embed.W_pos
-        for i, block in enumerate(self.blocks):
-            p = f"blocks.{i}."
-            for n in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O"):
-                yield p + "attn." + n, getattr(block.attn, n)
-            if not self.cfg.attn_only:
-                for n in ("W_in", "W_out", "b_in", "b_out", "W_gate"):
-                    w = getattr(block.mlp, n, None)
-                    if w is not None:
-                        yield p + "mlp." + n, w
-            for ln in ("ln1", "ln2") if not self.cfg.attn_only else ("ln1",):
-                yield from self._norm(p + ln, getattr(block, ln, None))
-        yield from self._norm("ln_final", getattr(self, "ln_final", None))
-        yield "unembed.W_U", self.unembed.W_U
-        yield "unembed.b_U", self.unembed.b_U
-
-    def tl_parameters(self) -> dict[str, torch.Tensor]:
-        """TransformerLens name -> weight (:meth:`tl_named_parameters` as a dict)."""
-        return dict(self.tl_named_parameters())
-
-    def _norm(self, name: str, module: Any) -> Iterator[tuple[str, torch.Tensor]]:
-        d, layer_norm = self.cfg.d_model, getattr(self, "_layer_norm", False)
-        w, b = getattr(module, "w", None), getattr(module, "b", None)
-        device = self.embed.W_E.device
-        yield name + ".w", w if w is not None else torch.ones(d, device=device)
-        if layer_norm:
-            yield name + ".b", b if b is not None else torch.zeros(d, device=device)
 
 
 __all__ = ["TLBridgeHookError", "TransformerBridge"]
