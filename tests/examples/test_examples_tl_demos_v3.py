@@ -55,6 +55,15 @@ NO_KV = ("TransformerLens' bridge's KV-cached generation is wrong on GPT-2; both
 #: (cells 91-95) are normalised by are ~1e-2, so float32 rounding of the logits (1e-5,
 #: measured: 1.25e-5 at most) is ~1e-3 of those figures; SmolLM2 runs them at 1e-4
 RANDOM_IOI = "random weights: the IOI normalisation amplifies float32 rounding to ~1e-3"
+#: refactor_factored_attn_matrices is refused on rotary models, by TransformerLens too (both
+#: sides raise the same AssertionError in the loading cell, and every later cell then fails
+#: alike): on SmolLM2 the flag is left out so the demo's analysis is compared
+ROTARY = "refactor_factored_attn_matrices is refused on rotary models (both sides)"
+#: with backward hooks at hook_scale TransformerLens 3.9's bridge computes RMSNorm on another
+#: path (its own warning: "numerics may differ ... at float-rounding scale"), and on SmolLM2 the
+#: notebook's own check clean_value == 1 within 1e-5 fails on its side (0.9999647, measured):
+#: the check is made 1e-4 on both sides
+NORM_PATH = "the bridge's other RMSNorm path with backward hooks misses the 1e-5 check"
 HOOK_TREE = "prints every hook point that fires: the bridge's tree has more (HF modules')"
 #: TransformerLens 3.9's bridge's backward hook at ``hook_resid_mid`` gives another gradient
 #: than HookedTransformer's (measured on gpt2_12l: off by ~100% of its scale in every layer;
@@ -108,7 +117,8 @@ def demos(main: str, patching: str) -> dict[str, td.Demo]:
             "Exploratory_Analysis_Demo", version=V3,
             loads={18: _boot("model", "gpt2", main, ")")},
             trims=trims(*[(c, "for layer in range(model.cfg.n_layers):",
-                           "for layer in range(2):", RUNTIME) for c in (62, 67, 73, 79, 85)])
+                           "for layer in range(2):", RUNTIME) for c in (62, 67, 73, 79, 85)],
+                        (18, "    refactor_factored_attn_matrices=True,\n", "", ROTARY))
             + [(93, "range(7, model.cfg.n_layers - 1)", "range(7, 8)", RUNTIME),
                (95, "range(5, 8)", "range(5, 6)", RUNTIME),
                (95, "range(8, model.cfg.n_layers)", "range(8, 9)", RUNTIME)],
@@ -131,6 +141,8 @@ def demos(main: str, patching: str) -> dict[str, td.Demo]:
             loads={12: _boot("model", "gpt2", patching, ', device="cpu")'),
                    56: _boot("gpt2_xl", "gpt2-xl", "gpt2", ', device="cpu")')},
             differs={18: HOOK_TREE + " (it prints how many it cached)", 25: RESID_MID_GRAD},
+            trims=trims((18, "abs(clean_value - 1.0) < 1e-5", "abs(clean_value - 1.0) < 1e-4",
+                         NORM_PATH)),
             skip={4: SETUP, 52: RUNTIME + " (activation patching of every head and position, "
                   "which the Activation Patching demo covers)", 54: "uses cell 52"}),
     }
@@ -170,3 +182,29 @@ def test_v3_demo_shows_what_transformerlens_shows(name, model, tl_checkpoints,  
     seen = td.counted(theirs)
     print(f"{name} ({model}): compared {seen}")  # shown with -s / -rP
     assert seen["numbers"] + seen["figures"] > 0, seen
+
+
+@pytest.mark.parametrize("model", ["gpt2_12l", "smollm2"])
+@pytest.mark.parametrize("name", sorted(demos("gpt2_12l", "gpt2_12l")))
+def test_v3_port_changes_only_imports_and_the_loaded_name(name, model):
+    """Cell by cell, the port is the v3.5.1 notebook with its ``transformer_lens`` imports
+    rewritten and the hub name of its loading lines made a checkpoint directory (a bridge
+    loading line is the same text as the reference's); nothing else differs (the trims,
+    applied to both sides, aside)."""
+    demo = demos(model, model)[name]
+    trimmed = dict(td.notebook(name, V3)["cells"])
+    for cell, old, new, _why in demo.trims:
+        trimmed[cell] = trimmed[cell].replace(old, new)
+    imports = 0
+    for (cell, port, _), (_, ref, _) in zip(td.prepare(demo, "mi"), td.prepare(demo, "tl")):
+        original = trimmed[cell]
+        if cell in demo.loads:
+            original = original.replace(demo.loads[cell][0], demo.loads[cell][2])
+            if demo.loads[cell][1] == demo.loads[cell][2]:
+                assert td.port_imports(ref) == port, cell
+        for a, b in zip(original.split("\n"), port.split("\n"), strict=True):
+            if a != b:
+                assert "transformer_lens" in a and b.lstrip().startswith(
+                    ("from mi_core.tl", "import mi_core.tl")), (cell, a, b)
+                imports += 1
+    assert imports > 0
