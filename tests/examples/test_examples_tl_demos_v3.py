@@ -61,9 +61,15 @@ RANDOM_IOI = "random weights: the IOI normalisation amplifies float32 rounding t
 ROTARY = "refactor_factored_attn_matrices is refused on rotary models (both sides)"
 #: with backward hooks at hook_scale TransformerLens 3.9's bridge computes RMSNorm on another
 #: path (its own warning: "numerics may differ ... at float-rounding scale"), and on SmolLM2 the
-#: notebook's own check clean_value == 1 within 1e-5 fails on its side (0.9999647, measured):
-#: the check is made 1e-4 on both sides
+#: notebook's own checks clean_value == 1 and corrupted_value == 0 within 1e-5 fail on its side
+#: (0.9999647 and 3.53e-5, measured): the checks are made 1e-4 on both sides
 NORM_PATH = "the bridge's other RMSNorm path with backward hooks misses the 1e-5 check"
+#: TransformerLens' bridge computes with HuggingFace's modules, not with HookedTransformer's
+#: arithmetic (which mi_core.tl reproduces bit for bit, docs/TRANSFORMERLENS.md): F32 rounding,
+#: amplified by the patching metric's division by the clean - corrupted difference, moves the
+#: patching figures on SmolLM2 by up to 2.2e-4 of their largest value (measured: 1.21e-4 of
+#: 0.549); the v2.18.0 test compares the same cells with HookedTransformer at 1e-4
+BRIDGE_ROUNDING = "the bridge's HF arithmetic, amplified by the patching metric (2.2e-4)"
 HOOK_TREE = "prints every hook point that fires: the bridge's tree has more (HF modules')"
 #: TransformerLens 3.9's bridge's backward hook at ``hook_resid_mid`` gives another gradient
 #: than HookedTransformer's (measured on gpt2_12l: off by ~100% of its scale in every layer;
@@ -98,6 +104,8 @@ def demos(main: str, patching: str) -> dict[str, td.Demo]:
     def trims(*items: tuple[int, str, str, str]) -> list[tuple[int, str, str, str]]:
         return list(items) if slow else []
 
+    patch_rel = dict(figure_rel=5e-4, figure_rel_why=BRIDGE_ROUNDING) if slow else {}
+
     return {
         "Main_Demo": td.Demo(
             "Main_Demo", version=V3,
@@ -130,7 +138,7 @@ def demos(main: str, patching: str) -> dict[str, td.Demo]:
                    34: _hooked("attn_only", "attn-only-2l", "gpt2")},
             trims=[(19, "DO_SLOW_RUNS = True", "DO_SLOW_RUNS = False", RUNTIME),
                    (34, "batch = 4\nseq_len = 20", "batch = 2\nseq_len = 10", RUNTIME)],
-            skip={4: SETUP}),
+            skip={4: SETUP}, **patch_rel),
         "Head_Detector_Demo": td.Demo(
             "Head_Detector_Demo", version=V3,
             loads={18: _boot("model", "gpt2", main, ", device=device)")},
@@ -142,9 +150,12 @@ def demos(main: str, patching: str) -> dict[str, td.Demo]:
                    56: _boot("gpt2_xl", "gpt2-xl", "gpt2", ', device="cpu")')},
             differs={18: HOOK_TREE + " (it prints how many it cached)", 25: RESID_MID_GRAD},
             trims=trims((18, "abs(clean_value - 1.0) < 1e-5", "abs(clean_value - 1.0) < 1e-4",
+                         NORM_PATH),
+                        (18, "abs(corrupted_value) < 1e-5", "abs(corrupted_value) < 1e-4",
                          NORM_PATH)),
             skip={4: SETUP, 52: RUNTIME + " (activation patching of every head and position, "
-                  "which the Activation Patching demo covers)", 54: "uses cell 52"}),
+                  "which the Activation Patching demo covers)", 54: "uses cell 52"},
+            **patch_rel),
     }
 
 
