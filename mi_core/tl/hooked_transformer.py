@@ -35,6 +35,7 @@ from mi_core.plugin import KVCachedGeneration, LayerSchedule, Readout, has_capab
 from mi_core.plugin import require_capability
 from mi_core.tl import arithmetic, components, processing
 from mi_core.tl.activation_cache import ActivationCache
+from mi_core.tl.bridge_compat import BridgeCompatMixin
 from mi_core.tl.config import HookedTransformerConfig, config_of
 from mi_core.tl.errors import TLAttributeError, TLInputError
 from mi_core.tl.hook_points import HookedRootModule, HookPoint, TLHookError, names_filter_fn
@@ -105,7 +106,7 @@ class _Request:
         return out
 
 
-class HookedTransformer(TokensMixin, HookedRootModule):
+class HookedTransformer(BridgeCompatMixin, TokensMixin, HookedRootModule):
     """TransformerLens' ``HookedTransformer`` over a loaded :class:`mi_core.MIModel` (see the
     module doc). Build with :meth:`from_pretrained`, or ``HookedTransformer(mi_model)``."""
 

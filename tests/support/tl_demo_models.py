@@ -46,18 +46,20 @@ def smollm2_layers(gguf: Path, n_layers: int, root: Path) -> Path:
     return out
 
 
-def gpt2_tiny(gguf: Path, root: Path) -> Path:
-    """A random GPT-2 (2 layers, 4 heads, d_model 64, 256 positions) with SmolLM2's
+def gpt2_tiny(gguf: Path, root: Path, n_layer: int = 2, n_head: int = 4,
+              n_embd: int = 64) -> Path:
+    """A random GPT-2 (2 layers, 4 heads, d_model 64, 256 positions; or GPT-2 small's 12 x 12
+    heads at a tiny width, where a demo reads its layer and head indices) with SmolLM2's
     tokenizer and vocabulary; weights drawn larger than HF's init so heads differ."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    out = root / "gpt2-tiny"
+    out = root / ("gpt2-tiny" if n_layer == 2 else f"gpt2-tiny-{n_layer}l")
     if out.exists():
         return out
     src = smollm2_hf_dir(gguf)
     vocab = json.loads((src / "config.json").read_text())["vocab_size"]
-    cfg = GPT2Config(n_embd=64, n_head=4, n_layer=2, n_positions=256, n_inner=128,
-                     vocab_size=vocab, bos_token_id=1, eos_token_id=2)
+    cfg = GPT2Config(n_embd=n_embd, n_head=n_head, n_layer=n_layer, n_positions=256,
+                     n_inner=2 * n_embd, vocab_size=vocab, bos_token_id=1, eos_token_id=2)
     g = torch.Generator().manual_seed(0)
     model = GPT2LMHeadModel(cfg).eval()
     with torch.no_grad():
@@ -95,9 +97,11 @@ def reset_tl(model) -> None:
 @pytest.fixture(scope="session")
 def tl_checkpoints(smollm2_gguf_path, tmp_path_factory) -> dict[str, Path]:
     """name -> checkpoint directory: "smollm2" (all 30 layers), "smollm2_2l", "smollm2_3l"
-    (its first layers), "gpt2" (the GPT-2-shaped tiny model), made once per session."""
+    (its first layers), "gpt2" (the GPT-2-shaped tiny model), "gpt2_12l" (GPT-2 small's 12
+    layers of 12 heads, d_model 96), made once per session."""
     root = tmp_path_factory.mktemp("tl_checkpoints")
     return {"smollm2": smollm2_hf_dir(smollm2_gguf_path),
             "smollm2_2l": smollm2_layers(smollm2_gguf_path, 2, root),
             "smollm2_3l": smollm2_layers(smollm2_gguf_path, 3, root),
-            "gpt2": gpt2_tiny(smollm2_gguf_path, root)}
+            "gpt2": gpt2_tiny(smollm2_gguf_path, root),
+            "gpt2_12l": gpt2_tiny(smollm2_gguf_path, root, n_layer=12, n_head=12, n_embd=96)}
