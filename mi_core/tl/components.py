@@ -238,7 +238,7 @@ class Embed(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [batch, pos] -> [batch, pos, d_model] (TransformerLens' ``Embed``); refused
-        where the model scales its embedding in the forward (Gemma's sqrt(d_model))."""
+        where the model scales its embedding in the forward (a sqrt(d_model) scale)."""
         if self._plain is None:
             self._plain = _embeds_plainly(self._root(), self.W_E)
         if not self._plain:
