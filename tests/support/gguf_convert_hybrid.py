@@ -1,14 +1,15 @@
 """What llama.cpp's converter writes for the hybrid GGUF architectures ``granitehybrid``
-(Granite 4.0-H, Bamba), ``nemotron_h``, ``qwen3next``, ``qwen35`` and ``qwen35moe``, redone
-with the `gguf` package's GGUFWriter through :func:`tests.support.gguf_convert.write`,
-independently of mi_transformer.gguf (whose inverse mapping the tests check against it).
+(Granite 4.0-H, Bamba), ``nemotron_h``, ``nemotron_h_moe``, ``qwen3next``, ``qwen35`` and
+``qwen35moe``, redone with the `gguf` package's GGUFWriter through
+:func:`tests.support.gguf_convert.write`, independently of mi_transformer.gguf (whose inverse
+mapping the tests check against it).
 
 Followed: ggml-org/llama.cpp ``conversion/``: ``granite.py`` @ 010f22d8
 (``GraniteHybridModel``, ``GraniteMoeModel``, ``GraniteModel``), ``llama.py`` @ 0274f0fc
 (``LlamaModel.permute``, ``set_gguf_parameters``), ``mamba.py`` @ 32e9e044
-(``Mamba2Model.modify_tensors``), ``nemotron.py`` @ 003ebfc1 (``NemotronHModel``, non-MoE
-path), ``qwen.py`` @ 03173d5e (``Qwen2MoeModel``, ``Qwen3NextModel``,
-``_LinearAttentionVReorderBase``, ``_Qwen35MRopeMixin``, ``_Qwen35MtpMixin``,
+(``Mamba2Model.modify_tensors``), ``nemotron.py`` @ 003ebfc1 (``NemotronHModel``, the
+non-MoE and the MoE (``nemotron_h_moe``) paths), ``qwen.py`` @ 03173d5e (``Qwen2MoeModel``,
+``Qwen3NextModel``, ``_LinearAttentionVReorderBase``, ``_Qwen35MRopeMixin``, ``_Qwen35MtpMixin``,
 ``Qwen3_5TextModel``, ``Qwen3_5MoeTextModel``), ``base.py`` @ 00bd27a6
 (``TextModel.set_gguf_parameters``, the generic keys :func:`gguf_convert._generic` writes).
 The converters read ``config.json``; each function says which hparams it sees.
@@ -201,6 +202,58 @@ def nemotron_h_modify(hp: dict) -> Any:
         if bid is not None and pattern[bid] == "M":
             return _mamba2(name, a, hp["n_groups"], d_inner)
         return [(name, _llama_permute(name, a, hp))]
+    return modify
+
+
+def nemotron_h_moe_hparams(hp: dict) -> dict:
+    """config.json as Nemotron 3 Nano publishes it: the layer pattern as
+    ``hybrid_override_pattern`` with ``E`` for the mixture-of-experts layers (the converter
+    reads the string or transformers 5's ``layers_block_type``; both give the same file), the
+    mixture-of-experts keys kept (``num_experts_per_tok`` is what makes it nemotron_h_moe)."""
+    hp = dict(hp)
+    letters = {**_NEMOTRON_LETTERS, "moe": "E"}
+    hp["hybrid_override_pattern"] = "".join(letters[t] for t in hp.pop("layers_block_type"))
+    hp["num_hidden_layers"] = len(hp["hybrid_override_pattern"])
+    assert "num_experts_per_tok" in hp and not hp.get("num_nextn_predict_layers")
+    return hp
+
+
+def nemotron_h_moe_params(w: Any, hp: dict, rope: dict) -> None:
+    """``NemotronHModel.set_gguf_parameters`` with ``is_moe``: the non-MoE keys, then the
+    per-layer feed-forward length ``moe_intermediate_size`` on the ``E`` layers only (0 on the
+    dense ``-`` ones: the converter's MLP layers of a MoE model are its ``E`` layers), the
+    expert counts and widths, ``norm_topk_prob`` as ``expert_weights_norm``,
+    ``routed_scaling_factor`` as ``expert_weights_scale``, ``n_group`` as
+    ``expert_group_count`` and ``moe_latent_size`` where set. (``topk_group`` reaches the file
+    as the generic ``expert_group_used_count``.)"""
+    nemotron_h_params(w, hp, rope)
+    pattern = hp["hybrid_override_pattern"]
+    w.add_feed_forward_length([hp["moe_intermediate_size"] if c == "E" else 0 for c in pattern])
+    w.add_expert_used_count(hp["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(hp["moe_intermediate_size"])
+    w.add_expert_shared_feed_forward_length(hp["moe_shared_expert_intermediate_size"])
+    w.add_expert_count(hp["n_routed_experts"])
+    w.add_expert_shared_count(hp["n_shared_experts"])
+    w.add_expert_weights_norm(hp["norm_topk_prob"])
+    w.add_expert_weights_scale(hp["routed_scaling_factor"])
+    w.add_expert_group_count(hp["n_group"])
+    if hp.get("moe_latent_size") is not None:
+        w.add_moe_latent_size(hp["moe_latent_size"])
+
+
+def nemotron_h_moe_modify(hp: dict) -> Any:
+    """``NemotronHModel.modify_tensors`` with ``is_moe``: the Mamba-2 changes (by name), the
+    stacked experts renamed ``model.layers.{bid}.mlp.experts.{up,down}_proj.weight`` (the
+    selection bias, already ``e_score_correction.bias``, the router, shared expert and latent
+    projections map by name), q / k permuted on the attention layers."""
+    inner = nemotron_h_modify(hp)
+
+    def modify(name: str, a: np.ndarray, _: dict) -> list[tuple[str, np.ndarray]]:
+        bid = _layer(name)
+        for proj in ("up_proj", "down_proj"):
+            if name.endswith(f"mixer.experts.{proj}.weight"):
+                return [(f"model.layers.{bid}.mlp.experts.{proj}.weight", a)]
+        return inner(name, a, _)
     return modify
 
 

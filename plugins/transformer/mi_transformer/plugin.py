@@ -19,7 +19,7 @@ _GGUF = ("llama, qwen2, qwen3, gemma, gemma2, gemma3, phi2, phi3, starcoder2, ol
          "gpt2, gptneox, falcon, stablelm, command-r, granite, qwen2moe, qwen3moe, exaone4, "
          "seed_oss, ernie4_5, glm4, glm4moe, ernie4_5-moe, hunyuan-dense, apertus, gpt-oss, "
          "deepseek2, llama4, olmo, smollm3, mamba, mamba2, jamba, granitehybrid, nemotron_h, "
-         "qwen3next, qwen35, qwen35moe, falcon-h1, lfm2, lfm2moe, gemma3n, gemma4")
+         "nemotron_h_moe, qwen3next, qwen35, qwen35moe, falcon-h1, lfm2, lfm2moe, gemma3n, gemma4")
 
 
 @plugin_impl

@@ -233,7 +233,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
             neutral={**ROTARY, **GRANITEMOEHYBRID_NEUTRAL}),
     _family("nemotron_h", parse_nemotron_h, NEMOTRON_H_READS,
             harmless=HYBRID_HARMLESS | SSM_HARMLESS | NEMOTRON_H_HARMLESS,
-            note="Mamba-2 / attention / relu2 MLP layers (MoE layers refused)",
+            note="Mamba-2 / attention / relu2 MLP / mixture-of-experts layers",
             neutral=NEMOTRON_H_NEUTRAL),
     # linear-attention hybrids: gated DeltaNet layers (mi-ssm) and gated attention layers
     _family("qwen3_next", parse_qwen3_next, _LLAMA | QWEN3_NEXT_READS, harmless=_MOE_HARMLESS,

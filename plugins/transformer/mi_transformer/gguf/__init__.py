@@ -27,7 +27,8 @@ ernie4_5-moe, hunyuan-dense, apertus, olmo, smollm3
 (:mod:`~mi_transformer.gguf.arches_recent`), gpt-oss, deepseek2, llama4
 (:mod:`~mi_transformer.gguf.arches_moe2`), the state-space mamba, mamba2, jamba
 (:mod:`~mi_transformer.gguf.arches_ssm`) and the hybrids granitehybrid, nemotron_h,
-qwen3next, qwen35, qwen35moe (:mod:`~mi_transformer.gguf.arches_hybrid`), falcon-h1, lfm2,
+nemotron_h_moe, qwen3next, qwen35, qwen35moe (:mod:`~mi_transformer.gguf.arches_hybrid`),
+falcon-h1, lfm2,
 lfm2moe (:mod:`~mi_transformer.gguf.arches_hybrid2`), registered by
 ``checkpoint``, in :data:`GGUF_ARCHES`; gemma3n and gemma4
 (:mod:`~mi_transformer.gguf.arches_gemma`, which ``checkpoint.read_gguf`` hands them to:

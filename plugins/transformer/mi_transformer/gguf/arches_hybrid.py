@@ -1,5 +1,6 @@
 """GGUF architectures of the hybrid families whose mixer layers run mi-ssm's mixers beside
-attention: ``granitehybrid`` (Granite 4.0-H and Bamba), ``nemotron_h``, and the gated-DeltaNet
+attention: ``granitehybrid`` (Granite 4.0-H and Bamba), ``nemotron_h`` and ``nemotron_h_moe``
+(Nemotron 3: its mixture-of-experts layers), and the gated-DeltaNet
 hybrids ``qwen3next``, ``qwen35`` and ``qwen35moe``
 (:mod:`mi_transformer.config.families_hybrid`, :mod:`~mi_transformer.config.families_linear`).
 
@@ -234,8 +235,9 @@ def _nemotron_h(m: _Meta, names: set[str]) -> dict[str, Any]:
                           f"Nemotron-H layer is one of Mamba-2, attention or MLP")
     if m.raw(f"{m.arch}.expert_count") and any(f"blk.{i}.ffn_gate_inp.weight" in names
                                                for i in range(n)):
-        raise UnsupportedModelError(f"{m.path}: Nemotron-H mixture-of-experts layers are not "
-                                    f"supported")
+        raise UnsupportedModelError(f"{m.path}: Nemotron-H mixture-of-experts layers in a "
+                                    f"nemotron_h file (llama.cpp writes them as "
+                                    f"nemotron_h_moe) are not supported")
     pattern = "".join("*" if kv[i] else "-" if ff[i] else "M" for i in range(n))
     heads = m.int("attention.head_count")
     s = _mamba2_sizes(m)
@@ -259,6 +261,94 @@ def _nemotron_h(m: _Meta, names: set[str]) -> dict[str, Any]:
         "time_step_min": 0.001,  # not in the file: transformers' (and the published) value
         "attention_bias": f"blk.{att}.attn_q.bias" in names,
         "tie_word_embeddings": "output.weight" not in names, "torch_dtype": "float32"}
+    return _ids(m, cfg)
+
+
+def _nemotron_h_moe(m: _Meta, names: set[str]) -> dict[str, Any]:
+    """Nemotron 3 (``nemotron_h_moe``): Nemotron-H whose MLP layers are mixtures of experts
+    (``E``). The converter writes the experts' width as the per-layer feed-forward length of
+    the MoE layers and 0 elsewhere, so its dense MLP layers (``-``, transformers' "mlp") look
+    like Mamba-2 layers in the metadata (llama.cpp cannot run such a file): a layer without
+    KV heads or feed-forward length is told by its tensors (``ssm_in`` or ``ffn_up``)."""
+    n = m.int("block_count") - m.int("nextn_predict_layers", 0, min=0)
+    if n < 1:
+        raise ConfigError(f"{m.path}: GGUF metadata {m.arch}.nextn_predict_layers leaves no "
+                          f"layer of the {m.int('block_count')} (block_count)")
+    hidden, total = m.int("embedding_length"), m.int("block_count")
+    kv = _per_layer(m, "attention.head_count_kv", total, "the KV heads of the attention "
+                    "layers (one value) and 0 elsewhere")[:n]
+    ff = _per_layer(m, "feed_forward_length", total, "the experts' width on the "
+                    "mixture-of-experts layers (one value) and 0 elsewhere")[:n]
+    pattern = ""
+    for i in range(n):
+        has = {t: f"blk.{i}.{t}.weight" in names for t in ("ssm_in", "ffn_up", "ffn_gate_inp")}
+        if kv[i] and ff[i]:
+            raise ConfigError(f"{m.path}: layer {i} has both KV heads and a feed-forward "
+                              f"length; a Nemotron-H layer is one of Mamba-2, attention, MLP "
+                              f"or mixture of experts")
+        if ff[i] and not has["ffn_gate_inp"]:
+            raise ConfigError(f"{m.path}: layer {i} has feed-forward length {ff[i]} (a "
+                              f"mixture-of-experts layer) but no tensor "
+                              f"'blk.{i}.ffn_gate_inp.weight'")
+        pattern += "*" if kv[i] else "E" if ff[i] else "-" if has["ffn_up"] and \
+            not has["ssm_in"] else "M"
+    if "E" not in pattern:
+        raise ConfigError(f"{m.path}: {m.arch} without mixture-of-experts layers (no layer has "
+                          f"a feed-forward length in {m.arch}.feed_forward_length)")
+    heads = m.int("attention.head_count")
+    s = _mamba2_sizes(m)
+    ssm, att, mlp = pattern.find("M"), max(pattern.find("*"), 0), pattern.find("-")
+    eps = m.float("attention.layer_norm_rms_epsilon", None)
+    groups = m.int("expert_group_count", 1)
+    kept = m.int("expert_group_used_count", None)
+    if kept is None and groups > 1:  # llama.cpp routes without the group limit
+        raise UnsupportedModelError(
+            f"{m.path}: GGUF metadata {m.arch}.expert_group_count = {groups} without "
+            f"{m.arch}.expert_group_used_count: how many expert groups are kept is not in the "
+            f"file")
+    gating = m.int("expert_gating_func", None, min=0)
+    if gating not in (None, 2):  # llama.cpp's nemotron_h_moe is always sigmoid (2)
+        raise UnsupportedModelError(f"{m.path}: GGUF metadata {m.arch}.expert_gating_func = "
+                                    f"{gating}: Nemotron-H routes with sigmoid scores (2)")
+    norm = m.raw(f"{m.arch}.expert_weights_norm")
+    if norm is not None and not isinstance(norm, bool):
+        raise m._bad(f"{m.arch}.expert_weights_norm", norm, "true or false")
+    scale = m.raw(f"{m.arch}.expert_weights_scale")  # llama.cpp: absent or 0 = no scaling
+    latent = m.int("moe_latent_size", None)
+    e = pattern.find("E")
+    if (latent is not None) != (f"blk.{e}.ffn_latent_down.weight" in names):
+        raise ConfigError(f"{m.path}: GGUF metadata {m.arch}.moe_latent_size is "
+                          f"{'set' if latent else 'absent'} but tensor "
+                          f"'blk.{e}.ffn_latent_down.weight' is "
+                          f"{'absent' if latent else 'present'}")
+    experts = m.int("expert_feed_forward_length", None, allow_list=True) or max(ff)
+    cfg: dict[str, Any] = {
+        "model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"],
+        "vocab_size": _embedding(m, hidden), "hidden_size": hidden, "num_hidden_layers": n,
+        "hybrid_override_pattern": pattern, "num_attention_heads": heads,
+        "num_key_value_heads": max(kv) or heads,
+        "head_dim": m.int("attention.key_length", hidden // heads),
+        "intermediate_size": (m.rows(f"blk.{mlp}.ffn_up.weight") if mlp >= 0 else None)
+        or experts, "mlp_hidden_act": "relu2", "mamba_hidden_act": "silu",
+        "mlp_bias": mlp >= 0 and f"blk.{mlp}.ffn_up.bias" in names,
+        "layer_norm_epsilon": eps if eps is not None else
+        m.float("attention.layer_norm_epsilon", 1e-5),
+        "mamba_num_heads": s["heads"], "mamba_head_dim": s["head_dim"],
+        "n_groups": s["groups"], "ssm_state_size": s["state"], "conv_kernel": s["conv"],
+        "use_conv_bias": ssm >= 0 and f"blk.{ssm}.ssm_conv1d.bias" in names,
+        "use_bias": ssm >= 0 and f"blk.{ssm}.ssm_in.bias" in names,
+        "time_step_min": 0.001,  # not in the file: transformers' (and the published) value
+        "attention_bias": f"blk.{att}.attn_q.bias" in names,
+        "tie_word_embeddings": "output.weight" not in names, "torch_dtype": "float32",
+        "n_routed_experts": m.int("expert_count"),
+        "num_experts_per_tok": m.int("expert_used_count", allow_list=True),
+        "moe_intermediate_size": experts,
+        "moe_shared_expert_intermediate_size": m.int("expert_shared_feed_forward_length"),
+        "norm_topk_prob": bool(norm), "n_group": groups, "topk_group": kept or groups,
+        "routed_scaling_factor": 1.0 if scale in (None, 0) else
+        m.float("expert_weights_scale")}
+    if latent is not None:
+        cfg["moe_latent_size"] = latent
     return _ids(m, cfg)
 
 
@@ -476,6 +566,13 @@ HYBRID_GGUF_ARCHES: dict[str, GgufArch] = {
         "nemotron_h", "NemotronHForCausalLM", {**_MAMBA2, "ffn_up": "mlp_in",
                                                "ffn_down": "mlp_out"},
         permute_qk=True, own_config=_nemotron_h, convert=_MAMBA2_CONVERT,
+        relabel=_nemotron_relabel),
+    "nemotron_h_moe": GgufArch(
+        "nemotron_h", "NemotronHForCausalLM", {**_MAMBA2, **_MOE_SLOTS, "ffn_up": "mlp_in",
+                                               "ffn_down": "mlp_out",
+                                               "ffn_latent_down": "moe:{block}.fc1_latent_proj",
+                                               "ffn_latent_up": "moe:{block}.fc2_latent_proj"},
+        permute_qk=True, own_config=_nemotron_h_moe, convert=_MAMBA2_CONVERT,
         relabel=_nemotron_relabel),
     "qwen3next": GgufArch(
         "qwen3_next", "Qwen3NextForCausalLM", _QWEN3NEXT, norm_offset=1.0,
