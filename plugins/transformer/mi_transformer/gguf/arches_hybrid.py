@@ -264,6 +264,25 @@ def _nemotron_h(m: _Meta, names: set[str]) -> dict[str, Any]:
     return _ids(m, cfg)
 
 
+def _nemotron_moe_pattern(m: _Meta, names: set[str], kv: list[int], ff: list[int]) -> str:
+    """The layer pattern (``M`` Mamba-2, ``*`` attention, ``-`` MLP, ``E`` experts) of a
+    ``nemotron_h_moe`` file, from the per-layer KV heads and widths, else the tensors."""
+    pattern = ""
+    for i in range(len(kv)):
+        has = {t: f"blk.{i}.{t}.weight" in names for t in ("ssm_in", "ffn_up", "ffn_gate_inp")}
+        if kv[i] and ff[i]:
+            raise ConfigError(f"{m.path}: layer {i} has both KV heads and a feed-forward "
+                              f"length; a Nemotron-H layer is one of Mamba-2, attention, MLP "
+                              f"or mixture of experts")
+        if ff[i] and not has["ffn_gate_inp"]:
+            raise ConfigError(f"{m.path}: layer {i} has feed-forward length {ff[i]} (a "
+                              f"mixture-of-experts layer) but no tensor "
+                              f"'blk.{i}.ffn_gate_inp.weight'")
+        pattern += "*" if kv[i] else "E" if ff[i] else "-" if has["ffn_up"] and \
+            not has["ssm_in"] else "M"
+    return pattern
+
+
 def _nemotron_h_moe(m: _Meta, names: set[str]) -> dict[str, Any]:
     """Nemotron 3 (``nemotron_h_moe``): Nemotron-H whose MLP layers are mixtures of experts
     (``E``). The converter writes the experts' width as the per-layer feed-forward length of
@@ -279,19 +298,7 @@ def _nemotron_h_moe(m: _Meta, names: set[str]) -> dict[str, Any]:
                     "layers (one value) and 0 elsewhere")[:n]
     ff = _per_layer(m, "feed_forward_length", total, "the experts' width on the "
                     "mixture-of-experts layers (one value) and 0 elsewhere")[:n]
-    pattern = ""
-    for i in range(n):
-        has = {t: f"blk.{i}.{t}.weight" in names for t in ("ssm_in", "ffn_up", "ffn_gate_inp")}
-        if kv[i] and ff[i]:
-            raise ConfigError(f"{m.path}: layer {i} has both KV heads and a feed-forward "
-                              f"length; a Nemotron-H layer is one of Mamba-2, attention, MLP "
-                              f"or mixture of experts")
-        if ff[i] and not has["ffn_gate_inp"]:
-            raise ConfigError(f"{m.path}: layer {i} has feed-forward length {ff[i]} (a "
-                              f"mixture-of-experts layer) but no tensor "
-                              f"'blk.{i}.ffn_gate_inp.weight'")
-        pattern += "*" if kv[i] else "E" if ff[i] else "-" if has["ffn_up"] and \
-            not has["ssm_in"] else "M"
+    pattern = _nemotron_moe_pattern(m, names, kv, ff)
     if "E" not in pattern:
         raise ConfigError(f"{m.path}: {m.arch} without mixture-of-experts layers (no layer has "
                           f"a feed-forward length in {m.arch}.feed_forward_length)")
