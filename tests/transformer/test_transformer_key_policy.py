@@ -30,6 +30,10 @@ _PHI = {"model_type": "phi", "vocab_size": 32, "hidden_size": 64, "num_hidden_la
     dict(_LLAMA, model_type="starcoder2", mlp_type="default", norm_type="layer_norm"),
     dict(_LLAMA, model_type="cohere", rope_interleaved=True),  # interleaved rotary family
     dict(_FALCON, intermediate_size=64, num_key_value_heads=1),  # transformers' GGUF output
+    # the keys every rotary family shares (neutral.ROTARY), on families that do not read them
+    dict(_LLAMA, model_type="mistral", rope_interleaved=False, use_mrope=False, rotary_dim=8),
+    dict(_LLAMA, model_type="qwen3", use_mrope=False, attention_bias=False),
+    dict(_LLAMA, model_type="gemma2", head_dim=8, rotary_dim=8, use_mrope=False),
 ])
 def test_key_at_its_neutral_value_is_accepted(cfg):
     parse_config(cfg)
@@ -48,6 +52,10 @@ def test_key_at_its_neutral_value_is_accepted(cfg):
     # values Falcon's own keys give are accepted (multi-query: 1 KV head)
     (dict(_FALCON, intermediate_size=96), "intermediate_size", "96", "64"),
     (dict(_FALCON, num_key_value_heads=2), "num_key_value_heads", "2", "1"),
+    (dict(_LLAMA, model_type="mistral", use_mrope=True), "use_mrope", "True", "False"),
+    (dict(_LLAMA, model_type="mistral", rotary_dim=4), "rotary_dim", "4", "8"),
+    (dict(_LLAMA, model_type="stablelm", attention_bias=True), "attention_bias",
+     "True", "False"),
 ])
 def test_key_at_another_value_is_refused_naming_key_value_and_neutral_value(cfg, key, value,
                                                                           neutral):
@@ -121,7 +129,7 @@ def test_every_family_declares_its_neutral_values_and_rotary_ones_the_layout():
         assert f.neutral["rope_interleaved"] is interleaved, mt
         assert not set(f.neutral) & f.reads, mt  # a neutral key is one the parser never reads
     assert FAMILIES["phi"].neutral["rotary_dim"] is ROTARY_DIM
-    assert ROTARY == {"rope_interleaved": False}
+    assert set(ROTARY) == {"rope_interleaved", "use_mrope", "rotary_dim", "attention_bias"}
 
 
 def test_generated_table_shows_neutral_values():

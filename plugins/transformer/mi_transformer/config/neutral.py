@@ -51,11 +51,20 @@ MLP_WIDTH = Derived("the MLP width", lambda c: c.intermediate_size)
 KV_HEADS = Derived("the number of KV heads", lambda c: c.num_kv_heads)
 #: The vocabulary size, repeated by Hunyuan's configs as ``org_vocab_size``.
 VOCAB = Derived("vocab_size", lambda c: c.vocab_size)
-#: ``rope_interleaved`` is nanotron's spelling of the rotary layout (SmolLM2 says ``false``):
-#: neutral when it names the family's own layout. Every rotate-half family shares
-#: :data:`ROTARY`; the interleaved (GPT-J layout) ones use :data:`ROTARY_INTERLEAVED`.
-ROTARY: dict[str, Any] = {"rope_interleaved": False}
-ROTARY_INTERLEAVED: dict[str, Any] = {"rope_interleaved": True}
+#: The keys every rotary family shares when its parser does not read them (a family's own
+#: table or parser wins): ``rope_interleaved`` is nanotron's spelling of the rotary layout
+#: (SmolLM2 says ``false``), neutral when it names the family's own layout; ``use_mrope:
+#: false`` (Qwen2.5's text configs) turns off multimodal rotary sections no text family has;
+#: ``rotary_dim`` equal to the rotary width restates it; ``attention_bias: false`` on a
+#: family whose biases are fixed is what transformers ignores too (phi-1 publishes it), while
+#: ``true`` would ask for biases the family's checkpoints do not have. Every rotate-half
+#: family shares :data:`ROTARY`; the interleaved (GPT-J layout) ones use
+#: :data:`ROTARY_INTERLEAVED`.
+_SHARED: dict[str, Any] = {"use_mrope": False, "rotary_dim": ROTARY_DIM,
+                           "attention_bias": False}
+SHARED_KEYS = frozenset(_SHARED)
+ROTARY: dict[str, Any] = {"rope_interleaved": False, **_SHARED}
+ROTARY_INTERLEAVED: dict[str, Any] = {"rope_interleaved": True, **_SHARED}
 
 #: ``_``-prefixed keys some transformers family reads for its numbers (OPT's final norm,
 #: Gemma 3's window pattern): refused unless the family itself reads them.

@@ -45,7 +45,7 @@ from mi_transformer.config.families_ssm import (
     MAMBA_READS, SSM_HARMLESS, parse_falcon_mamba,
     parse_mamba, parse_mamba2,
 )
-from mi_transformer.config.neutral import (KV_HEADS, MLP_WIDTH, ROTARY, ROTARY_DIM,
+from mi_transformer.config.neutral import (KV_HEADS, MLP_WIDTH, ROTARY, ROTARY_DIM, SHARED_KEYS,
                                            ROTARY_INTERLEAVED, VOCAB)
 from mi_transformer.config.reader import ConfigReader
 
@@ -69,6 +69,11 @@ class Family:
     harmless: frozenset[str] = frozenset()
     note: str = ""
     neutral: Mapping[str, Any] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        # the rotary tables' shared keys give way to a parser that reads the key itself
+        object.__setattr__(self, "neutral", {k: v for k, v in self.neutral.items()
+                                             if k not in SHARED_KEYS or k not in self.reads})
 
 
 _SHAPE_KEYS = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
