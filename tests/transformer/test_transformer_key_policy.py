@@ -30,6 +30,17 @@ _PHI = {"model_type": "phi", "vocab_size": 32, "hidden_size": 64, "num_hidden_la
     dict(_LLAMA, model_type="starcoder2", mlp_type="default", norm_type="layer_norm"),
     dict(_LLAMA, model_type="cohere", rope_interleaved=True),  # interleaved rotary family
     dict(_FALCON, intermediate_size=64, num_key_value_heads=1),  # transformers' GGUF output
+    # Qwen3-Coder-480B-A35B: what transformers' Qwen3-MoE always does, under unread keys
+    dict(_LLAMA, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2,
+         moe_intermediate_size=16, use_qk_norm=True, qkv_bias=False,
+         shared_expert_intermediate_size=0),
+    # StarCoder2-7B: GPTBigCode's leftovers (the eps again, fp32 softmax, 1/sqrt(d) scaling)
+    dict(_LLAMA, model_type="starcoder2", norm_epsilon=1e-5, layer_norm_epsilon=1e-5,
+         attention_softmax_in_fp32=True, scale_attention_softmax_in_fp32=True,
+         scale_attn_weights=True, activation_function="gelu"),
+    # EXAONE-4.5's text_config: the q/k norm after the projections; max_window_layers unread
+    dict(_LLAMA, model_type="exaone4", sliding_window=4, reorder_qk_norm=True,
+         max_window_layers=1),
 ])
 def test_key_at_its_neutral_value_is_accepted(cfg):
     parse_config(cfg)
@@ -48,6 +59,15 @@ def test_key_at_its_neutral_value_is_accepted(cfg):
     # values Falcon's own keys give are accepted (multi-query: 1 KV head)
     (dict(_FALCON, intermediate_size=96), "intermediate_size", "96", "64"),
     (dict(_FALCON, num_key_value_heads=2), "num_key_value_heads", "2", "1"),
+    (dict(_LLAMA, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2,
+          moe_intermediate_size=16, shared_expert_intermediate_size=32),
+     "shared_expert_intermediate_size", "32", "0"),
+    (dict(_LLAMA, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2,
+          moe_intermediate_size=16, qkv_bias=True), "qkv_bias", "True", "False"),
+    (dict(_LLAMA, model_type="starcoder2", norm_epsilon=1e-5, layer_norm_epsilon=1e-6),
+     "layer_norm_epsilon", "1e-06", "1e-05"),
+    (dict(_LLAMA, model_type="exaone4", sliding_window=4, reorder_qk_norm=False),
+     "reorder_qk_norm", "False", "True"),
 ])
 def test_key_at_another_value_is_refused_naming_key_value_and_neutral_value(cfg, key, value,
                                                                           neutral):

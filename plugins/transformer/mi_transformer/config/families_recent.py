@@ -346,8 +346,10 @@ RECENT_FAMILIES: list[tuple[str, Callable[[ConfigReader], TransformerConfig], se
                             set[str], str]] = [
     ("olmo3", parse_olmo3, {"sliding_window", "layer_types"}, set(),
      "OLMo2 with sliding-window layers (layer_types); RoPE scaling on full layers"),
+    # (EXAONE-4.5's text_config carries Qwen2's max_window_layers, which transformers'
+    # Exaone4 never reads: layer_types / sliding_window_pattern decide the windows)
     ("exaone4", parse_exaone4, {"sliding_window", "sliding_window_pattern", "layer_types"},
-     set(), "post-norms, per-head q/k norms; NoPE on full layers when sliding"),
+     {"max_window_layers"}, "post-norms, per-head q/k norms; NoPE on full layers when sliding"),
     ("glm", parse_glm, set(), set(), "fused gate/up, interleaved partial rotary, q/k/v bias"),
     ("glm4", parse_glm4, set(), set(), "glm plus post-norms on attention and MLP"),
     ("glm4_moe", parse_glm4_moe, {
