@@ -150,3 +150,20 @@ def test_generated_table_shows_neutral_values():
     assert "`attention_bias` = `false`" in row and "`rotary_dim` = the rotary width" in row
     assert "`use_mrope` = `false`" in next(
         line for line in table.splitlines() if line.startswith("| `qwen2` |"))
+
+
+@pytest.mark.parametrize("value, accepted", [("swish", True), ("sigmoid", False)])
+def test_qwen3_5_gated_norm_activation_key_is_neutral_only_at_silu(value, accepted):
+    """``output_gate_type`` (a 2026 Qwen3.5-MoE export's key, read by transformers' Qwen4-exp
+    only): "swish" is the silu transformers' Qwen3.5 gated norm always applies."""
+    import json
+
+    from tests.support.published_configs import DIR
+
+    cfg = json.loads((DIR / "Qwen__Qwen3.5-27B.json").read_text())
+    cfg["text_config"]["output_gate_type"] = value
+    if accepted:
+        assert parse_config(cfg).model_type == "qwen3_5"
+        return
+    with pytest.raises(ConfigError, match="output_gate_type = 'sigmoid'.*neutral value 'swish'"):
+        parse_config(cfg)

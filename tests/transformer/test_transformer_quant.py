@@ -334,6 +334,18 @@ def test_fp8_format_is_accepted_in_both_published_spellings(fmt):
     assert read_quant_config({"quantization_config": qc}, "config.json").block == (128, 128)
 
 
+def test_fp8_block_scales_declared_not_per_tensor_are_accepted_and_per_tensor_refused():
+    """A Qwen3.5-MoE FP8 export says ``weight_per_tensor: false, act_per_tensor: false``
+    (block scales, what is implemented); true, or a 0 standing for false, is refused."""
+    qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_per_tensor": False,
+          "act_per_tensor": False, "weight_block_size": [128, 128]}
+    assert read_quant_config({"quantization_config": qc}, "config.json").method == "fp8"
+    for key, value in (("weight_per_tensor", True), ("act_per_tensor", True),
+                       ("weight_per_tensor", 0)):
+        with pytest.raises(ConfigError, match=f"{key} = {value!r} is not supported"):
+            read_quant_config({"quantization_config": {**qc, key: value}}, "config.json")
+
+
 def test_quantization_config_without_a_method_is_refused_listing_its_keys():
     """ModelOpt's own form (``quant_algo``, ``producer``) names no quant_method."""
     qc = {"quant_algo": "FP8", "producer": {"name": "modelopt"}}

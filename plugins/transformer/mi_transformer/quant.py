@@ -51,7 +51,11 @@ _HARMLESS = {"fp8": {"modules_to_not_convert", "ignored_layers", "dequantize"},
 _FP8_ONLY = {"activation_scheme": (("dynamic",), "static activation scales (input_scale) are "
                                                  "not implemented"),
              "fmt": (("e4m3", "float8_e4m3fn"), "only float8 e4m3 weights are implemented"),
-             "expert_dtype": (("fp8",), "only FP8 experts are implemented")}
+             "expert_dtype": (("fp8",), "only FP8 experts are implemented"),
+             # (a Qwen3.5-MoE FP8 export says both false: block scales, which transformers'
+             # FineGrainedFP8Config always reads and never names)
+             "weight_per_tensor": ((False,), "per-tensor weight scales are not implemented"),
+             "act_per_tensor": ((False,), "per-tensor activation scales are not implemented")}
 #: ``scale_fmt`` values accepted: "float" (scales stored as F32 / BF16), and "ue8m0", the
 #: declaration that every block scale is a power of two (DeepSeek-V3.1 publishes it with F32
 #: ``weight_scale_inv`` tensors; transformers casts them to float8_e8m0fnu, exact for powers
@@ -101,8 +105,9 @@ def read_quant_config(cfg: Mapping[str, Any], src: str) -> QuantConfig | None:
     known = {"quant_method"} | _HARMLESS[method]
     block = (128, 128)
     if method == "fp8":
-        for key, (values, why) in _FP8_ONLY.items():
-            if qc.get(key) is not None and qc[key] not in values:
+        for key, (values, why) in _FP8_ONLY.items():  # (JSON equality: 0 is not false)
+            if qc.get(key) is not None and not any(
+                    type(qc[key]) is type(v) and qc[key] == v for v in values):
                 raise ConfigError(f"{where}.{key} = {qc[key]!r} is not supported ({why})")
         if qc.get("modules_to_convert"):
             raise ConfigError(f"{where}.modules_to_convert = {qc['modules_to_convert']!r} is "
