@@ -41,6 +41,10 @@ _PHI = {"model_type": "phi", "vocab_size": 32, "hidden_size": 64, "num_hidden_la
     # EXAONE-4.5's text_config: the q/k norm after the projections; max_window_layers unread
     dict(_LLAMA, model_type="exaone4", sliding_window=4, reorder_qk_norm=True,
          max_window_layers=1),
+    # a GLM-4.5-Air derivative's config (a public conversion script's copy): MoE on every
+    # layer past first_k_dense_replace, the float32 router transformers always computes
+    dict(_LLAMA, model_type="glm4_moe", n_routed_experts=4, num_experts_per_tok=2,
+         moe_intermediate_size=16, decoder_sparse_step=1, moe_router_dtype="float32"),
 ])
 def test_key_at_its_neutral_value_is_accepted(cfg):
     parse_config(cfg)
@@ -166,4 +170,13 @@ def test_qwen3_5_gated_norm_activation_key_is_neutral_only_at_silu(value, accept
         assert parse_config(cfg).model_type == "qwen3_5"
         return
     with pytest.raises(ConfigError, match="output_gate_type = 'sigmoid'.*neutral value 'swish'"):
+        parse_config(cfg)
+
+
+@pytest.mark.parametrize("key, value", [("moe_router_dtype", "bfloat16"),
+                                        ("decoder_sparse_step", 2)])
+def test_glm4_moe_router_dtype_and_sparse_step_other_than_transformers_are_refused(key, value):
+    cfg = dict(_LLAMA, model_type="glm4_moe", n_routed_experts=4, num_experts_per_tok=2,
+               moe_intermediate_size=16, **{key: value})
+    with pytest.raises(ConfigError, match=f"{key} = {value!r} is not supported"):
         parse_config(cfg)

@@ -49,7 +49,10 @@ _NEUTRAL: dict[str, dict[str, Any]] = {
     "hunyuan_v1_dense": {"use_qk_norm": True, "use_rotary_pos_emb": True, "use_cla": False,
                          "use_mla": False, "num_experts": 1, "norm_type": "rms",
                          "mlp_bias": False, "add_classification_head": False},
-    "glm4_moe": {"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
+    # (GLM-4.5-Air derivatives also name an MoE on every layer past first_k_dense_replace
+    # and the float32 router transformers' Glm4Moe always computes)
+    "glm4_moe": {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "decoder_sparse_step": 1,
+                 "moe_router_dtype": "float32"},
     "ernie4_5_moe": {"use_rmsnorm": True, "moe_use_aux_free": True},
     "apertus": {"qk_norm": True, "post_norm": False, "mlp_bias": False},
 }
