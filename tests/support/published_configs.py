@@ -89,7 +89,10 @@ unexpected tensors), Nemotron-H-56B, Mixtral-8x22B, and four families no plugin 
 starcoder2-7b (preset "starcoder2": GPTBigCode's ``activation_function`` /
 ``layer_norm_epsilon`` / softmax keys, refused before), aya-23-8B ("aya-23"),
 RedPajama-INCITE-3B-v1 ("redpajama_3b_v1"; its ``_name_or_path`` is the authors' local path,
-the Chat / Instruct / Base files share the shapes) and stablelm-2-zephyr-1_6b.
+the Chat / Instruct / Base files share the shapes) and stablelm-2-zephyr-1_6b. And
+tencent/Hunyuan-MT-7B's config.json as a public Swift test of an MLX port quotes it whole
+(``hunyuanMTConfigJSON``: NTK ``alpha`` beside yarn-style keys in a "dynamic"
+``rope_scaling``).
 
 :data:`CORPUS` maps each file's stem to the ``model_type`` it must parse as; for the families
 other engineers are adding (:data:`PENDING`) the corpus test expects the plain refusal until
@@ -285,6 +288,7 @@ CORPUS: dict[str, str] = {
     "deepseek-ai__DeepSeek-V3.2": "deepseek_v32",
     "moonshotai__Kimi-K2-Instruct": "kimi_k2",
     "Qwen__Qwen3-VL-8B-Instruct": "qwen3_vl",
+    "tencent__Hunyuan-MT-7B": "hunyuan_v1_dense",  # alpha + beta_fast ... in rope_scaling
 }
 
 #: Published configs of supported families that must be refused, with the words the error

@@ -208,7 +208,7 @@ def test_published_config_parses_to_the_numbers_transformers_reads(stem):
         want["experts"] = (experts, get("num_experts_per_tok", "moe_k", "experts_per_token",
                                         "top_k_experts"))
         got["experts"] = (t.moe.num_experts, t.moe.top_k)
-    assert got == want
+    assert got == want, (got, want)
 
 
 def test_phi3_su_rope_of_the_first_128k_releases_reads_as_longrope():
