@@ -71,6 +71,29 @@ name that checkpoint). No copy of the Qwen3.5 hub files turned up to check the t
 against; the key sets seen in public GGUF-to-config code (``mtp_use_dedicated_embeddings``,
 ``mrope_interleaved``) parse.
 
+The third batch (issue 21's audit of the value-aware key policy) is copied, not
+reconstructed. From ai-dynamo/aiconfigurator (commit 095f58a,
+``aic-core/src/aiconfigurator_core/model_configs/<org>--<name>_config.json``, hub files kept
+whole; where a stem above has the same checkpoint reconstructed, its copy agrees except where
+noted): Qwen3.5-27B (its text_config's ``mlp_only_layers: []``, which the reconstruction
+lacked, was refused), Qwen3.5-35B-A3B / 122B-A10B, Qwen3-Coder-480B-A35B-Instruct
+(``qkv_bias`` / ``shared_expert_intermediate_size`` / ``use_qk_norm``, refused before),
+Qwen3-30B-A3B-FP8 and Qwen3-235B-A22B-FP8 (``modules_to_not_convert`` listing norms and
+routers), gemma-4-26B-A4B (base), Nemotron 3 Ultra (``layers_block_type`` spelled "mamba" /
+"attention", refused before), Nemotron 3 Super FP8 (its config.json names no quantization:
+ModelOpt keeps that in hf_quant_config.json, and the FP8 tensors' scales are refused as
+unexpected tensors), Nemotron-H-56B, Mixtral-8x22B, and four families no plugin implements
+(MiniMax-M2.5, whose FP8 ``fmt`` says "float8_e4m3fn"; DeepSeek-V3.2; Kimi-K2 with
+``auto_map``; Qwen3-VL-8B). From mlc-ai/mlc-llm (commit 79d603f,
+``python/mlc_llm/model/model_preset.py``, hub files as Python dicts, written back as JSON):
+starcoder2-7b (preset "starcoder2": GPTBigCode's ``activation_function`` /
+``layer_norm_epsilon`` / softmax keys, refused before), aya-23-8B ("aya-23"),
+RedPajama-INCITE-3B-v1 ("redpajama_3b_v1"; its ``_name_or_path`` is the authors' local path,
+the Chat / Instruct / Base files share the shapes) and stablelm-2-zephyr-1_6b. And
+tencent/Hunyuan-MT-7B's config.json as a public Swift test of an MLX port quotes it whole
+(``hunyuanMTConfigJSON``: NTK ``alpha`` beside yarn-style keys in a "dynamic"
+``rope_scaling``).
+
 :data:`CORPUS` maps each file's stem to the ``model_type`` it must parse as; for the families
 other engineers are adding (:data:`PENDING`) the corpus test expects the plain refusal until
 their parser is registered, then a parse.
@@ -244,6 +267,28 @@ CORPUS: dict[str, str] = {
     "Qwen__Qwen3-Next-80B-A3B-Thinking.reconstructed": "qwen3_next",
     "allenai__Olmo-Hybrid-7B.reconstructed": "olmo_hybrid",
     "MiniMaxAI__MiniMax-Text-01-hf.reconstructed": "minimax",
+
+    # issue 21's key-policy audit: copies (see above)
+    "Qwen__Qwen3.5-27B": "qwen3_5",  # text_config mlp_only_layers: []
+    "Qwen__Qwen3.5-35B-A3B": "qwen3_5_moe",
+    "Qwen__Qwen3.5-122B-A10B": "qwen3_5_moe",
+    "Qwen__Qwen3-Coder-480B-A35B-Instruct": "qwen3_moe",  # qkv_bias, use_qk_norm ...
+    "Qwen__Qwen3-30B-A3B-FP8": "qwen3_moe",
+    "Qwen__Qwen3-235B-A22B-FP8": "qwen3_moe",
+    "google__gemma-4-26B-A4B": "gemma4",
+    "nvidia__NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16": "nemotron_h",  # "mamba" / "attention"
+    "nvidia__NVIDIA-Nemotron-3-Super-120B-A12B-FP8": "nemotron_h",
+    "nvidia__Nemotron-H-56B-Base-8K": "nemotron_h",
+    "mistralai__Mixtral-8x22B-v0.1": "mixtral",
+    "bigcode__starcoder2-7b": "starcoder2",  # GPTBigCode's leftover keys
+    "CohereForAI__aya-23-8B": "cohere",
+    "togethercomputer__RedPajama-INCITE-Chat-3B-v1": "gpt_neox",
+    "stabilityai__stablelm-2-zephyr-1_6b": "stablelm",
+    "MiniMaxAI__MiniMax-M2.5": "minimax_m2",
+    "deepseek-ai__DeepSeek-V3.2": "deepseek_v32",
+    "moonshotai__Kimi-K2-Instruct": "kimi_k2",
+    "Qwen__Qwen3-VL-8B-Instruct": "qwen3_vl",
+    "tencent__Hunyuan-MT-7B": "hunyuan_v1_dense",  # alpha + beta_fast ... in rope_scaling
 }
 
 #: Published configs of supported families that must be refused, with the words the error
@@ -330,6 +375,16 @@ PINNED: dict[str, dict[str, object]] = {
     # OLMo hybrid: value heads 2 x the key head width; the gated norm's eps fixed at 1e-5
     "allenai__Olmo-Hybrid-7B.reconstructed": {"mixer.d_k": 96, "mixer.d_v": 192,
                                               "mixer.norm_eps": 1e-5},
+    # Nemotron 3 Ultra / Super: layers_block_type (Ultra's "mamba" / "attention" spelling),
+    # 512 experts (top-22) behind a latent projection, routed_scaling_factor 5
+    "nvidia__NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16": {
+        "num_layers": 108, "head_dim": 128, "num_kv_heads": 2, "mixer.n_heads": 256,
+        "mixer.head_dim": 64, "mixer.n_groups": 8, "moe.num_experts": 512, "moe.top_k": 22,
+        "moe.expert_size": 5120, "moe.shared_expert_size": 10240, "moe.latent_size": 2048,
+        "moe.routed_scaling": 5.0},
+    "nvidia__NVIDIA-Nemotron-3-Super-120B-A12B-FP8": {
+        "num_layers": 88, "mixer.n_heads": 128, "moe.num_experts": 512,
+        "moe.expert_size": 2688, "moe.latent_size": 1024},
 }
 
 
@@ -339,8 +394,9 @@ RECONSTRUCTED = frozenset(s for s in CORPUS if s.endswith(".reconstructed"))
 
 #: Published model_types no installed plugin implements (the corpus expects the plain
 #: refusal): Cohere's Command R7B (cohere2: interleaved sliding-window layers, no positions in
-#: the full ones).
-UNSUPPORTED = frozenset({"cohere2"})
+#: the full ones), MiniMax-M2.5, DeepSeek-V3.2 (sparse attention indexer), Kimi-K2 (remote
+#: code) and Qwen3-VL (multimodal, no text-only wrapper here).
+UNSUPPORTED = frozenset({"cohere2", "minimax_m2", "deepseek_v32", "kimi_k2", "qwen3_vl"})
 
 #: model_types issue 21 adds in parallel work: refused with the plain message until then.
 PENDING = frozenset({"gpt_oss", "olmo3", "exaone4", "deepseek_v2", "deepseek_v3", "llama4"})

@@ -34,6 +34,21 @@ _PHI = {"model_type": "phi", "vocab_size": 32, "hidden_size": 64, "num_hidden_la
     dict(_LLAMA, model_type="mistral", rope_interleaved=False, use_mrope=False, rotary_dim=8),
     dict(_LLAMA, model_type="qwen3", use_mrope=False, attention_bias=False),
     dict(_LLAMA, model_type="gemma2", head_dim=8, rotary_dim=8, use_mrope=False),
+    # Qwen3-Coder-480B-A35B: what transformers' Qwen3-MoE always does, under unread keys
+    dict(_LLAMA, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2,
+         moe_intermediate_size=16, use_qk_norm=True, qkv_bias=False,
+         shared_expert_intermediate_size=0),
+    # StarCoder2-7B: GPTBigCode's leftovers (the eps again, fp32 softmax, 1/sqrt(d) scaling)
+    dict(_LLAMA, model_type="starcoder2", norm_epsilon=1e-5, layer_norm_epsilon=1e-5,
+         attention_softmax_in_fp32=True, scale_attention_softmax_in_fp32=True,
+         scale_attn_weights=True, activation_function="gelu"),
+    # EXAONE-4.5's text_config: the q/k norm after the projections; max_window_layers unread
+    dict(_LLAMA, model_type="exaone4", sliding_window=4, reorder_qk_norm=True,
+         max_window_layers=1),
+    # a GLM-4.5-Air derivative's config (a public conversion script's copy): MoE on every
+    # layer past first_k_dense_replace, the float32 router transformers always computes
+    dict(_LLAMA, model_type="glm4_moe", n_routed_experts=4, num_experts_per_tok=2,
+         moe_intermediate_size=16, decoder_sparse_step=1, moe_router_dtype="float32"),
 ])
 def test_key_at_its_neutral_value_is_accepted(cfg):
     parse_config(cfg)
@@ -56,6 +71,15 @@ def test_key_at_its_neutral_value_is_accepted(cfg):
     (dict(_LLAMA, model_type="mistral", rotary_dim=4), "rotary_dim", "4", "8"),
     (dict(_LLAMA, model_type="stablelm", attention_bias=True), "attention_bias",
      "True", "False"),
+    (dict(_LLAMA, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2,
+          moe_intermediate_size=16, shared_expert_intermediate_size=32),
+     "shared_expert_intermediate_size", "32", "0"),
+    (dict(_LLAMA, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2,
+          moe_intermediate_size=16, qkv_bias=True), "qkv_bias", "True", "False"),
+    (dict(_LLAMA, model_type="starcoder2", norm_epsilon=1e-5, layer_norm_epsilon=1e-6),
+     "layer_norm_epsilon", "1e-06", "1e-05"),
+    (dict(_LLAMA, model_type="exaone4", sliding_window=4, reorder_qk_norm=False),
+     "reorder_qk_norm", "False", "True"),
 ])
 def test_key_at_another_value_is_refused_naming_key_value_and_neutral_value(cfg, key, value,
                                                                           neutral):
@@ -138,3 +162,29 @@ def test_generated_table_shows_neutral_values():
     assert "`attention_bias` = `false`" in row and "`rotary_dim` = the rotary width" in row
     assert "`use_mrope` = `false`" in next(
         line for line in table.splitlines() if line.startswith("| `qwen2` |"))
+
+
+@pytest.mark.parametrize("value, accepted", [("swish", True), ("sigmoid", False)])
+def test_qwen3_5_gated_norm_activation_key_is_neutral_only_at_silu(value, accepted):
+    """``output_gate_type`` (a 2026 Qwen3.5-MoE export's key, read by transformers' Qwen4-exp
+    only): "swish" is the silu transformers' Qwen3.5 gated norm always applies."""
+    import json
+
+    from tests.support.published_configs import DIR
+
+    cfg = json.loads((DIR / "Qwen__Qwen3.5-27B.json").read_text())
+    cfg["text_config"]["output_gate_type"] = value
+    if accepted:
+        assert parse_config(cfg).model_type == "qwen3_5"
+        return
+    with pytest.raises(ConfigError, match="output_gate_type = 'sigmoid'.*neutral value 'swish'"):
+        parse_config(cfg)
+
+
+@pytest.mark.parametrize("key, value", [("moe_router_dtype", "bfloat16"),
+                                        ("decoder_sparse_step", 2)])
+def test_glm4_moe_router_dtype_and_sparse_step_other_than_transformers_are_refused(key, value):
+    cfg = dict(_LLAMA, model_type="glm4_moe", n_routed_experts=4, num_experts_per_tok=2,
+               moe_intermediate_size=16, **{key: value})
+    with pytest.raises(ConfigError, match=f"{key} = {value!r} is not supported"):
+        parse_config(cfg)

@@ -208,4 +208,18 @@ def test_published_config_parses_to_the_numbers_transformers_reads(stem):
         want["experts"] = (experts, get("num_experts_per_tok", "moe_k", "experts_per_token",
                                         "top_k_experts"))
         got["experts"] = (t.moe.num_experts, t.moe.top_k)
-    assert got == want
+    assert got == want, (got, want)
+
+
+def test_phi3_su_rope_of_the_first_128k_releases_reads_as_longrope():
+    """Phi-3-mini-128k's first config.json said ``"type": "su"`` (renamed "longrope" on the
+    hub later; fine-tunes copied the old file). transformers' Phi3Config renames it; 5.24 then
+    fails on the top-level original_max_position_embeddings, so the reference here is the
+    same file spelled "longrope", which the corpus test compares with transformers."""
+    import copy
+
+    cfg = _config("microsoft__Phi-3.5-mini-instruct")
+    old = copy.deepcopy(cfg)
+    old["rope_scaling"] = {**{k: v for k, v in cfg["rope_scaling"].items()
+                              if k not in ("type", "rope_type")}, "type": "su"}
+    assert parse_config(old, "su.json") == parse_config(cfg, "longrope.json")

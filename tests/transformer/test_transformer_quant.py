@@ -325,6 +325,34 @@ def test_fp8_settings_not_implemented_are_refused_naming_them(key, value):
         read_quant_config({"quantization_config": qc}, "config.json")
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "float8_e4m3fn"])
+def test_fp8_format_is_accepted_in_both_published_spellings(fmt):
+    """DeepSeek-V3 / Qwen3-*-FP8 say ``fmt: "e4m3"``, MiniMax-M2.5 (ai-dynamo/aiconfigurator's
+    copy of its config.json) ``"float8_e4m3fn"``: torch's name of the same format."""
+    qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": fmt,
+          "weight_block_size": [128, 128]}
+    assert read_quant_config({"quantization_config": qc}, "config.json").block == (128, 128)
+
+
+def test_fp8_block_scales_declared_not_per_tensor_are_accepted_and_per_tensor_refused():
+    """A Qwen3.5-MoE FP8 export says ``weight_per_tensor: false, act_per_tensor: false``
+    (block scales, what is implemented); true, or a 0 standing for false, is refused."""
+    qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_per_tensor": False,
+          "act_per_tensor": False, "weight_block_size": [128, 128]}
+    assert read_quant_config({"quantization_config": qc}, "config.json").method == "fp8"
+    for key, value in (("weight_per_tensor", True), ("act_per_tensor", True),
+                       ("weight_per_tensor", 0)):
+        with pytest.raises(ConfigError, match=f"{key} = {value!r} is not supported"):
+            read_quant_config({"quantization_config": {**qc, key: value}}, "config.json")
+
+
+def test_quantization_config_without_a_method_is_refused_listing_its_keys():
+    """ModelOpt's own form (``quant_algo``, ``producer``) names no quant_method."""
+    qc = {"quant_algo": "FP8", "producer": {"name": "modelopt"}}
+    with pytest.raises(ConfigError, match="names no quant_method .*producer, quant_algo"):
+        parse_config(_llama_cfg(quantization_config=qc))
+
+
 def test_transformers_gguf_marker_is_accepted_as_already_dequantized():
     qc = {"quant_method": "gguf", "gguf_file": "model.gguf", "dequantize": False}
     assert parse_config(_llama_cfg(quantization_config=qc)).model_type == "llama"

@@ -45,11 +45,17 @@ SUPPORTED_METHODS = ("fp8", "mxfp4", "gguf")
 _HARMLESS = {"fp8": {"modules_to_not_convert", "ignored_layers", "dequantize"},
              "mxfp4": {"modules_to_not_convert", "dequantize"},
              "gguf": {"gguf_file", "dequantize"}}
-#: FP8 settings accepted only at the value implemented (key -> (value, why others are not)).
-_FP8_ONLY = {"activation_scheme": ("dynamic", "static activation scales (input_scale) are "
-                                               "not implemented"),
-             "fmt": ("e4m3", "only float8 e4m3 weights are implemented"),
-             "expert_dtype": ("fp8", "only FP8 experts are implemented")}
+#: FP8 settings accepted only at the values implemented (key -> (values, why others are
+#: not)). ``fmt``: DeepSeek's export says "e4m3", MiniMax-M2's "float8_e4m3fn" (torch's name
+#: of the same format; transformers reads neither, the weights' safetensors dtype decides).
+_FP8_ONLY = {"activation_scheme": (("dynamic",), "static activation scales (input_scale) are "
+                                                 "not implemented"),
+             "fmt": (("e4m3", "float8_e4m3fn"), "only float8 e4m3 weights are implemented"),
+             "expert_dtype": (("fp8",), "only FP8 experts are implemented"),
+             # (a Qwen3.5-MoE FP8 export says both false: block scales, which transformers'
+             # FineGrainedFP8Config always reads and never names)
+             "weight_per_tensor": ((False,), "per-tensor weight scales are not implemented"),
+             "act_per_tensor": ((False,), "per-tensor activation scales are not implemented")}
 #: ``scale_fmt`` values accepted: "float" (scales stored as F32 / BF16), and "ue8m0", the
 #: declaration that every block scale is a power of two (DeepSeek-V3.1 publishes it with F32
 #: ``weight_scale_inv`` tensors; transformers casts them to float8_e8m0fnu, exact for powers
@@ -85,6 +91,10 @@ def read_quant_config(cfg: Mapping[str, Any], src: str) -> QuantConfig | None:
     method = qc.get("quant_method")
     if method is None and (qc.get("load_in_4bit") or qc.get("load_in_8bit")):
         method = "bitsandbytes"  # transformers 4's legacy form names no method: it is this one
+    if method is None:  # (ModelOpt's own form says quant_algo; transformers refuses it too)
+        raise ConfigError(f"{where} names no quant_method (its keys: {', '.join(sorted(qc))}): "
+                          f"the quantization is not known, so not supported; load an "
+                          f"unquantized copy of this model instead")
     if not isinstance(method, str):
         raise ConfigError(f"{where}.quant_method = {method!r}: expected a string")
     if method not in SUPPORTED_METHODS:
@@ -95,8 +105,9 @@ def read_quant_config(cfg: Mapping[str, Any], src: str) -> QuantConfig | None:
     known = {"quant_method"} | _HARMLESS[method]
     block = (128, 128)
     if method == "fp8":
-        for key, (value, why) in _FP8_ONLY.items():
-            if qc.get(key) not in (None, value):
+        for key, (values, why) in _FP8_ONLY.items():  # (JSON equality: 0 is not false)
+            if qc.get(key) is not None and not any(
+                    type(qc[key]) is type(v) and qc[key] == v for v in values):
                 raise ConfigError(f"{where}.{key} = {qc[key]!r} is not supported ({why})")
         if qc.get("modules_to_convert"):
             raise ConfigError(f"{where}.modules_to_convert = {qc['modules_to_convert']!r} is "

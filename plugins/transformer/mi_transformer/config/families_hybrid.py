@@ -228,9 +228,12 @@ GRANITEMOEHYBRID_READS = frozenset({
     "partial_rotary_factor", *BAMBA_MAMBA2_KEYS.values()})
 
 
-#: Nemotron-H's layer kinds: transformers 5's names and hybrid_override_pattern's letters
+#: Nemotron-H's layer kinds: transformers 5's names, hybrid_override_pattern's letters and
+#: the "mamba" / "attention" that Nemotron 3 Ultra's layers_block_type says (transformers
+#: remaps them: configuration_utils._LEGACY_LAYER_TYPE_REMAP)
 _NEMOTRON_TYPES = {"linear_attention": "mamba2", "full_attention": ATTENTION, "mlp": MLP_ONLY,
-                   "moe": "moe", "M": "mamba2", "*": ATTENTION, "-": MLP_ONLY, "E": "moe"}
+                   "moe": "moe", "M": "mamba2", "*": ATTENTION, "-": MLP_ONLY, "E": "moe",
+                   "mamba": "mamba2", "attention": ATTENTION}
 #: legacy spelling -> the key transformers 5 reads (its config moves them on load)
 _NEMOTRON_LEGACY = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel",
                     "mamba_expand": "expand", "mamba_dt_min": "time_step_min",

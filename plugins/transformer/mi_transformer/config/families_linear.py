@@ -246,11 +246,15 @@ QWEN3_5_MOE_HARMLESS = frozenset(QWEN3_5_HARMLESS | {
 #: ... and those at the one value transformers implements: the attention output gate is
 #: always on; the recurrent state is kept in float32 (``mamba_ssm_dtype``, the releases'
 #: "float32"); Qwen3.5-MoE always renormalises the top-k weights and has an MoE on every layer
-#: (Qwen3-Next's keys for these, read by neither transformers nor us).
+#: (Qwen3-Next's keys for these, read by neither transformers nor us). The dense 27B's
+#: text_config carries Qwen3-Next's ``mlp_only_layers: []`` too; a 2026 Qwen3.5-MoE export
+#: names the gated norm's activation (``output_gate_type``, read by transformers' Qwen4-exp
+#: only): swish, the silu transformers' Qwen3.5 always applies.
 QWEN3_5_NEUTRAL: dict[str, Any] = {**ROTARY, "attn_output_gate": True,
-                                   "mamba_ssm_dtype": "float32"}
+                                   "mamba_ssm_dtype": "float32", "mlp_only_layers": [],
+                                   "output_gate_type": "swish"}
 QWEN3_5_MOE_NEUTRAL: dict[str, Any] = {**QWEN3_5_NEUTRAL, "norm_topk_prob": True,
-                                       "decoder_sparse_step": 1, "mlp_only_layers": []}
+                                       "decoder_sparse_step": 1}
 OLMO_HYBRID_READS = frozenset(_HYBRID | {"linear_allow_neg_eigval"})
 #: OLMo hybrid's initialisation-only keys (A_log / dt ranges at creation)
 OLMO_HYBRID_HARMLESS = frozenset({"linear_a_log_min", "linear_a_log_max", "linear_dt_min",

@@ -115,6 +115,12 @@ def parse_gemma3_text(r: ConfigReader) -> TransformerConfig:
 
 
 def parse_phi3(r: ConfigReader) -> TransformerConfig:
+    rs = r.cfg.get("rope_scaling")
+    if isinstance(rs, dict) and "su" in (rs.get("type"), rs.get("rope_type")):
+        # Phi-3's first 128k releases (and models fine-tuned from them) say "su" for
+        # longrope; transformers' Phi3Config renames it the same way
+        r.cfg = {**r.cfg, "rope_scaling": {**{k: v for k, v in rs.items() if k != "type"},
+                                           "rope_type": "longrope"}}
     base = _base(r, "phi3")
     base.update(qkv_layout=QkvLayout.FUSED, mlp_layout=MlpLayout.GATED_FUSED,
                 weight_names="phi3")

@@ -49,7 +49,10 @@ _NEUTRAL: dict[str, dict[str, Any]] = {
     "hunyuan_v1_dense": {"use_qk_norm": True, "use_rotary_pos_emb": True, "use_cla": False,
                          "use_mla": False, "num_experts": 1, "norm_type": "rms",
                          "mlp_bias": False, "add_classification_head": False},
-    "glm4_moe": {"scoring_func": "sigmoid", "topk_method": "noaux_tc"},
+    # (GLM-4.5-Air derivatives also name an MoE on every layer past first_k_dense_replace
+    # and the float32 router transformers' Glm4Moe always computes)
+    "glm4_moe": {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "decoder_sparse_step": 1,
+                 "moe_router_dtype": "float32"},
     "ernie4_5_moe": {"use_rmsnorm": True, "moe_use_aux_free": True},
     "apertus": {"qk_norm": True, "post_norm": False, "mlp_bias": False},
 }
@@ -346,8 +349,10 @@ RECENT_FAMILIES: list[tuple[str, Callable[[ConfigReader], TransformerConfig], se
                             set[str], str]] = [
     ("olmo3", parse_olmo3, {"sliding_window", "layer_types"}, set(),
      "OLMo2 with sliding-window layers (layer_types); RoPE scaling on full layers"),
+    # (EXAONE-4.5's text_config carries Qwen2's max_window_layers, which transformers'
+    # Exaone4 never reads: layer_types / sliding_window_pattern decide the windows)
     ("exaone4", parse_exaone4, {"sliding_window", "sliding_window_pattern", "layer_types"},
-     set(), "post-norms, per-head q/k norms; NoPE on full layers when sliding"),
+     {"max_window_layers"}, "post-norms, per-head q/k norms; NoPE on full layers when sliding"),
     ("glm", parse_glm, set(), set(), "fused gate/up, interleaved partial rotary, q/k/v bias"),
     ("glm4", parse_glm4, set(), set(), "glm plus post-norms on attention and MLP"),
     ("glm4_moe", parse_glm4_moe, {

@@ -49,6 +49,9 @@ ROTARY_DIM = Derived("the rotary width", lambda c: c.rot_dim)
 #: ffn_hidden_size / num_kv_heads), repeated under LLaMA's by transformers' GGUF conversion.
 MLP_WIDTH = Derived("the MLP width", lambda c: c.intermediate_size)
 KV_HEADS = Derived("the number of KV heads", lambda c: c.num_kv_heads)
+#: The norm eps the family reads, repeated under another family's key (StarCoder2-7B / 15B's
+#: GPTBigCode-era ``layer_norm_epsilon`` beside ``norm_epsilon``).
+NORM_EPS = Derived("the norm eps (norm_epsilon)", lambda c: c.norm_eps)
 #: The vocabulary size, repeated by Hunyuan's configs as ``org_vocab_size``.
 VOCAB = Derived("vocab_size", lambda c: c.vocab_size)
 #: The keys every rotary family shares when its parser does not read them (a family's own

@@ -45,7 +45,8 @@ from mi_transformer.config.families_ssm import (
     MAMBA_READS, SSM_HARMLESS, parse_falcon_mamba,
     parse_mamba, parse_mamba2,
 )
-from mi_transformer.config.neutral import (KV_HEADS, MLP_WIDTH, ROTARY, ROTARY_DIM, SHARED_KEYS,
+from mi_transformer.config.neutral import (KV_HEADS, MLP_WIDTH, NORM_EPS, ROTARY, ROTARY_DIM,
+                                           SHARED_KEYS,
                                            ROTARY_INTERLEAVED, VOCAB)
 from mi_transformer.config.reader import ConfigReader
 
@@ -103,13 +104,20 @@ _QWEN_WINDOWS = {"sliding_window", "use_sliding_window", "max_window_layers", "l
 #: Qwen2.5 configs say use_mrope: false (multimodal rotary sections; text-only Qwen never
 #: reads it)
 _QWEN_NEUTRAL = {**ROTARY, "use_mrope": False}
+#: Qwen3-Coder-480B-A35B's config.json names what transformers' Qwen3-MoE always does (q/k
+#: norms, no q/k/v bias, no shared expert) under keys it never reads
+_QWEN3_MOE_NEUTRAL = {**_QWEN_NEUTRAL, "use_qk_norm": True, "qkv_bias": False,
+                      "shared_expert_intermediate_size": 0}
 #: Phi-4-mini's config.json carries its remote code's switches, which transformers' Phi-3
 #: never reads; at these values that code is transformers' forward (every layer full
 #: attention, positions not interpolated, no lm_head bias)
 _PHI3_NEUTRAL = {**ROTARY, "full_attn_mod": 1, "interpolate_factor": 1, "lm_head_bias": False}
 #: Hunyuan's configs repeat the vocabulary size as org_vocab_size (never read by
 #: transformers' HunYuan dense)
-_RECENT_NEUTRAL = {"hunyuan_v1_dense": {"org_vocab_size": VOCAB}}
+_RECENT_NEUTRAL = {"hunyuan_v1_dense": {"org_vocab_size": VOCAB},
+                   # EXAONE-4.5's text_config: q/k normed right after the projections (its
+                   # "QK-reorder" norm), what transformers' Exaone4 always does
+                   "exaone4": {"reorder_qk_norm": True}}
 
 
 #: model_type -> Family. A new family is one entry here plus a weight-name table
@@ -164,7 +172,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     _family("qwen3_moe", parse_qwen3_moe, _LLAMA | _QWEN_WINDOWS | {
         "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
         "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"}, harmless=_MOE_HARMLESS,
-        neutral=_QWEN_NEUTRAL),
+        neutral=_QWEN3_MOE_NEUTRAL),
     _family("olmoe", parse_olmoe, _LLAMA | {"num_experts", "num_local_experts",
                                             "num_experts_per_tok", "norm_topk_prob",
                                             "clip_qkv"}, harmless=_MOE_HARMLESS),
@@ -208,8 +216,14 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
         neutral={**ROTARY, "intermediate_size": MLP_WIDTH, "num_key_value_heads": KV_HEADS}),
     _family("starcoder2", parse_starcoder2, _LLAMA | {"sliding_window", "norm_epsilon",
                                                       "use_bias"},
-            # StarCoder2's config.json names its (only) MLP and norm kinds
-            neutral={**ROTARY, "mlp_type": "default", "norm_type": "layer_norm"}),
+            # StarCoder2's config.json names its (only) MLP and norm kinds; the 7B / 15B ones
+            # keep GPTBigCode's keys: the eps again, the fp32 softmax and 1/sqrt(head_dim)
+            # scaling transformers' Starcoder2 always does, and an activation_function it
+            # never reads (hidden_act decides: the 7B says "gelu" beside gelu_pytorch_tanh)
+            neutral={**ROTARY, "mlp_type": "default", "norm_type": "layer_norm",
+                     "layer_norm_epsilon": NORM_EPS, "attention_softmax_in_fp32": True,
+                     "scale_attention_softmax_in_fp32": True, "scale_attn_weights": True},
+            harmless={"activation_function"}),
     # state-space families: the layers run a plugin's mixer (mi-ssm), not attention; no
     # positions, so no rotary key is neutral
     # (transformers' GGUF conversion writes llama.cpp's context_length as
