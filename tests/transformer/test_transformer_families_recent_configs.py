@@ -13,6 +13,7 @@ with the same MLP input, < 1e-5 / exactly equal.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -199,13 +200,42 @@ def test_published_moe_configs_route_as_published():
     ("hunyuan_v1_dense", "attention_head_dim", 64, "128"),
     ("glm4_moe", "scoring_func", "softmax", "'sigmoid'"),
     ("apertus", "post_norm", True, "False"),
-    ("ernie4_5_moe", "use_bias", True, "False"),
 ])
 def test_a_key_at_a_value_that_changes_the_forward_is_refused_naming_the_neutral_one(
         name, key, value, neutral):
     cfg = {**PUBLISHED[name], key: value}
     with pytest.raises(ConfigError, match=rf"{key} = {value!r} is not supported.*only {neutral}"):
         parse_config(cfg)
+
+
+def test_ernie4_5_moe_with_use_bias_equals_transformers(tmp_path, make_ids):
+    """``use_bias`` on the MoE class (no published checkpoint sets it, but transformers runs
+    it): biases on q/k/v/o, the dense layer's MLP, the shared experts and the head, none on
+    the routed experts. Once refused; now logits, residual streams and patterns < 1e-4,
+    left padding and greedy tokens as transformers'."""
+    from tests.support.family_checks import (assert_greedy_tokens_equal_transformers,
+                                             assert_left_padding_rows_alone,
+                                             assert_matches_transformers)
+    from tests.transformer.conftest import make_tiny
+
+    t = make_tiny(tmp_path, "ernie4_5_moe_bias", "ernie4_5_moe", {
+        "head_dim": 16, "use_bias": True, "moe_num_experts": 4, "moe_k": 2,
+        "moe_intermediate_size": 32, "moe_num_shared_experts": 2, "tie_word_embeddings": True})
+    names = set(safe_open_names(t.path / "model.safetensors"))
+    assert {"lm_head.bias", "model.layers.1.mlp.shared_experts.up_proj.bias",
+            "model.layers.0.mlp.down_proj.bias"} <= names  # what use_bias adds
+    ids = make_ids(1, 14, seed=5)
+    assert_matches_transformers(t, ids)
+    model = t.load()
+    assert_left_padding_rows_alone(model, [ids[0], make_ids(1, 9, seed=6)[0]])
+    assert_greedy_tokens_equal_transformers(t.hf, model, ids)
+
+
+def safe_open_names(path: Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return list(f.keys())
 
 
 def test_exaone4_string_pattern_without_layer_types_is_refused():

@@ -61,14 +61,19 @@ class ExpertWeights:
     w_gate: torch.Tensor | None  # [d_expert, d_model]; None: down(act(up(x)))
     w_up: torch.Tensor  # [d_expert, d_model]
     w_down: torch.Tensor  # [d_model, d_expert]
+    #: (gate [d_expert] | None, up [d_expert], down [d_model]): a shared expert's biases
+    #: (ERNIE-4.5 MoE with ``use_bias``); None: no biases
+    biases: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None
 
     def __call__(self, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
                  ) -> torch.Tensor:
         """x [n, d_model] -> [n, d_model] (d_model: the latent width behind a latent
         projection)."""
+        bg, bu, bd = self.biases if self.biases is not None else (None, None, None)
         if self.w_gate is None:
-            return F.linear(act(F.linear(x, self.w_up)), self.w_down)
-        return F.linear(act(F.linear(x, self.w_gate)) * F.linear(x, self.w_up), self.w_down)
+            return F.linear(act(F.linear(x, self.w_up, bu)), self.w_down, bd)
+        return F.linear(act(F.linear(x, self.w_gate, bg)) * F.linear(x, self.w_up, bu),
+                        self.w_down, bd)
 
 
 @attrs.frozen(eq=False)
@@ -375,6 +380,8 @@ def expected_moe_shapes(prefix: str, c: MoeConfig, d_model: int) -> dict[str, tu
         for name, shape in (("gate_proj", (s, d_model)), ("up_proj", (s, d_model)),
                             ("down_proj", (d_model, s)))[0 if c.gated else 1:]:
             out[f"{m}{c.shared_name}.{name}.weight"] = shape
+            if c.shared_expert_bias:
+                out[f"{m}{c.shared_name}.{name}.bias"] = shape[:1]
         if c.shared_expert_gate:
             out[m + "shared_expert_gate.weight"] = (1, d_model)
     return out
@@ -445,7 +452,10 @@ def load_moe(prefix: str, c: MoeConfig, get: Callable[[str], torch.Tensor], eps:
     elif c.shared_expert_size:
         sp = f"{m}{c.shared_name}."
         shared = ExpertWeights(get(sp + "gate_proj.weight") if c.gated else None,
-                               get(sp + "up_proj.weight"), get(sp + "down_proj.weight"))
+                               get(sp + "up_proj.weight"), get(sp + "down_proj.weight"),
+                               (get(sp + "gate_proj.bias") if c.gated else None,
+                                get(sp + "up_proj.bias"), get(sp + "down_proj.bias"))
+                               if c.shared_expert_bias else None)
     latent = [(get(f"{m}{p}.weight"), None) for p in ("fc1_latent_proj", "fc2_latent_proj")] \
         if c.latent_size else None
     return MoeWeights(config=c, router=get(r + "weight"), experts=experts, shared=shared,

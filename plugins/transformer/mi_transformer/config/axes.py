@@ -115,6 +115,7 @@ class MoeConfig:
     norm_topk_prob: bool  # renormalise the top-k weights to sum to 1 (Mixtral: always)
     shared_expert_size: int = 0  # d_mlp of the always-on shared expert; 0 = none
     shared_expert_gate: bool = False  # sigmoid(gate(x)) scales the shared expert (Qwen2-MoE)
+    shared_expert_bias: bool = False  # the shared expert's projections have biases (ERNIE)
     # checkpoint names: the block module and each expert's (gate, up, down) projections
     block: str = "mlp"
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")

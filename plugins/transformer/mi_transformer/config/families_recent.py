@@ -229,8 +229,10 @@ def parse_ernie4_5_moe(r: ConfigReader) -> TransformerConfig:
                   "moe_layer_start_index": 1, "moe_layer_interval": 1, "moe_norm_min": 1e-12})
     _neutral(r, "ernie4_5_moe")
     base = _ernie_base(r, "ernie4_5_moe", 4)
-    r.refuse_unless("use_bias", False, "the experts of transformers' Ernie4_5_Moe have no "
-                    "biases; no published MoE checkpoint uses them")
+    # use_bias (no published MoE checkpoint sets it): transformers' Ernie4_5_Moe then gives
+    # biases to attention, the dense and shared-expert MLPs and the head; the routed experts
+    # have none
+    bias = base["mlp_bias"]
     n = base["num_layers"]
     size = r.int("moe_intermediate_size")
     moe = MoeConfig(num_experts=_agreeing(r, ("moe_num_experts", "num_experts"), 64),
@@ -239,11 +241,11 @@ def parse_ernie4_5_moe(r: ConfigReader) -> TransformerConfig:
                     shared_expert_size=size * r.int("moe_num_shared_experts", min=0),
                     selection_bias="moe_statics.e_score_correction_bias",
                     selection_bias_rows=True, norm_min=r.float("moe_norm_min", gt=0),
-                    shared_name="shared_experts")
+                    shared_name="shared_experts", shared_expert_bias=bias)
     start, step = r.int("moe_layer_start_index", min=0), r.int("moe_layer_interval")
     end = r.int("moe_layer_end_index", -1, min=-1)
     end = n - 1 if end == -1 else end
-    base.update(moe=moe, weight_names="ernie4_5_moe",
+    base.update(moe=moe, weight_names="ernie4_5_moe", lm_head_bias=bias,
                 layer_moe=tuple((i + 1) % step == 0 and start <= i <= end for i in range(n)))
     return _full(r, base)
 
