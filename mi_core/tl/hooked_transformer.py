@@ -31,9 +31,8 @@ import torch
 from mi_core import (
     CapabilityError, HookCache, HookError, HookSpec, InputError, MIError, MIModel, TokenizerError,
 )
-from mi_core.plugin import (
-    OPT_IN_SUFFIXES, KVCachedGeneration, LayerSchedule, Readout, has_capability,
-)
+from mi_core.plugin import KVCachedGeneration, LayerSchedule, Readout, has_capability
+from mi_core.plugin import OPT_IN_SUFFIXES
 from mi_core.plugin import require_capability
 from mi_core.tl import arithmetic, components, processing
 from mi_core.tl.activation_cache import ActivationCache
@@ -484,9 +483,8 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, HookedRootModule):
         from mi_core.tl.activation_cache import Slice
 
         keep = names_filter_fn(names_filter)
-        # a plugin's opt-in points (per-step states [b, s, heads, ...], effective attention
-        # [b, heads, s, s] per layer) are captured when a name, list or filter asks for them,
-        # never by the default: as MIModel.run_with_cache (they would materialise per layer)
+        # a plugin's opt-in points (per-step states, effective attention [b, heads, s, s] a
+        # layer) only when a name, list or filter asks for them, as MIModel.run_with_cache
         wanted = [n for n in self.hook_dict
                   if keep(n) and not (names_filter is None and _plugin_opt_in(n))]
         request = _Request(wanted, incl_bwd)
