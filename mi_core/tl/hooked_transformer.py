@@ -32,6 +32,7 @@ from mi_core import (
     CapabilityError, HookCache, HookError, HookSpec, InputError, MIError, MIModel, TokenizerError,
 )
 from mi_core.plugin import KVCachedGeneration, LayerSchedule, Readout, has_capability
+from mi_core.plugin import OPT_IN_SUFFIXES
 from mi_core.plugin import require_capability
 from mi_core.tl import arithmetic, components, processing
 from mi_core.tl.activation_cache import ActivationCache
@@ -52,6 +53,12 @@ EMBED_POINTS = frozenset({"hook_embed", "hook_pos_embed"})
 _OPT_IN = {"attn.hook_result": "use_attn_result", "hook_attn_in": "use_attn_in",
            "hook_q_input": "use_split_qkv_input", "hook_k_input": "use_split_qkv_input",
            "hook_v_input": "use_split_qkv_input", "hook_mlp_in": "use_hook_mlp_in"}
+
+
+def _plugin_opt_in(name: str) -> bool:
+    """Whether `name` is a plugin's opt-in point (TransformerLens' flag points aside)."""
+    suffix = name.split(".", 2)[2] if name.startswith("blocks.") else name
+    return suffix in OPT_IN_SUFFIXES and suffix not in _OPT_IN
 
 
 class Output(NamedTuple):
@@ -476,7 +483,10 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, HookedRootModule):
         from mi_core.tl.activation_cache import Slice
 
         keep = names_filter_fn(names_filter)
-        wanted = [n for n in self.hook_dict if keep(n)]
+        # a plugin's opt-in points (per-step states, effective attention [b, heads, s, s] a
+        # layer) only when a name, list or filter asks for them, as MIModel.run_with_cache
+        wanted = [n for n in self.hook_dict
+                  if keep(n) and not (names_filter is None and _plugin_opt_in(n))]
         request = _Request(wanted, incl_bwd)
         with self.hooks(reset_hooks_end=reset_hooks_end, clear_contexts=clear_contexts):
             self._request = request

@@ -556,6 +556,31 @@ def test_the_hooked_transformer_equals_the_kernel_or_refuses(family_model, name)
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_the_hooked_transformers_default_cache_leaves_out_states_and_effective_attention(
+        family_model, name):
+    """HookedTransformer.run_with_cache() without a filter captures no per-step state and no
+    effective attention (each [b, heads, s, s] per layer), as MIModel.run_with_cache; a
+    filter or a name that asks for them gets them (regression: the default captured both)."""
+    from mi_core.tl import HookedTransformer
+
+    model = family_model(name)
+    try:
+        tl = HookedTransformer.from_pretrained_no_processing(_BUILT[name][0])
+    except mi.MIError as e:
+        pytest.skip(f"typed refusal: {type(e).__name__}: {str(e).splitlines()[0]}")
+    ids = ids_for(model, 1, SEQ, seed=20)
+    opt_in = ("hook_state", "hook_effective_attn")
+    with torch.no_grad():
+        _, cache = tl.run_with_cache(ids)
+        assert not [k for k in cache.keys() if k.endswith(opt_in)]
+        eff = next(iter(recurrent_layers(model).values()))
+        _, asked = tl.run_with_cache(ids, names_filter=lambda n: n.endswith(opt_in))
+        _, named = tl.run_with_cache(ids, names_filter=eff)
+    assert eff in asked and eff.replace("hook_effective_attn", "hook_state") in asked
+    assert list(named.keys()) == [eff]
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_generation_with_hooks_and_a_state_knockout_equals_recomputing(family_model, name):
     """Hooks and state specs apply at every cached step (positions absolute across the
     steps): greedy tokens equal a loop of full forwards with the same spec."""
