@@ -158,7 +158,9 @@ def head_scores(pattern: torch.Tensor, ideal: torch.Tensor) -> torch.Tensor:
 @attrs.define
 class HeadDetectionResult:
     """scores[kind] = [layers, heads] tensor; ``top(kind)`` lists the best heads.
-    ``model`` names the model and ``description`` the input the scores were measured on."""
+    ``model`` names the model and ``description`` the input the scores were measured on.
+    A layer that was not scored (not asked for, or a hybrid's recurrent layer) is NaN, and
+    ``top`` / ``heads_above`` never list it."""
 
     scores: dict[str, torch.Tensor]
     num_tokens: int
@@ -171,8 +173,10 @@ class HeadDetectionResult:
 
     def top(self, kind: str, k: int = 5) -> list[tuple[int, int, float]]:
         s = self.scores[kind]
-        idx = s.flatten().topk(min(k, s.numel())).indices.tolist()
-        return [(i // s.shape[1], i % s.shape[1], float(s.flatten()[i])) for i in idx]
+        flat = s.flatten()
+        scored = flat.isfinite()
+        idx = flat.nan_to_num(float("-inf")).topk(min(k, int(scored.sum()))).indices.tolist()
+        return [(i // s.shape[1], i % s.shape[1], float(flat[i])) for i in idx]
 
     def heads_above(self, kind: str, threshold: float) -> list[tuple[int, int, float]]:
         s = self.scores[kind]
@@ -200,17 +204,24 @@ def detect_heads(model: MIModel, ids: Any | None = None, kinds: Sequence[str] = 
                  layers: Sequence[int] | None = None, show_progress: bool | None = None
                  ) -> HeadDetectionResult:
     """Score every head for each kind on `ids` (default: repeated random tokens, where
-    induction and duplicate heads are visible). BOS is never counted as an ideal target."""
+    induction and duplicate heads are visible). BOS is never counted as an ideal target.
+
+    `layers` None: every layer with attention (a hybrid's attention layers; a model with
+    none is refused naming its first layer); a listed layer without attention is a typed
+    refusal naming it. Layers not scored are NaN in the result."""
     what = None
     if ids is None:
         ids = repeated_random_tokens(model)
         what = f"{ids.shape[0]} x random tokens repeated once ({ids.shape[1]} tokens)"
     ids = as_ids(model, ids)
+    if layers is None:  # the attention layers; none at all: refused below, naming layer 0
+        layers = [i for i in range(model.num_layers)
+                  if model.has_hook_point(HookPoint.attn_pattern(i))] or None
     layers = check_layers(layers, model.num_layers)
     points = [HookPoint.attn_pattern(i) for i in layers]
     require_points(model, points)
     ideals = {k: torch.stack([detection_pattern(k, row.cpu()) for row in ids]) for k in kinds}
-    scores = {k: torch.zeros(model.num_layers, model.num_heads) for k in kinds}
+    scores = {k: torch.full((model.num_layers, model.num_heads), float("nan")) for k in kinds}
     cache = model.forward(ids, HookSpec().capture_all(points))
     for i, hp in zip(progress(layers, "heads", enabled=show_progress), points):
         pat = cache.require(hp).float().cpu()

@@ -130,3 +130,23 @@ def test_detect_heads_on_the_fake_model(model):
 def test_detect_heads_needs_attention_pattern(rwkv_like):
     with pytest.raises(mi.HookError, match="hook_pattern"):
         detect_heads(rwkv_like)
+
+
+def test_detect_heads_on_a_hybrid_scores_its_attention_layers_and_names_a_recurrent_one():
+    """Default layers on a hybrid: its attention layers only; the recurrent layers are NaN and
+    never listed by top / heads_above. Asking for a recurrent layer is a typed refusal naming
+    it (tests/support/hybrid_tiny.py: jamba's layer 2 is its only attention layer)."""
+    from mi_core.interp import detect_heads
+    from tests.support.hybrid_tiny import HYBRID_LAYER_TYPES, hybrid_model
+
+    model = hybrid_model("jamba")
+    attn = [i for i, t in enumerate(HYBRID_LAYER_TYPES["jamba"]) if t == "full_attention"]
+    ids = torch.randint(0, model.vocab_size, (2, 12))
+    res = detect_heads(model, ids, show_progress=False)
+    for kind, s in res.scores.items():
+        scored = s.isfinite().all(-1)
+        assert scored.nonzero().flatten().tolist() == attn, kind
+        assert {layer for layer, _, _ in res.top(kind, k=s.numel())} == set(attn)
+        assert {layer for layer, _, _ in res.heads_above(kind, -1.0)} == set(attn)
+    with pytest.raises(mi.HookError, match=r"blocks\.0\.attn\.hook_pattern.*layer 0 is a"):
+        detect_heads(model, ids, layers=[0, attn[0]])
