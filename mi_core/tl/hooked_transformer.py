@@ -34,7 +34,7 @@ from mi_core import (
 )
 from mi_core.plugin import KVCachedGeneration, LayerSchedule, Readout, has_capability
 from mi_core.plugin import require_capability
-from mi_core.tl import arithmetic, components, hf_objects, processing
+from mi_core.tl import arithmetic, components, from_config, hf_objects, processing
 from mi_core.tl.activation_cache import ActivationCache
 from mi_core.tl.bridge_compat import BridgeCompatMixin
 from mi_core.tl.config import HookedTransformerConfig, config_of
@@ -107,18 +107,18 @@ class _Request:
         return out
 
 
-class HookedTransformer(BridgeCompatMixin, TokensMixin, HookedRootModule):
+class HookedTransformer(BridgeCompatMixin, TokensMixin, from_config.StateDictMixin,
+                        HookedRootModule):
     """TransformerLens' ``HookedTransformer`` over a loaded :class:`mi_core.MIModel` (see the
     module doc). Build with :meth:`from_pretrained`, or ``HookedTransformer(mi_model)``."""
 
     def __init__(self, model: Any, tokenizer: Any = None, move_to_device: bool = True,
                  default_padding_side: str = "right", *, default_prepend_bos: bool = True,
                  model_name: str = "custom") -> None:
-        if isinstance(model, (HookedTransformerConfig, dict)):
-            raise CapabilityError(
-                "HookedTransformer(cfg) builds a randomly initialised model in TransformerLens; "
-                "mi-core runs loaded checkpoints: use HookedTransformer.from_pretrained(path) "
-                "or HookedTransformer(mi.MIModel.from_pretrained(path))")
+        given = None
+        if isinstance(model, (HookedTransformerConfig, dict)):  # random, as TransformerLens'
+            given = from_config.complete(HookedTransformerConfig.unwrap(model))
+            model = MIModel.from_pretrained(from_config.checkpoint_dir(given), dtype=given.dtype)
         if not isinstance(model, MIModel):
             raise InputError(f"HookedTransformer needs an mi_core.MIModel, got "
                              f"{type(model).__name__}")
@@ -136,6 +136,8 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, HookedRootModule):
                                          name_or_path=model.source)
             self.cfg.tokenizer_prepends_bos = True  # TransformerLens' tokenizer_with_bos
         self._build_tree()
+        if given is not None:
+            from_config.adopt(self, given)
 
     def _build_tree(self, reuse: dict[str, HookPoint] | None = None) -> None:
         self._weights = components.WeightTree(self.mi_model)
