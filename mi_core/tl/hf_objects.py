@@ -20,8 +20,7 @@ from typing import Any
 
 import torch
 
-from mi_core import CapabilityError, InputError, TokenizerError
-from mi_core.tokenizer import MITokenizer
+from mi_core import CapabilityError, HFTokenizer, InputError, MITokenizer, TokenizerError
 
 
 def _config_dict(hf_model: Any) -> dict[str, Any]:
@@ -126,13 +125,11 @@ def save_tokenizer(tokenizer: Any, directory: Path) -> None:
 
 
 def mi_tokenizer(tokenizer: Any) -> MITokenizer:
-    """mi-core's tokenizer of a transformers tokenizer object (its saved files)."""
-    from mi_core.detection import load_tokenizer
-
+    """mi-core's tokenizer of a transformers tokenizer object (its saved ``tokenizer.json``)."""
     directory = Path(tempfile.mkdtemp(prefix="mi-tl-tokenizer-"))
     try:
         save_tokenizer(tokenizer, directory)
-        tok = load_tokenizer(directory)
+        tok = HFTokenizer.from_directory(directory)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     if tok is None:
