@@ -33,10 +33,13 @@ _ACTS = {"gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu",
 BUFFERS = ("attn.mask", "attn.IGNORE", "attn.rotary_sin", "attn.rotary_cos")
 
 
-def complete(cfg: Any) -> Any:
+def complete(cfg: Any, tokenizer: Any = None) -> Any:
     """A copy of `cfg` with TransformerLens' derived fields (``d_mlp = 4 * d_model``,
-    ``n_heads = d_model // d_head``) filled in."""
+    ``n_heads = d_model // d_head``, ``d_vocab = -1`` from the tokenizer) filled in."""
     cfg = dataclasses.replace(cfg)
+    if cfg.d_vocab == -1 and tokenizer is not None:  # TransformerLens' set_tokenizer
+        cfg.d_vocab = max(tokenizer.vocab.values()) + 1
+        cfg.d_vocab_out = cfg.d_vocab if cfg.d_vocab_out == -1 else cfg.d_vocab_out
     if cfg.n_heads == -1:
         cfg.n_heads = cfg.d_model // cfg.d_head
     if cfg.d_mlp is None and not cfg.attn_only:

@@ -117,7 +117,7 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, from_config.StateDictMix
                  model_name: str = "custom") -> None:
         given = None
         if isinstance(model, (HookedTransformerConfig, dict)):  # random, as TransformerLens'
-            given = from_config.complete(HookedTransformerConfig.unwrap(model))
+            given = from_config.complete(HookedTransformerConfig.unwrap(model), tokenizer)
             model = MIModel.from_pretrained(from_config.checkpoint_dir(given), dtype=given.dtype)
         if not isinstance(model, MIModel):
             raise InputError(f"HookedTransformer needs an mi_core.MIModel, got "

@@ -54,3 +54,20 @@ def test_config_gpt2_cannot_hold_is_refused_by_field():
         mtl.HookedTransformer(mtl.HookedTransformerConfig(**FIELDS, gated_mlp=True))
     with pytest.raises(CapabilityError, match="d_head"):
         mtl.HookedTransformer(mtl.HookedTransformerConfig(**{**FIELDS, "d_head": 8}))
+
+
+def test_config_with_a_tokenizer_as_transformerlens(tl_checkpoints):
+    """``HookedTransformer(cfg, tokenizer)``: d_vocab -1 read from the tokenizer, BOS
+    prepended, the same tokens and logits as TransformerLens'."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tl_checkpoints["smollm2_2l"]))
+    fields = {**FIELDS, "d_vocab": -1, "seed": 1}
+    theirs = tl.HookedTransformer(tl.HookedTransformerConfig(**fields), tokenizer=tok)
+    ours = mtl.HookedTransformer(mtl.HookedTransformerConfig(**fields), tok)
+    assert ours.cfg.d_vocab == theirs.cfg.d_vocab
+    texts = ["When John and Mary went to the shops,", "Hi"]
+    tokens = theirs.to_tokens(texts)
+    assert torch.equal(ours.to_tokens(texts), tokens)
+    with torch.no_grad():
+        assert (ours(texts) - theirs(texts)).abs().max().item() < 1e-4

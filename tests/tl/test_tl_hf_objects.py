@@ -119,7 +119,8 @@ class _Quantized:
     class config:  # noqa: N801  (stands for a transformers config)
         @staticmethod
         def to_json_string(use_diff=False):
-            return '{"model_type": "llama", "quantization_config": {"quant_method": "bitsandbytes"}}'
+            return ('{"model_type": "llama", '
+                    '"quantization_config": {"quant_method": "bitsandbytes"}}')
 
 
 def test_packed_quantized_hf_model_is_refused_by_name():
