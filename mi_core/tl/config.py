@@ -117,7 +117,10 @@ class HookedTransformerConfig:
     norm_topk_prob: bool = False
 
     def __post_init__(self) -> None:
-        """TransformerLens' derived defaults."""
+        """TransformerLens' derived defaults (and its seeding: a config with a seed seeds
+        torch, random and numpy when it is made)."""
+        if self.seed is not None:
+            self.set_seed_everywhere(self.seed)
         if self.d_vocab_out == -1:
             self.d_vocab_out = self.d_vocab
         if self.initializer_range < 0:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import torch
@@ -34,7 +35,7 @@ from mi_core import (
 from mi_core.plugin import KVCachedGeneration, LayerSchedule, Readout, has_capability
 from mi_core.plugin import OPT_IN_SUFFIXES
 from mi_core.plugin import require_capability
-from mi_core.tl import arithmetic, components, processing
+from mi_core.tl import arithmetic, components, from_config, hf_objects, processing
 from mi_core.tl.activation_cache import ActivationCache
 from mi_core.tl.bridge_compat import BridgeCompatMixin
 from mi_core.tl.config import HookedTransformerConfig, config_of
@@ -113,25 +114,23 @@ class _Request:
         return out
 
 
-class HookedTransformer(BridgeCompatMixin, TokensMixin, HookedRootModule):
+class HookedTransformer(BridgeCompatMixin, TokensMixin, from_config.StateDictMixin,
+                        HookedRootModule):
     """TransformerLens' ``HookedTransformer`` over a loaded :class:`mi_core.MIModel` (see the
     module doc). Build with :meth:`from_pretrained`, or ``HookedTransformer(mi_model)``."""
 
     def __init__(self, model: Any, tokenizer: Any = None, move_to_device: bool = True,
                  default_padding_side: str = "right", *, default_prepend_bos: bool = True,
                  model_name: str = "custom") -> None:
-        if isinstance(model, (HookedTransformerConfig, dict)):
-            raise CapabilityError(
-                "HookedTransformer(cfg) builds a randomly initialised model in TransformerLens; "
-                "mi-core runs loaded checkpoints: use HookedTransformer.from_pretrained(path) "
-                "or HookedTransformer(mi.MIModel.from_pretrained(path))")
+        given = None
+        if isinstance(model, (HookedTransformerConfig, dict)):  # random, as TransformerLens'
+            given = from_config.complete(HookedTransformerConfig.unwrap(model), tokenizer)
+            model = MIModel.from_pretrained(from_config.checkpoint_dir(given), dtype=given.dtype)
         if not isinstance(model, MIModel):
             raise InputError(f"HookedTransformer needs an mi_core.MIModel, got "
                              f"{type(model).__name__}")
-        if tokenizer is not None:
-            raise CapabilityError("tokenizer=: the model's own tokenizer is used (its "
-                                  "tokenizer.json / GGUF vocabulary); passing another is not "
-                                  "supported")
+        if tokenizer is not None:  # a transformers tokenizer replaces the checkpoint's
+            model.backend.tokenizer = hf_objects.mi_tokenizer(tokenizer)
         if default_padding_side not in ("left", "right"):
             raise InputError(f"default_padding_side must be 'left' or 'right', got "
                              f"{default_padding_side!r}")
@@ -144,6 +143,8 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, HookedRootModule):
                                          name_or_path=model.source)
             self.cfg.tokenizer_prepends_bos = True  # TransformerLens' tokenizer_with_bos
         self._build_tree()
+        if given is not None:
+            from_config.adopt(self, given)
 
     def _build_tree(self, reuse: dict[str, HookPoint] | None = None) -> None:
         self._weights = components.WeightTree(self.mi_model)
@@ -174,22 +175,31 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, HookedRootModule):
         BOS prepended. Options TransformerLens has that cannot apply here raise a
         :class:`mi_core.CapabilityError` naming them."""
         unsupported = {"checkpoint_index": checkpoint_index, "checkpoint_value": checkpoint_value,
-                       "hf_model": hf_model, "first_n_layers": first_n_layers}
+                       "first_n_layers": first_n_layers}
         named = [k for k, v in unsupported.items() if v is not None] + (
             ["n_devices"] if n_devices != 1 else [])
         revision = from_pretrained_kwargs.pop("revision", None)
         dtype = from_pretrained_kwargs.pop("torch_dtype", dtype)
+        for neutral in ("checkpoint_label", "n_ctx"):  # TransformerLens 3's, None by default
+            if from_pretrained_kwargs.get(neutral, 0) is None:
+                del from_pretrained_kwargs[neutral]
         named += sorted(from_pretrained_kwargs)
         if named:
             raise CapabilityError(
                 f"HookedTransformer.from_pretrained: {', '.join(named)} not supported by "
                 f"mi-core's TransformerLens layer (training checkpoints: pass revision=; "
-                f"other weights: save them as a checkpoint directory)")
-        model = MIModel.from_pretrained(os.fspath(model_name), device=_device(device),
-                                        dtype=_dtype(dtype), revision=revision)
+                f"other weights: save them as a checkpoint directory or pass hf_model=)")
+        source = os.fspath(model_name)
+        if hf_model is not None:  # TransformerLens reads the object's weights: so do we
+            source = os.fspath(hf_objects.checkpoint_dir(hf_model, tokenizer))
+            tokenizer = None  # saved beside the weights
+        model = MIModel.from_pretrained(source, device=_device(device), dtype=_dtype(dtype),
+                                        revision=revision)
         out = cls(model, tokenizer, move_to_device, default_padding_side or "right",
                   default_prepend_bos=True if default_prepend_bos is None else
                   bool(default_prepend_bos), model_name=str(model_name))
+        if hf_model is not None:
+            hf_objects.remove_with(out, Path(source))
         flags = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                      center_unembed=center_unembed, fold_value_biases=fold_value_biases,
                      refactor_factored_attn_matrices=refactor_factored_attn_matrices)
@@ -317,14 +327,6 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, HookedRootModule):
                                                       attention_mask)
         residual = self._run(tokens, attention_mask, blocks=range(0), stop=True)
         return residual, tokens, None, attention_mask
-
-    def set_tokenizer(self, tokenizer: Any, default_padding_side: Optional[str] = None
-                      ) -> None:
-        """Only the model's own tokenizer is supported: a CapabilityError (padding side:
-        set ``model.tokenizer.padding_side``)."""
-        raise CapabilityError("set_tokenizer: mi-core uses the model's own tokenizer "
-                              "(tokenizer.json / the GGUF vocabulary); to change the padding "
-                              "side set model.tokenizer.padding_side")
 
     def loss_fn(self, logits: torch.Tensor, tokens: torch.Tensor,
                 attention_mask: Optional[torch.Tensor] = None,

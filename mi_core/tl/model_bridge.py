@@ -49,15 +49,19 @@ class TransformerBridge(HookedTransformer):
                           ) -> "TransformerBridge":
         """The checkpoint `model_name` (a local directory, ``.gguf`` file or hub id mi-core
         loads), weights unprocessed until :meth:`enable_compatibility_mode`, BOS prepended.
-        TransformerLens' options that cannot apply (another HF model object, a device map,
-        config overrides, ...) raise a :class:`mi_core.CapabilityError` naming them."""
+        ``hf_model=`` (a transformers model object, with ``tokenizer=``) is loaded from its
+        weights. TransformerLens' options that cannot apply (a device map, config overrides,
+        ...) raise a :class:`mi_core.CapabilityError` naming them."""
+        hf_model = kwargs.pop("hf_model", None)  # written as a checkpoint (hf_objects)
         named = sorted(k for k, v in kwargs.items() if k not in _NEUTRAL or v != _NEUTRAL[k])
         if named:
             raise CapabilityError(
                 f"TransformerBridge.boot_transformers: {', '.join(named)} not supported by "
                 f"mi-core's TransformerLens layer (save other weights as a checkpoint "
                 f"directory and pass its path)")
-        kw = {} if revision is None else {"revision": revision}
+        kw: dict[str, Any] = {} if revision is None else {"revision": revision}
+        if hf_model is not None:
+            kw["hf_model"] = hf_model
         return cls.from_pretrained_no_processing(model_name, device=device, dtype=dtype,
                                                  tokenizer=tokenizer, **kw)
 

@@ -37,6 +37,22 @@ class TokensMixin:
     def _bos(self, prepend_bos: Optional[bool]) -> bool:
         return self.cfg.default_prepend_bos if prepend_bos is None else bool(prepend_bos)
 
+    def set_tokenizer(self, tokenizer: Any, default_padding_side: Optional[str] = None
+                      ) -> None:
+        """TransformerLens' ``set_tokenizer``: a transformers (fast) tokenizer object becomes
+        the model's, for the TransformerLens class and its ``mi_model``; padding on
+        `default_padding_side`, else the tokenizer's, else "right"."""
+        from mi_core.tl.hf_objects import mi_tokenizer
+        from mi_core.tl.tokenizer import TLTokenizer
+
+        side = default_padding_side or getattr(tokenizer, "padding_side", None) or "right"
+        if side not in ("left", "right"):
+            raise InputError(f"default_padding_side must be 'left' or 'right', got {side!r}")
+        self.mi_model.backend.tokenizer = mi_tokenizer(tokenizer)
+        self.tokenizer = TLTokenizer(self.mi_model.tokenizer, side,
+                                     name_or_path=getattr(tokenizer, "name_or_path", "") or "")
+        self.cfg.tokenizer_prepends_bos = True  # TransformerLens' tokenizer_with_bos
+
     def to_tokens(self, input: str | Sequence[str],
                   prepend_bos: Optional[bool] = USE_DEFAULT_VALUE,
                   padding_side: Optional[str] = USE_DEFAULT_VALUE, move_to_device: bool = True,
