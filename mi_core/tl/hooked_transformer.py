@@ -782,9 +782,7 @@ def _grad_mode() -> Any:
 
 
 def _device(device: Any) -> str | torch.device:
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
+    return device if device is not None else "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _dtype(dtype: Any) -> torch.dtype:
