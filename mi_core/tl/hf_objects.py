@@ -49,8 +49,8 @@ def _module_state(hf_model: Any) -> dict[str, torch.Tensor]:
     place (a change that keeps the logits: norms folded, writing weights centred, the output
     embedding untied). Those tensors are read under the names the model's class gives them
     (a skeleton of it on the meta device); an output bias the bridge added is dropped where it
-    is zero (models whose head has no bias) and refused where folding put values there (the checkpoint
-    format has no place for it)."""
+    is zero (models whose head has no bias) and refused where folding put values there (the
+    checkpoint format has no place for it)."""
     state = hf_model.state_dict()
     if not any(_WRAPPED in name for name in state):
         return state
