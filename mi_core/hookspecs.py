@@ -8,6 +8,7 @@ CLI commands register with the ``mi`` command's own, torch-free surface (``mi_cl
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pluggy
@@ -95,6 +96,14 @@ def mi_register_commands(subparsers: Any) -> None:
 @plugin_spec(firstresult=True)
 def mi_default_model() -> str | None:
     """Path of an embedded default model for ``mi demo`` (first plugin that has one wins)."""
+
+
+@plugin_spec(firstresult=True)
+def mi_checkpoint_from_config(config: Any, directory: Path, norm_gain: float) -> bool | None:
+    """Write into `directory` a checkpoint (config.json, model.safetensors) that expresses
+    `config`, another library's model config (``mi_core.tl``'s ``HookedTransformerConfig``):
+    norm gains `norm_gain`, every other tensor 0. True when written; None when `config` is
+    not yours; a CapabilityError naming the fields your format cannot hold."""
 
 
 @plugin_spec

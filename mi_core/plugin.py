@@ -15,49 +15,39 @@ See docs/PLUGINS.md.
 from mi_core.backend import MIModel, require_points
 from mi_core.capabilities import (
     ContextLength, Gradients, HookShapes, KVCachedGeneration, LayerSchedule, LayerTypes, Readout,
-    StateInterventions, WeightAccess, WeightProcessing,
-)
+    StateInterventions, WeightAccess, WeightProcessing)
 from mi_core.capabilities import capabilities as capabilities_of
 from mi_core.capabilities import has as has_capability
 from mi_core.capabilities import require as require_capability
-from mi_core.capabilities import (HeadTerms, ResidualTerms, require_head_sum,
-                                   require_residual_sum)
+from mi_core.capabilities import HeadTerms, ResidualTerms, require_head_sum, require_residual_sum
 from mi_core.configread import (
-    GENERIC_AT_DEFAULT, GENERIC_HARMLESS, REQUIRED, ConfigFields, is_generic_harmless,
-)
+    GENERIC_AT_DEFAULT, GENERIC_HARMLESS, REQUIRED, ConfigFields, is_generic_harmless)
 from mi_core.dictionaries import CltFeatureId, SparseActivations, SparseDictionary, load_dictionary
 from mi_core.errors import (
     CapabilityError, ConfigError, DictionaryError, HookError, InputError, InterventionError,
-    MetricError, MIError, PluginError, TokenizerError, UnsupportedModelError, WeightLoadError,
-)
+    MetricError, MIError, PluginError, TokenizerError, UnsupportedModelError, WeightLoadError)
 from mi_core.generation import GenerationResult, sample_token
 from mi_core.hooks import HookCache, HookRun, HookSpec
 from mi_core.hookspecs import hookimpl, plugin_impl
 from mi_core.inputs import check_dtype, resolve_device
 from mi_core.interventions import (
-    Add, Intervention, Knockout, Replace, Scale, Steer, Zero, check_broadcast,
-)
+    Add, Intervention, Knockout, Replace, Scale, Steer, Zero, check_broadcast)
 from mi_core.loading import (
     DEFAULT_HUB_PATTERNS, MEMORY_CHECK_ENV, PICKLE_SUFFIXES, SafetensorsCheckpoint,
-    available_memory, check_memory, checked_tensor,
-    looks_like_hub_id, read_config, read_json, refuse_pickle, require_field, resolve_source,
-    safetensors_header,
-)
+    available_memory, check_memory, checked_tensor, looks_like_hub_id, read_config, read_json,
+    refuse_pickle, require_field, resolve_source, safetensors_header)
 from mi_core.placement import Placement, check_placement
 from mi_core.plugins import (
     dictionary_formats, get_plugin_manager, mixer, mixers, plugin_infos, register_plugin,
-    unregister_plugin, view,
-)
+    unregister_plugin, view)
 from mi_core.points import (
     GLOBAL_NAMES, LAYER_SUFFIXES, OPT_IN_SUFFIXES, PRE_SOFTMAX_SCORES, HookLike, HookPoint,
-    hook_name,
-)
+    hook_name)
 from mi_core.progress import Progress, progress, set_progress
 from mi_core.protocol import MIBackend
 from mi_core.registry import (
     BackendSpec, CompatibilityReport, Detection, DictionaryFormat, MixerSpec, ModelSource,
-    TokenizerSpec, ViewSpec,
-)
+    TokenizerSpec, ViewSpec)
 from mi_core.serialize import converter, from_json, to_json
 from mi_core.shapes import standard_shape
 from mi_core.state import StateKnockoutSpec, StateSteeringSpec

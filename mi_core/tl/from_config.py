@@ -1,22 +1,23 @@
 """``HookedTransformer(cfg)``: TransformerLens' randomly initialised model of a
-``HookedTransformerConfig``, for the GPT-2 shape tests and toy models use.
+``HookedTransformerConfig``, for the shape tests and toy models use.
 
-mi-core runs checkpoints through its backends, so the config becomes one: a GPT-2 checkpoint
-(``config.json`` + zero / unit ``model.safetensors``) in a temporary directory that lives as
-long as the model, loaded by the generic backend. The weights are then drawn as
-TransformerLens' ``init_weights`` draws them (``init_mode="gpt2"``: every ``W_*`` parameter,
-in ``named_parameters`` order, from ``N(0, initializer_range)``, after
+mi-core runs checkpoints through its backends, so the config becomes one: the first plugin
+whose format can express it (hook ``mi_checkpoint_from_config``) writes a checkpoint
+(``config.json`` + ``model.safetensors``, zero but for the norm gains) into a temporary
+directory that lives as long as the model, loaded as any checkpoint is. The weights are then
+drawn as TransformerLens' ``init_weights`` draws them (``init_mode="gpt2"``, the only mode:
+every ``W_*`` parameter, in ``named_parameters`` order, from ``N(0, initializer_range)``, after
 ``torch.manual_seed(cfg.seed)`` when a seed is set; norms 1, biases 0), so the same seed gives
 TransformerLens' weights; ``model.load_state_dict(tl_model.state_dict())`` copies another
-model's. Configs no GPT-2 checkpoint can hold (RMS or no norms, rotary or no positions, gated
-or no MLPs, grouped-query attention, ``d_head * n_heads != d_model``, parallel blocks, other
-init modes) are refused with a :class:`mi_core.CapabilityError` naming the field.
+model's. A config no installed plugin can express is refused with a
+:class:`mi_core.CapabilityError`: the plugin's names the fields its format cannot hold (the
+built-in transformer backend's holds TransformerLens' default shape: LayerNorm, learned
+positions, a plain MLP, multi-head attention with ``d_head * n_heads == d_model``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,9 +27,6 @@ import torch
 
 from mi_core import CapabilityError
 
-#: TransformerLens' activation names a GPT-2 checkpoint's ``activation_function`` takes
-_ACTS = {"gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu",
-         "gelu_fast": "gelu_fast", "gelu_pytorch_tanh": "gelu_pytorch_tanh"}
 #: TransformerLens' buffers, which a state dict of its model holds and mi-core builds itself
 BUFFERS = ("attn.mask", "attn.IGNORE", "attn.rotary_sin", "attn.rotary_cos")
 
@@ -47,67 +45,29 @@ def complete(cfg: Any, tokenizer: Any = None) -> Any:
     return cfg
 
 
-def _refusals(cfg: Any) -> list[str]:
-    checks = {
-        "normalization_type": (cfg.normalization_type, "LN"),
-        "positional_embedding_type": (cfg.positional_embedding_type, "standard"),
-        "attn_only": (cfg.attn_only, False), "gated_mlp": (cfg.gated_mlp, False),
-        "parallel_attn_mlp": (cfg.parallel_attn_mlp, False),
-        "n_key_value_heads": (cfg.n_key_value_heads, None),
-        "attention_dir": (cfg.attention_dir, "causal"), "init_mode": (cfg.init_mode, "gpt2"),
-        "d_vocab_out": (cfg.d_vocab_out, cfg.d_vocab),
-        "use_local_attn": (cfg.use_local_attn, False),
-        "scale_attn_by_inverse_layer_idx": (cfg.scale_attn_by_inverse_layer_idx, False),
-    }
-    out = [f"{k}={v!r} (needs {want!r})" for k, (v, want) in checks.items() if v != want]
-    if cfg.act_fn not in _ACTS:
-        out.append(f"act_fn={cfg.act_fn!r} (one of {sorted(_ACTS)})")
-    if cfg.d_head * cfg.n_heads != cfg.d_model:
-        out.append(f"d_head * n_heads = {cfg.d_head * cfg.n_heads} != d_model = {cfg.d_model}")
-    return out
-
-
 def checkpoint_dir(cfg: Any) -> Path:
-    """A temporary GPT-2 checkpoint of `cfg` (completed): norm gains 2 (a gain of 1 everywhere
+    """A temporary checkpoint of `cfg` (completed), written by the first plugin whose format
+    can express it (``mi_checkpoint_from_config``): norm gains 2 (a gain of 1 everywhere
     reads as folded norms, ``LNPre``, and the tree would have no ``ln.w`` / ``ln.b``; set to
     1 by :func:`adopt`), every other tensor 0."""
-    from safetensors.torch import save_file
+    from mi_core.plugin import get_plugin_manager
 
-    bad = _refusals(cfg)
-    if bad:
-        raise CapabilityError(
-            "HookedTransformer(cfg): mi-core builds a random model as a GPT-2 checkpoint, which "
-            "cannot hold " + "; ".join(bad) + " (load a checkpoint with from_pretrained)")
-    d, v, f = cfg.d_model, cfg.d_vocab, cfg.d_mlp
-    hf = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": d,
-          "n_head": cfg.n_heads, "n_layer": cfg.n_layers, "n_positions": cfg.n_ctx,
-          "n_inner": f, "vocab_size": v, "activation_function": _ACTS[cfg.act_fn],
-          "layer_norm_epsilon": cfg.eps, "tie_word_embeddings": False,
-          "scale_attn_weights": cfg.use_attn_scale, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-          "attn_pdrop": 0.0}
-    z = torch.zeros
-
-    def two(n: int) -> torch.Tensor:
-        return torch.full((n,), 2.0)
-
-    w = {"transformer.wte.weight": z(v, d), "transformer.wpe.weight": z(cfg.n_ctx, d),
-         "transformer.ln_f.weight": two(d), "transformer.ln_f.bias": z(d),
-         "lm_head.weight": z(v, d)}
-    for i in range(cfg.n_layers):
-        p = f"transformer.h.{i}."
-        w.update({p + "ln_1.weight": two(d), p + "ln_1.bias": z(d),
-                  p + "ln_2.weight": two(d), p + "ln_2.bias": z(d),
-                  p + "attn.c_attn.weight": z(d, 3 * d), p + "attn.c_attn.bias": z(3 * d),
-                  p + "attn.c_proj.weight": z(d, d), p + "attn.c_proj.bias": z(d),
-                  p + "mlp.c_fc.weight": z(d, f), p + "mlp.c_fc.bias": z(f),
-                  p + "mlp.c_proj.weight": z(f, d), p + "mlp.c_proj.bias": z(d)})
+    if cfg.init_mode != "gpt2":  # the only init_mode init_weights draws as TransformerLens
+        raise CapabilityError(f"HookedTransformer(cfg): init_mode={cfg.init_mode!r} (needs "
+                              f"'gpt2', the init_mode mi_core.tl draws)")
     out = Path(tempfile.mkdtemp(prefix="mi-tl-cfg-model-"))
-    try:
-        (out / "config.json").write_text(json.dumps(hf, indent=1))
-        save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
+    try:  # a plugin's CapabilityError names the fields its format cannot hold
+        written = get_plugin_manager().hook.mi_checkpoint_from_config(
+            config=cfg, directory=out, norm_gain=2.0)
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
+    if not written:
+        shutil.rmtree(out, ignore_errors=True)
+        raise CapabilityError(
+            "HookedTransformer(cfg): no installed plugin can build a model from this config "
+            "(mi_checkpoint_from_config; install the mi-core extra of the generic transformer "
+            "backend), or load a checkpoint with from_pretrained")
     return out
 
 

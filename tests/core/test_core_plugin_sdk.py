@@ -152,6 +152,32 @@ def test_mi_checkpoint_info_reads_the_header_without_weights(tmp_path: Path) -> 
     assert hook(source=str(tmp_path)) is None
 
 
+def test_mi_checkpoint_from_config_writes_a_checkpoint_the_backends_load(tmp_path: Path) -> None:
+    """mi-transformer writes a TransformerLens config as a checkpoint that loads (every tensor
+    0 but the norm gains, which are as asked: 2 per layer and the final one, so zero logits);
+    a config it does not know gets None (another plugin may answer); one its format cannot
+    hold, a CapabilityError naming the field."""
+    import dataclasses
+
+    from safetensors.torch import load_file
+
+    from mi_core.tl import HookedTransformerConfig
+
+    hook = plugins.get_plugin_manager().hook.mi_checkpoint_from_config
+    cfg = HookedTransformerConfig(n_layers=2, d_model=32, n_ctx=16, d_head=8, n_heads=4,
+                                  d_vocab=50, d_mlp=64, act_fn="gelu_new")
+    assert hook(config=cfg, directory=tmp_path, norm_gain=2.0) is True
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    gains = [n for n, t in tensors.items() if bool((t == 2.0).all())]
+    assert len(gains) == 2 * cfg.n_layers + 1
+    assert all(not t.any() for n, t in tensors.items() if n not in gains)
+    logits, _ = mi.MIModel.from_pretrained(tmp_path).run_with_cache(torch.tensor([[1, 2, 3]]))
+    assert logits.shape == (1, 3, 50) and not logits.any()
+    assert hook(config={"d_model": 32}, directory=tmp_path / "none", norm_gain=2.0) is None
+    with pytest.raises(mi.CapabilityError, match="gated_mlp=True"):
+        hook(config=dataclasses.replace(cfg, gated_mlp=True), directory=tmp_path, norm_gain=2.0)
+
+
 def test_mi_plugin_info_describes_what_each_plugin_provides() -> None:
     info = {i.name: i for i in plugins.plugin_infos()}
     assert any("probes" in p for p in info["probing"].provides)

@@ -54,6 +54,33 @@ def test_config_gpt2_cannot_hold_is_refused_by_field():
         mtl.HookedTransformer(mtl.HookedTransformerConfig(**FIELDS, gated_mlp=True))
     with pytest.raises(CapabilityError, match="d_head"):
         mtl.HookedTransformer(mtl.HookedTransformerConfig(**{**FIELDS, "d_head": 8}))
+    with pytest.raises(CapabilityError, match="init_mode='kaiming_normal'"):  # the ring's own
+        mtl.HookedTransformer(mtl.HookedTransformerConfig(**FIELDS, init_mode="kaiming_normal"))
+
+
+def test_config_no_plugin_can_express_is_refused(monkeypatch):
+    """The checkpoint comes from a plugin (``mi_checkpoint_from_config``): with none that
+    answers, a CapabilityError says so, and the temporary directory is removed."""
+    import os
+    import types
+
+    import mi_core.plugin
+    from mi_core.tl import from_config
+
+    made = []
+    real_mkdtemp = from_config.tempfile.mkdtemp
+
+    def mkdtemp(**kwargs):
+        made.append(real_mkdtemp(**kwargs))
+        return made[-1]
+
+    hook = types.SimpleNamespace(mi_checkpoint_from_config=lambda **kwargs: None)
+    monkeypatch.setattr(mi_core.plugin, "get_plugin_manager",
+                        lambda: types.SimpleNamespace(hook=hook))
+    monkeypatch.setattr(from_config.tempfile, "mkdtemp", mkdtemp)
+    with pytest.raises(CapabilityError, match="no installed plugin can build a model"):
+        mtl.HookedTransformer(mtl.HookedTransformerConfig(**FIELDS))
+    assert made and not any(os.path.exists(d) for d in made)
 
 
 def test_config_with_a_tokenizer_as_transformerlens(tl_checkpoints):
