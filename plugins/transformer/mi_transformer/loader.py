@@ -19,6 +19,7 @@ from mi_transformer.config.size import check_loaded
 from mi_transformer.model import TransformerBackend
 from mi_transformer.placement import Layout, canonical, layout
 from mi_transformer.quant import dequantizing
+from mi_transformer.quant_refusals import quantized_tensors_refusal, refuse_modelopt
 from mi_transformer.weights import (DictSource, TensorSource, check_tensors, load_weights,
                                    tensor_table)
 
@@ -34,6 +35,10 @@ def from_tensors(config: Mapping[str, Any], tensors: TensorSource | Mapping[str,
     src: TensorSource = DictSource(tensors, origin) if isinstance(tensors, Mapping) else tensors
     src = dequantizing(src, config, origin)
     cfg = parse_config(config, f"{origin}/config.json", src.names())
+    why = quantized_tensors_refusal(src.shapes, lambda: check_tensors(cfg, src.shapes).unexpected,
+                                    origin)
+    if why:  # (before the generic list of unexpected tensors)
+        raise UnsupportedModelError(why)
     if cfg.model_type not in _known():
         chk = check_tensors(cfg, src.shapes)
         if not chk.ok:
@@ -110,5 +115,6 @@ def load_backend(source: ModelSource, device: torch.device, dtype: torch.dtype, 
     config = source.config if source.config is not None else read_config(path)
     if config is None:
         raise WeightLoadError(f"{path}: no config.json")
+    refuse_modelopt(path)  # (detection says so too; backend= skips detection)
     return from_tensors(config, SafetensorsCheckpoint.from_directory(path), device, dtype,
                         origin=str(path), placement=placement)

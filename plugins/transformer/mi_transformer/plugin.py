@@ -10,6 +10,7 @@ from mi_core import plugin_impl
 from mi_transformer.config import FAMILIES, UnknownKeysError, parse_config
 from mi_transformer.config.size import ConfigTooLarge
 from mi_transformer.quant import logical_shapes
+from mi_transformer.quant_refusals import quantized_tensors_refusal, refuse_modelopt
 from mi_transformer.weights import check_tensors
 
 BACKEND = "transformer"
@@ -43,7 +44,9 @@ def mi_detect_backend(source: ModelSource) -> Detection:
     config keys that are not understood or the missing / unexpected tensors. ``implements``
     says whether the model_type is one of :data:`FAMILIES` (the core's report then says
     plainly when no plugin implements it). Quantized checkpoints are judged by the tensors
-    they hold once dequantized."""
+    they hold once dequantized; a ModelOpt export (``hf_quant_config.json``) or quantization
+    tensors the config does not declare are refused naming the format
+    (:mod:`mi_transformer.quant_refusals`)."""
     path = source.path
     if source.is_file:
         if path.suffix.lower() == ".gguf":
@@ -55,6 +58,10 @@ def mi_detect_backend(source: ModelSource) -> Detection:
     mt = cfg.get("model_type")
     known = isinstance(mt, str) and mt in FAMILIES
     unknown = "" if known else f"mi-transformer does not implement model_type {mt!r}; "
+    try:
+        refuse_modelopt(path)  # before the config: ModelOpt's config.json may say nothing
+    except MIError as exc:
+        return Detection(BACKEND, 0.0, str(exc), implements=known)
     try:
         # auto-config reads layouts off the tensors (as dequantized); a known family's
         # tensors are checked when it loads
@@ -75,10 +82,17 @@ def mi_detect_backend(source: ModelSource) -> Detection:
         return Detection(BACKEND, 0.0, f"{unknown or f'model_type {mt!r} is '}{what}: {exc}",
                          implements=known)
     if known:
+        why = _undeclared_quantization(cfg, ac, shapes, path)
+        if why:
+            return Detection(BACKEND, 0.0, why, implements=True)
         return Detection(BACKEND, 0.9, f"model_type {mt!r} is a supported family",
                          implements=True)
     if not shapes:
         return Detection(BACKEND, 0.0, f"model_type {mt!r} unknown and no safetensors to inspect")
+    why = quantized_tensors_refusal(shapes, lambda: check_tensors(ac, shapes).unexpected,
+                                    str(path))
+    if why:
+        return Detection(BACKEND, 0.0, f"{unknown}{why}")
     chk = check_tensors(ac, shapes)
     if chk.ok:
         return Detection(BACKEND, 0.5, f"model_type {mt!r} unknown; every config key and tensor "
@@ -87,6 +101,19 @@ def mi_detect_backend(source: ModelSource) -> Detection:
     return Detection(BACKEND, 0.0, f"model_type {mt!r} unknown and its tensors do not match a "
                                    f"LLaMA-like layout" + (f" ({why})" if why else ""),
                      missing=chk.missing, unexpected=chk.unexpected)
+
+
+def _undeclared_quantization(cfg: dict[str, Any], ac: Any,
+                             shapes: dict[str, tuple[int, ...]], path: Any) -> str | None:
+    """A known family's refusal of quantization tensors its config does not declare (the
+    rest of its tensor check waits for loading, which names what is wrong); None when there
+    are none, or when the declared quantization's tensors are malformed (loading says how)."""
+    try:
+        logical = logical_shapes(cfg, shapes, str(path / "config.json"))
+    except MIError:
+        return None
+    return quantized_tensors_refusal(logical, lambda: check_tensors(ac, logical).unexpected,
+                                     str(path))
 
 
 def _detect_gguf(path: Any) -> Detection:

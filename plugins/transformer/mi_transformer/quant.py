@@ -23,7 +23,9 @@ activations per token group too, so their numbers differ from these by that roun
 ``quant_method: "gguf"`` is what transformers writes into the config of a model it loaded
 from a GGUF file (``from_pretrained(..., gguf_file=...)``); the tensors it saves are already
 dequantized floats, so the entry is accepted as the marker it is. Every other method (AWQ,
-GPTQ, bitsandbytes, compressed-tensors, ...) is refused by name.
+GPTQ, bitsandbytes, compressed-tensors, ModelOpt, ...) is refused by name; so are ModelOpt's
+``hf_quant_config.json`` and quantization tensors a config does not declare
+(:mod:`mi_transformer.quant_refusals`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ import attrs
 import torch
 
 from mi_core.plugin import ConfigError, WeightLoadError, checked_tensor
+
+from mi_transformer.quant_refusals import modelopt_message
 
 #: The methods read here; any other ``quant_method`` is refused naming it.
 SUPPORTED_METHODS = ("fp8", "mxfp4", "gguf")
@@ -92,11 +96,15 @@ def read_quant_config(cfg: Mapping[str, Any], src: str) -> QuantConfig | None:
     if method is None and (qc.get("load_in_4bit") or qc.get("load_in_8bit")):
         method = "bitsandbytes"  # transformers 4's legacy form names no method: it is this one
     if method is None:  # (ModelOpt's own form says quant_algo; transformers refuses it too)
-        raise ConfigError(f"{where} names no quant_method (its keys: {', '.join(sorted(qc))}): "
-                          f"the quantization is not known, so not supported; load an "
+        algo = f" (quant_algo {qc['quant_algo']!r}: NVIDIA ModelOpt's form)" \
+            if qc.get("quant_algo") is not None else ""
+        raise ConfigError(f"{where} names no quant_method (its keys: {', '.join(sorted(qc))})"
+                          f"{algo}: the quantization is not known, so not supported; load an "
                           f"unquantized copy of this model instead")
     if not isinstance(method, str):
         raise ConfigError(f"{where}.quant_method = {method!r}: expected a string")
+    if method.lower().startswith("modelopt"):  # ModelOpt's config.json form ("modelopt")
+        raise ConfigError(f"{where}.quant_method = {method!r}: {modelopt_message(qc)}")
     if method not in SUPPORTED_METHODS:
         raise ConfigError(f"{where}.quant_method = {method!r} is not supported: mi-transformer "
                           f"reads block-scaled 'fp8' and 'mxfp4' checkpoints (dequantized at "
