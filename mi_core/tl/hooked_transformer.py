@@ -37,7 +37,7 @@ from mi_core.tl import arithmetic, components, processing
 from mi_core.tl.activation_cache import ActivationCache
 from mi_core.tl.bridge_compat import BridgeCompatMixin
 from mi_core.tl.config import HookedTransformerConfig, config_of
-from mi_core.tl.errors import TLAttributeError, TLInputError
+from mi_core.tl.errors import TLAttributeError, TLInputError, TLValueError
 from mi_core.tl.hook_points import HookedRootModule, HookPoint, TLHookError, names_filter_fn
 from mi_core.tl.tl_tokens import TokensMixin
 from mi_core.tl.tokenizer import TLTokenizer
@@ -585,7 +585,7 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, HookedRootModule):
         left = self.OV
         right = {"Q": self.QK, "K": self.QK.T, "V": self.OV}.get(mode)
         if right is None:
-            raise InputError(f"mode must be 'Q', 'K' or 'V', got {mode!r}")
+            raise TLValueError(f"mode must be 'Q', 'K' or 'V', got {mode!r}")
         scores = composition_scores(left, right, broadcast_dims=True)
         n = self.cfg.n_layers
         mask = (torch.arange(n, device=scores.device)[:, None, None, None]
@@ -730,10 +730,13 @@ def _caller(name: str, point: HookPoint, state: dict[Any, Any],
 
 def _bwd_caller(point: HookPoint) -> Callable[[torch.Tensor, Any], Optional[torch.Tensor]]:
     """The kernel backward hook running `point`'s backward hooks as torch's full backward
-    hooks do: each gets the incoming gradient; the last tensor returned replaces it."""
+    hooks do: each gets the incoming gradient; the last tensor returned replaces it. The
+    hooks are those of this forward, as torch's: run_with_hooks' fire after it returns."""
+    handles = list(point.bwd_hooks)
+
     def call(grad: torch.Tensor, hook: Any) -> Optional[torch.Tensor]:
         result = None
-        for handle in list(point.bwd_hooks):
+        for handle in handles:
             out = handle.user_hook(grad, hook=point)  # type: ignore[misc]
             if isinstance(out, tuple):
                 out = out[0]

@@ -18,7 +18,7 @@ from mi_core import InputError, TokenizerError
 from mi_core.plugin import KVCachedGeneration, has_capability
 from mi_core.tl.errors import TLValueError
 from mi_core.tl.utils import (
-    USE_DEFAULT_VALUE, TLInputError, get_attention_mask, sample_logits,
+    USE_DEFAULT_VALUE, TLCapabilityError, TLInputError, get_attention_mask, sample_logits,
 )
 
 
@@ -147,6 +147,8 @@ class TokensMixin:
     def tokens_to_residual_directions(self, tokens: Any) -> torch.Tensor:
         """W_U columns of `tokens` (a str, an int or a tensor of ids): [d_model] for one
         token, else [*tokens.shape, d_model]."""
+        if isinstance(tokens, str):  # TransformerLens' AssertionError for several tokens
+            tokens = self.to_single_token(tokens)
         return self.mi_model.tokens_to_residual_directions(tokens)
 
     # -- generation ----------------------------------------------------------------------------
@@ -241,3 +243,16 @@ class TokensMixin:
             if stop_tokens and bool(finished.all()):
                 break
         return torch.cat([tokens] + sampled, dim=1)
+
+    def get_pos_offset(self, past_kv_cache: Any, batch_size: int) -> int:
+        """TransformerLens' position offset of a forward after `past_kv_cache`: 0 without one
+        (a ``past_kv_cache=`` on the forward is not supported: generate keeps its own)."""
+        if past_kv_cache is not None:
+            raise TLCapabilityError("past_kv_cache: a TransformerLens key-value cache is not "
+                                    "supported (generate keeps the kernel's own KV cache)")
+        return 0
+
+    @property
+    def n_params_total(self) -> int:
+        """Every parameter's element count (TransformerLens' ``n_params_total``)."""
+        return sum(p.numel() for p in self.parameters())  # type: ignore[attr-defined]

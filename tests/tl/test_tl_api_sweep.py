@@ -1,0 +1,109 @@
+"""What a differential sweep of TransformerLens' public API found different, pinned against
+TransformerLens 3.9 on the same weights (models as in test_tl_differential.py: SmolLM2's
+first two layers, a GPT-2-shaped tiny model, each side with TransformerLens' defaults):
+backward hooks given to ``run_with_hooks`` firing on a later ``backward()``, the components'
+attributes (``cfg``, ``attn.attn_scale`` / ``layer_id``, ``mlp.act_fn`` / ``d_mlp``), the
+cache's ``has_embed`` / ``has_pos_embed``, ``n_params_total`` / ``get_pos_offset``, a printed
+``Slice``, and the exception kinds of two misuses. F32, 1e-4 unless noted.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mi_core.tl import HookedTransformer, utils
+
+TEXTS = ["The cat sat on the mat.", "Hello world"]
+
+
+@pytest.fixture(scope="module")
+def pair(tl_checkpoints, tl_ref):
+    ours: dict = {}
+
+    def get(name: str):
+        if name not in ours:
+            ours[name] = HookedTransformer.from_pretrained(tl_checkpoints[name])
+        ours[name].reset_hooks(including_permanent=True)
+        return ours[name], tl_ref(name)
+
+    return get
+
+
+@pytest.mark.parametrize("name", ["smollm2_2l", "gpt2"])
+def test_run_with_hooks_backward_hooks_fire_after_it_returns(pair, name):
+    """TransformerLens' backward hooks are torch's full backward hooks, taken when the module
+    runs: those given to ``run_with_hooks`` (removed when it returns, reset_hooks_end=True)
+    still fire when the returned loss is back-propagated, and a returned gradient replaces
+    the incoming one upstream."""
+    ours, tl = pair(name)
+    tokens = tl.to_tokens(TEXTS)
+    seen: dict = {}
+    for side, m in (("ours", ours), ("tl", tl)):
+        def keep(grad, hook, side=side):
+            seen.setdefault(side, []).append((hook.name, grad.detach().clone()))
+
+        def halve(grad, hook):
+            return (grad * 0.5,)
+
+        loss = m.run_with_hooks(tokens, return_type="loss", bwd_hooks=[
+            ("blocks.1.hook_resid_pre", halve),
+            (lambda n: n.endswith("hook_z"), keep), ("blocks.0.hook_resid_mid", keep)])
+        assert not any(hp.bwd_hooks for hp in m.hook_dict.values())  # removed on return
+        loss.backward()
+        seen[side + "_grad"] = m.W_E.grad.detach().clone()
+        m.zero_grad(set_to_none=True)
+    assert [n for n, _ in seen["ours"]] == [n for n, _ in seen["tl"]]
+    assert len(seen["ours"]) == 3
+    for (_, a), (_, b) in zip(seen["ours"], seen["tl"]):
+        assert (a - b).abs().max() < 1e-4 * max(1.0, b.abs().max().item())
+    a, b = seen["ours_grad"], seen["tl_grad"]
+    assert (a - b).abs().max() < 1e-4 * max(1.0, b.abs().max().item())
+
+
+@pytest.mark.parametrize("name", ["smollm2_2l", "gpt2"])
+def test_component_attributes_as_transformerlens(pair, name):
+    ours, tl = pair(name)
+    for path in ("embed", "unembed", "ln_final", "blocks.1", "blocks.1.ln2", "blocks.1.attn",
+                 "blocks.1.mlp"):
+        assert ours.get_submodule(path).cfg is ours.cfg
+    for layer in range(ours.cfg.n_layers):
+        a, b = ours.blocks[layer].attn, tl.blocks[layer].attn
+        assert (a.layer_id, a.attn_type) == (b.layer_id, b.attn_type)
+        assert a.attn_scale == pytest.approx(float(b.attn_scale), rel=1e-6)
+        assert ours.blocks[layer].mlp.d_mlp == tl.blocks[layer].mlp.d_mlp
+    x = torch.linspace(-4, 4, 17)
+    torch.testing.assert_close(ours.blocks[0].mlp.act_fn(x), tl.blocks[0].mlp.act_fn(x))
+
+
+@pytest.mark.parametrize("name", ["smollm2_2l", "gpt2"])
+def test_cache_and_model_attributes_as_transformerlens(pair, name):
+    ours, tl = pair(name)
+    tokens = tl.to_tokens(TEXTS[0])
+    for names_filter in (None, "blocks.0.hook_resid_pre"):
+        _, cache = ours.run_with_cache(tokens, names_filter=names_filter)
+        _, tcache = tl.run_with_cache(tokens, names_filter=names_filter)
+        assert (cache.has_embed, cache.has_pos_embed) == (tcache.has_embed, tcache.has_pos_embed)
+    assert ours.n_params_total == sum(p.numel() for p in ours.parameters())
+    assert ours.get_pos_offset(None, 2) == tl.get_pos_offset(None, 2) == 0
+    with pytest.raises(AssertionError):  # a TransformerLens key-value cache: not supported
+        ours.get_pos_offset(object(), 2)
+    import transformer_lens.utils as tl_utils
+    for sl in ((1, 3), -1, None, [0, 2]):
+        assert repr(utils.Slice(sl)) == repr(tl_utils.Slice(sl))
+
+
+def test_misuse_raises_transformerlens_exception_kinds(pair):
+    import mi_core as mi
+
+    ours, tl = pair("smollm2_2l")
+    with pytest.raises(AssertionError, match="not a single token"):
+        tl.tokens_to_residual_directions(" the cat")
+    with pytest.raises(AssertionError, match="not a single token") as err:
+        ours.tokens_to_residual_directions(" the cat")
+    assert isinstance(err.value, mi.InputError)
+    with pytest.raises(ValueError):
+        tl.all_composition_scores("X")
+    with pytest.raises(ValueError) as err:
+        ours.all_composition_scores("X")
+    assert isinstance(err.value, mi.InputError)
