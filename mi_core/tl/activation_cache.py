@@ -189,8 +189,13 @@ class ActivationCache(HookCache):
             return self._captures[name]
         except KeyError:
             pass
+        return self.require(name)
+
+    def require(self, point: Any) -> torch.Tensor:
+        """HookCache's lookup (its message names what was captured), raising the
+        ``KeyError`` kind TransformerLens' methods raise for a missing activation too."""
         try:
-            return self.require(name)  # HookCache's message (what was captured)
+            return super().require(point)
         except HookError as err:
             raise TLHookError(str(err)) from None
 

@@ -45,8 +45,11 @@ class TokensMixin:
         `prepend_bos` (default ``cfg.default_prepend_bos``) is False; truncated to n_ctx."""
         tok = self._tok("to_tokens")
         texts = [input] if isinstance(input, str) else list(input)
-        if not texts or not all(isinstance(t, str) for t in texts):
+        if not texts:
             raise InputError("to_tokens needs a string or a non-empty list of strings")
+        if not all(isinstance(t, str) for t in texts):  # TransformerLens' tokenizer: ValueError
+            raise TLValueError(f"to_tokens needs a string or a list of strings, got "
+                               f"{type(input).__name__}")
         rows = [tok.ids(t, self._bos(prepend_bos)) for t in texts]
         if truncate:
             rows = [r[:self.cfg.n_ctx] for r in rows]

@@ -107,3 +107,24 @@ def test_misuse_raises_transformerlens_exception_kinds(pair):
     with pytest.raises(ValueError) as err:
         ours.all_composition_scores("X")
     assert isinstance(err.value, mi.InputError)
+
+
+def test_missing_activation_in_cache_methods_is_a_key_error(pair):
+    """TransformerLens' cache methods raise the dict's KeyError for an activation a name
+    filter left out; so do ours (an mi_core.HookError that is also a KeyError)."""
+    import mi_core as mi
+
+    ours, tl = pair("gpt2")
+    tokens = tl.to_tokens(TEXTS[0])
+    for m in (ours, tl):
+        _, cache = m.run_with_cache(tokens, names_filter=lambda n: "resid_post" in n)
+        with pytest.raises(KeyError):
+            cache.accumulated_resid()
+        with pytest.raises(KeyError):
+            cache.stack_head_results()
+    _, cache = ours.run_with_cache(tokens, names_filter=lambda n: "resid_post" in n)
+    with pytest.raises(mi.HookError, match="not captured"):
+        cache.decompose_resid()
+    for m in (ours, tl):  # tokens where text belongs: the tokenizer's ValueError
+        with pytest.raises(ValueError):
+            m.to_tokens(tokens)
