@@ -265,9 +265,10 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, HookedRootModule):
         [batch, pos, d_model] with `start_at_layer`) -> logits [batch, pos, d_vocab], the loss
         (``return_type="loss"``; per token [batch, pos - 1] with `loss_per_token`), both, or
         None; with `stop_at_layer` the residual stream after that many blocks."""
-        if past_kv_cache is not None or shortformer_pos_embed is not None:
-            raise CapabilityError("past_kv_cache / shortformer_pos_embed: not supported "
-                                  "(generate() keeps its own KV cache)")
+        if shortformer_pos_embed is not None or (past_kv_cache is not None
+                                                  and start_at_layer is not None):
+            raise CapabilityError("shortformer_pos_embed, or past_kv_cache with "
+                                  "start_at_layer: not supported")
         if return_type not in ("logits", "loss", "both", None):
             raise InputError(f"return_type must be 'logits', 'loss', 'both' or None, got "
                              f"{return_type!r}")
@@ -275,6 +276,9 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, HookedRootModule):
         if start_at_layer is None:
             tokens, attention_mask = self.input_to_tokens(input, prepend_bos, padding_side,
                                                           attention_mask)
+            if past_kv_cache is not None:  # mi_core.tl.past_key_value_caching
+                attention_mask, past_kv_cache = past_kv_cache.use(
+                    self, tokens, attention_mask, self._bos(prepend_bos))
         else:
             residual = self._residual_input(input)
         blocks = range(self.cfg.n_layers)[slice(start_at_layer, stop_at_layer)]
@@ -284,7 +288,8 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, HookedRootModule):
             residual.shape[:2], dtype=torch.long, device=self.mi_model.device)
         out = self._run(ids, attention_mask, blocks=blocks, residual=residual,
                         embed=EMBED_POINTS if start_at_layer is None else frozenset(),
-                        stop=stop_at_layer is not None, logits=return_type is not None)
+                        stop=stop_at_layer is not None, logits=return_type is not None,
+                        past=past_kv_cache)
         if stop_at_layer is not None or return_type == "logits":
             return out
         if return_type is None:

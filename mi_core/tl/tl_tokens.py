@@ -18,7 +18,7 @@ from mi_core import InputError, TokenizerError
 from mi_core.plugin import KVCachedGeneration, has_capability
 from mi_core.tl.errors import TLValueError
 from mi_core.tl.utils import (
-    USE_DEFAULT_VALUE, TLCapabilityError, TLInputError, get_attention_mask, sample_logits,
+    USE_DEFAULT_VALUE, TLInputError, get_attention_mask, sample_logits,
 )
 
 
@@ -248,12 +248,15 @@ class TokensMixin:
         return torch.cat([tokens] + sampled, dim=1)
 
     def get_pos_offset(self, past_kv_cache: Any, batch_size: int) -> int:
-        """TransformerLens' position offset of a forward after `past_kv_cache`: 0 without one
-        (a ``past_kv_cache=`` on the forward is not supported: generate keeps its own)."""
-        if past_kv_cache is not None:
-            raise TLCapabilityError("past_kv_cache: a TransformerLens key-value cache is not "
-                                    "supported (generate keeps the kernel's own KV cache)")
-        return 0
+        """TransformerLens' position offset of a forward after `past_kv_cache` (a
+        :class:`~mi_core.tl.past_key_value_caching.HookedTransformerKeyValueCache`): the
+        positions it holds, 0 without one."""
+        if past_kv_cache is None:
+            return 0
+        held = past_kv_cache.previous_attention_mask.shape
+        if held[0] != batch_size:
+            raise TLInputError(f"past_kv_cache holds batch {held[0]}, not {batch_size}")
+        return int(held[1])
 
     @property
     def n_params_total(self) -> int:

@@ -4,7 +4,8 @@ first two layers, a GPT-2-shaped tiny model, each side with TransformerLens' def
 backward hooks given to ``run_with_hooks`` firing on a later ``backward()``, the components'
 attributes (``cfg``, ``attn.attn_scale`` / ``layer_id``, ``mlp.act_fn`` / ``d_mlp``), the
 cache's ``has_embed`` / ``has_pos_embed``, ``n_params_total`` / ``get_pos_offset``, a printed
-``Slice``, and the exception kinds of two misuses. F32, 1e-4 unless noted.
+``Slice``, the exception kinds of a few misuses, and ``model(tokens, past_kv_cache=cache)``.
+F32, 1e-4 unless noted.
 """
 
 from __future__ import annotations
@@ -86,8 +87,9 @@ def test_cache_and_model_attributes_as_transformerlens(pair, name):
         assert (cache.has_embed, cache.has_pos_embed) == (tcache.has_embed, tcache.has_pos_embed)
     assert ours.n_params_total == sum(p.numel() for p in ours.parameters())
     assert ours.get_pos_offset(None, 2) == tl.get_pos_offset(None, 2) == 0
-    with pytest.raises(AssertionError):  # a TransformerLens key-value cache: not supported
-        ours.get_pos_offset(object(), 2)
+    from mi_core.tl import TransformerLensKeyValueCache
+    with pytest.raises(AssertionError):  # a cache of another batch size, as TransformerLens
+        ours.get_pos_offset(TransformerLensKeyValueCache.init_cache(ours.cfg, "cpu", 1), 2)
     import transformer_lens.utils as tl_utils
     for sl in ((1, 3), -1, None, [0, 2]):
         assert repr(utils.Slice(sl)) == repr(tl_utils.Slice(sl))
@@ -128,3 +130,44 @@ def test_missing_activation_in_cache_methods_is_a_key_error(pair):
     for m in (ours, tl):  # tokens where text belongs: the tokenizer's ValueError
         with pytest.raises(ValueError):
             m.to_tokens(tokens)
+
+
+@pytest.mark.parametrize("name", ["smollm2_2l", "gpt2"])
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+def test_forward_with_a_key_value_cache_as_transformerlens(pair, name, padding_side):
+    """``model(tokens, past_kv_cache=cache)`` chunk by chunk gives TransformerLens' logits,
+    offsets and mask (padded batch; a manual greedy loop equals generate); hooks see the new
+    positions (TransformerLens' ``hook_rot_k`` alone re-rotates the cached keys: compared on
+    the new positions)."""
+    from transformer_lens import TransformerLensKeyValueCache
+
+    from mi_core.tl.past_key_value_caching import HookedTransformerKeyValueCache
+
+    ours, tl = pair(name)
+    out = {}
+    for side, m, kv in (("ours", ours, HookedTransformerKeyValueCache),
+                        ("tl", tl, TransformerLensKeyValueCache)):
+        tokens = m.to_tokens(TEXTS, padding_side=padding_side)
+        cache = kv.init_cache(m.cfg, m.cfg.device, 2)
+        got = [m(tokens[:, :4], past_kv_cache=cache), m.get_pos_offset(cache, 2)]
+        logits, acts = m.run_with_cache(tokens[:, 4:], past_kv_cache=cache)
+        got += [logits, cache.previous_attention_mask]
+        greedy = []
+        for _ in range(3):
+            greedy.append(logits[:, -1].argmax(-1, keepdim=True))
+            logits = m(greedy[-1], past_kv_cache=cache)
+        got += [torch.cat(greedy, 1), {k: v[:, -4:] if "rot_k" in k else v
+                                       for k, v in acts.items()}]
+        out[side] = got
+    a, b = out["ours"], out["tl"]
+    assert a[1] == b[1] == 4 and torch.equal(a[3].long(), b[3].long())
+    assert torch.equal(a[4], b[4])
+    for x, y in [(a[0], b[0]), (a[2], b[2])] + [(a[5][k], b[5][k]) for k in b[5]]:
+        assert x.shape == y.shape
+        masked = torch.isinf(y)  # attention scores of masked keys: -inf on both sides
+        assert torch.equal(masked, torch.isinf(x))
+        x, y = x[~masked], y[~masked]
+        assert (x - y).abs().max() < 1e-4 * max(1.0, y.abs().max().item())
+    assert list(a[5]) == list(b[5])
+    with pytest.raises(AssertionError):
+        HookedTransformerKeyValueCache.init_cache(ours.cfg, "cpu", 1).freeze()
