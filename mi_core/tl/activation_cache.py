@@ -114,8 +114,9 @@ class Slice:
             return slice_input
         return cls([slice_input] if isinstance(slice_input, int) else slice_input)
 
-    def __repr__(self) -> str:
-        return f"Slice({self.slice!r}, mode={self.mode})"
+    def __repr__(self) -> str:  # TransformerLens' words, which a printed Slice shows
+        sl = self.slice.numpy() if isinstance(self.slice, torch.Tensor) else self.slice
+        return f"Slice: {sl} Mode: {self.mode} "
 
 
 def _slice(s: SliceInput) -> Slice:
@@ -140,6 +141,16 @@ class ActivationCache(HookCache):
         super().__init__(output, captures, **extra)
         self.model = model
         self.has_batch_dim = has_batch_dim
+
+    @property
+    def has_embed(self) -> bool:
+        """Whether ``hook_embed`` is cached (TransformerLens' attribute)."""
+        return "hook_embed" in self._captures
+
+    @property
+    def has_pos_embed(self) -> bool:
+        """Whether ``hook_pos_embed`` is cached (TransformerLens' attribute)."""
+        return "hook_pos_embed" in self._captures
 
     @classmethod
     def of(cls, cache: HookCache, model: MIModel) -> "ActivationCache":
@@ -178,8 +189,13 @@ class ActivationCache(HookCache):
             return self._captures[name]
         except KeyError:
             pass
+        return self.require(name)
+
+    def require(self, point: Any) -> torch.Tensor:
+        """HookCache's lookup (its message names what was captured), raising the
+        ``KeyError`` kind TransformerLens' methods raise for a missing activation too."""
         try:
-            return self.require(name)  # HookCache's message (what was captured)
+            return super().require(point)
         except HookError as err:
             raise TLHookError(str(err)) from None
 

@@ -361,6 +361,8 @@ class Attention(nn.Module):
         for suffix in ATTN_POINTS:
             if f"{p}.{suffix}" in points:
                 self.add_module(suffix, point(f"{p}.{suffix}"))
+        #: TransformerLens' attributes (``attn_scale`` is set by :func:`build` from the config)
+        self.layer_id, self.attn_type, self.attn_scale = layer, "global", 1.0
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         raise CapabilityError("calling an attention module on its own is not supported (the "
@@ -423,6 +425,15 @@ class MLP(nn.Module):
         #: once, on a 2-token probe)
         self.act_fn_name: str | None = None
         self.layer, self._root, self._plain = layer, (lambda: None), None
+
+    @property
+    def act_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The activation function (TransformerLens' ``mlp.act_fn``)."""
+        return _activation(self.act_fn_name)
+
+    @property
+    def d_mlp(self) -> int:
+        return int(self.W_out.shape[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[batch, pos, d_model] -> [batch, pos, d_model] through ``hook_pre`` (and
@@ -575,6 +586,13 @@ def build(root: nn.Module, model: MIModel, cfg: Any, tree: WeightTree,
         if isinstance(getattr(block, "mlp", None), MLP):
             block.mlp._root = weakref.ref(root)
     for module in root.modules():  # what the modules' forwards read from the config
+        if isinstance(module, (Embed, PosEmbed, Unembed, Norm, Attention, MLP,
+                               TransformerBlock)):
+            module.cfg = cfg  # each TransformerLens component holds the config
+        if isinstance(module, Attention):  # TransformerLens' attn_scale: sqrt(d_head), ...
+            scale = float(cfg.attn_scale) if cfg.use_attn_scale else 1.0
+            inverse = getattr(cfg, "scale_attn_by_inverse_layer_idx", False)
+            module.attn_scale = scale * (module.layer_id + 1) if inverse else scale
         if isinstance(module, Norm):
             module.centres = str(cfg.normalization_type).startswith("LN")
             module.eps = cfg.eps

@@ -39,7 +39,7 @@ from mi_core.tl import arithmetic, components, from_config, hf_objects, processi
 from mi_core.tl.activation_cache import ActivationCache
 from mi_core.tl.bridge_compat import BridgeCompatMixin
 from mi_core.tl.config import HookedTransformerConfig, config_of
-from mi_core.tl.errors import TLAttributeError, TLInputError
+from mi_core.tl.errors import TLAttributeError, TLInputError, TLValueError
 from mi_core.tl.hook_points import HookedRootModule, HookPoint, TLHookError, names_filter_fn
 from mi_core.tl.tl_tokens import TokensMixin
 from mi_core.tl.tokenizer import TLTokenizer
@@ -282,9 +282,10 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, from_config.StateDictMix
         [batch, pos, d_model] with `start_at_layer`) -> logits [batch, pos, d_vocab], the loss
         (``return_type="loss"``; per token [batch, pos - 1] with `loss_per_token`), both, or
         None; with `stop_at_layer` the residual stream after that many blocks."""
-        if past_kv_cache is not None or shortformer_pos_embed is not None:
-            raise CapabilityError("past_kv_cache / shortformer_pos_embed: not supported "
-                                  "(generate() keeps its own KV cache)")
+        if shortformer_pos_embed is not None or (past_kv_cache is not None
+                                                  and start_at_layer is not None):
+            raise CapabilityError("shortformer_pos_embed, or past_kv_cache with "
+                                  "start_at_layer: not supported")
         if return_type not in ("logits", "loss", "both", None):
             raise InputError(f"return_type must be 'logits', 'loss', 'both' or None, got "
                              f"{return_type!r}")
@@ -292,6 +293,9 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, from_config.StateDictMix
         if start_at_layer is None:
             tokens, attention_mask = self.input_to_tokens(input, prepend_bos, padding_side,
                                                           attention_mask)
+            if past_kv_cache is not None:  # mi_core.tl.past_key_value_caching
+                attention_mask, past_kv_cache = past_kv_cache.use(
+                    self, tokens, attention_mask, self._bos(prepend_bos))
         else:
             residual = self._residual_input(input)
         blocks = range(self.cfg.n_layers)[slice(start_at_layer, stop_at_layer)]
@@ -301,7 +305,8 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, from_config.StateDictMix
             residual.shape[:2], dtype=torch.long, device=self.mi_model.device)
         out = self._run(ids, attention_mask, blocks=blocks, residual=residual,
                         embed=EMBED_POINTS if start_at_layer is None else frozenset(),
-                        stop=stop_at_layer is not None, logits=return_type is not None)
+                        stop=stop_at_layer is not None, logits=return_type is not None,
+                        past=past_kv_cache)
         if stop_at_layer is not None or return_type == "logits":
             return out
         if return_type is None:
@@ -597,7 +602,7 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, from_config.StateDictMix
         left = self.OV
         right = {"Q": self.QK, "K": self.QK.T, "V": self.OV}.get(mode)
         if right is None:
-            raise InputError(f"mode must be 'Q', 'K' or 'V', got {mode!r}")
+            raise TLValueError(f"mode must be 'Q', 'K' or 'V', got {mode!r}")
         scores = composition_scores(left, right, broadcast_dims=True)
         n = self.cfg.n_layers
         mask = (torch.arange(n, device=scores.device)[:, None, None, None]
@@ -742,10 +747,13 @@ def _caller(name: str, point: HookPoint, state: dict[Any, Any],
 
 def _bwd_caller(point: HookPoint) -> Callable[[torch.Tensor, Any], Optional[torch.Tensor]]:
     """The kernel backward hook running `point`'s backward hooks as torch's full backward
-    hooks do: each gets the incoming gradient; the last tensor returned replaces it."""
+    hooks do: each gets the incoming gradient; the last tensor returned replaces it. The
+    hooks are those of this forward, as torch's: run_with_hooks' fire after it returns."""
+    handles = list(point.bwd_hooks)
+
     def call(grad: torch.Tensor, hook: Any) -> Optional[torch.Tensor]:
         result = None
-        for handle in list(point.bwd_hooks):
+        for handle in handles:
             out = handle.user_hook(grad, hook=point)  # type: ignore[misc]
             if isinstance(out, tuple):
                 out = out[0]

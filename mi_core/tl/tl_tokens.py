@@ -61,8 +61,11 @@ class TokensMixin:
         `prepend_bos` (default ``cfg.default_prepend_bos``) is False; truncated to n_ctx."""
         tok = self._tok("to_tokens")
         texts = [input] if isinstance(input, str) else list(input)
-        if not texts or not all(isinstance(t, str) for t in texts):
+        if not texts:
             raise InputError("to_tokens needs a string or a non-empty list of strings")
+        if not all(isinstance(t, str) for t in texts):  # TransformerLens' tokenizer: ValueError
+            raise TLValueError(f"to_tokens needs a string or a list of strings, got "
+                               f"{type(input).__name__}")
         rows = [tok.ids(t, self._bos(prepend_bos)) for t in texts]
         if truncate:
             rows = [r[:self.cfg.n_ctx] for r in rows]
@@ -163,6 +166,8 @@ class TokensMixin:
     def tokens_to_residual_directions(self, tokens: Any) -> torch.Tensor:
         """W_U columns of `tokens` (a str, an int or a tensor of ids): [d_model] for one
         token, else [*tokens.shape, d_model]."""
+        if isinstance(tokens, str):  # TransformerLens' AssertionError for several tokens
+            tokens = self.to_single_token(tokens)
         return self.mi_model.tokens_to_residual_directions(tokens)
 
     # -- generation ----------------------------------------------------------------------------
@@ -257,3 +262,19 @@ class TokensMixin:
             if stop_tokens and bool(finished.all()):
                 break
         return torch.cat([tokens] + sampled, dim=1)
+
+    def get_pos_offset(self, past_kv_cache: Any, batch_size: int) -> int:
+        """TransformerLens' position offset of a forward after `past_kv_cache` (a
+        :class:`~mi_core.tl.past_key_value_caching.HookedTransformerKeyValueCache`): the
+        positions it holds, 0 without one."""
+        if past_kv_cache is None:
+            return 0
+        held = past_kv_cache.previous_attention_mask.shape
+        if held[0] != batch_size:
+            raise TLInputError(f"past_kv_cache holds batch {held[0]}, not {batch_size}")
+        return int(held[1])
+
+    @property
+    def n_params_total(self) -> int:
+        """Every parameter's element count (TransformerLens' ``n_params_total``)."""
+        return sum(p.numel() for p in self.parameters())  # type: ignore[attr-defined]
