@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from mi_core import CapabilityError, MIModel
+from mi_core import CapabilityError, InputError, MIModel
 
 #: The attributes TransformerLens' activation functions are called by in ``cfg.act_fn``.
 _ACT_NAMES = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu",
@@ -220,3 +220,22 @@ def _n_params(cfg: HookedTransformerConfig) -> int:
     mlp = 0 if cfg.attn_only or cfg.d_mlp is None else (
         cfg.d_model * cfg.d_mlp * (3 if cfg.gated_mlp else 2))
     return cfg.n_layers * (attn + mlp)
+
+
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def load_device(device: Any) -> str | torch.device:
+    """`device` of ``from_pretrained``; None: CUDA when available, as TransformerLens."""
+    return device if device is not None else "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_dtype(dtype: Any) -> torch.dtype:
+    """`dtype` of ``from_pretrained``: a torch dtype or TransformerLens' names for one."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise InputError(f"dtype must be a torch dtype or one of {sorted(_DTYPES)}, got {dtype!r}")

@@ -41,13 +41,11 @@ from mi_core.tl.bridge_compat import BridgeCompatMixin
 from mi_core.tl.config import HookedTransformerConfig, config_of
 from mi_core.tl.errors import TLAttributeError, TLInputError, TLValueError
 from mi_core.tl.hook_points import HookedRootModule, HookPoint, TLHookError, names_filter_fn
+from mi_core.tl.config import load_device, load_dtype
 from mi_core.tl.tl_tokens import TokensMixin
 from mi_core.tl.tokenizer import TLTokenizer
 from mi_core.tl.utils import USE_DEFAULT_VALUE, TLCapabilityError, lm_cross_entropy_loss
 
-_DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
-           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 #: The embedding's points a forward from tokens runs.
 EMBED_POINTS = frozenset({"hook_embed", "hook_pos_embed"})
 #: Opt-in points and the config switch that makes TransformerLens fire them.
@@ -193,7 +191,7 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, from_config.StateDictMix
         if hf_model is not None:  # TransformerLens reads the object's weights: so do we
             source = os.fspath(hf_objects.checkpoint_dir(hf_model, tokenizer))
             tokenizer = None  # saved beside the weights
-        model = MIModel.from_pretrained(source, device=_device(device), dtype=_dtype(dtype),
+        model = MIModel.from_pretrained(source, device=load_device(device), dtype=load_dtype(dtype),
                                         revision=revision)
         out = cls(model, tokenizer, move_to_device, default_padding_side or "right",
                   default_prepend_bos=True if default_prepend_bos is None else
@@ -787,18 +785,6 @@ def _grad_mode() -> Any:
         return
     with torch.enable_grad():
         yield
-
-
-def _device(device: Any) -> str | torch.device:
-    return device if device is not None else "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _dtype(dtype: Any) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if isinstance(dtype, str) and dtype in _DTYPES:
-        return _DTYPES[dtype]
-    raise InputError(f"dtype must be a torch dtype or one of {sorted(_DTYPES)}, got {dtype!r}")
 
 
 def _need_past(model: HookedTransformer) -> bool:
