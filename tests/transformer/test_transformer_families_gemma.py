@@ -375,8 +375,12 @@ def test_gemma4_router_and_branch_points_equal_transformers(gemma, ours, make_id
 @pytest.mark.parametrize("name", ["gemma4_text", "gemma4_moe", "gemma3n_text"])
 def test_bfloat16_error_is_no_worse_than_transformers_in_bfloat16(gemma, make_ids, name):
     """As tests/transformer/test_transformer_half_precision.py: our bf16 logits' error vs the
-    F32 reference within 1.25x of transformers' own bf16 forward (mean) and 2x (max).
-    Measured: mean 1.04x / 1.10x / 0.95x."""
+    F32 reference within 1.25x of transformers' own bf16 forward (mean) and 2x (max), loaded
+    as its users load it (``from_pretrained(dtype=bfloat16)``: Gemma-4's equal ours bit for
+    bit; the F32 model cast with ``.to`` breaks one routing near-tie of gemma4_moe
+    differently, 1.6x on these 24 tokens). Measured: mean 1.00x / 1.00x / 1.00x."""
+    from transformers import AutoModelForCausalLM
+
     from mi_core.registry import ModelSource
     from mi_transformer.loader import load_backend
 
@@ -386,7 +390,7 @@ def test_bfloat16_error_is_no_worse_than_transformers_in_bfloat16(gemma, make_id
     got = mi.MIModel(be).forward(ids).output
     with torch.no_grad():
         ref32 = t.hf(ids).logits
-        ref16 = copy.deepcopy(t.hf).to(torch.bfloat16)(ids).logits
+        ref16 = AutoModelForCausalLM.from_pretrained(t.path, dtype=torch.bfloat16)(ids).logits
     assert got.dtype == torch.bfloat16
     ours, theirs = (got.float() - ref32).abs(), (ref16.float() - ref32).abs()
     assert ours.mean().item() <= 1.25 * theirs.mean().item()

@@ -27,6 +27,10 @@ class Norm:
     weight: torch.Tensor  # [d]
     bias: torch.Tensor | None = None  # [d], LayerNorm only
     gain: torch.Tensor = attrs.field(default=None)
+    #: an RMS norm of a half-precision input multiplies its float32 normalised value by the
+    #: gain in float32 and rounds once (TransformerConfig.norm_gain_float32: Gemma-3n,
+    #: Gemma-4), not round, then multiply in the model's dtype; no-op in float32
+    gain_float32: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.gain is None:
@@ -82,12 +86,15 @@ class Norm:
                 y = F.layer_norm(x, x.shape[-1:], None, None, self.eps) * self.gain
                 if self.bias is not None:
                     y = y + self.bias
-        elif self.kind is NormType.GEMMA_RMS and x.dtype in (torch.float16, torch.bfloat16):
-            # transformers' Gemma norms multiply by (1 + w) in float32, then round once
+        elif (self.kind is NormType.GEMMA_RMS or self.gain_float32) and x.dtype in (
+                torch.float16, torch.bfloat16):
+            # transformers' Gemma norms multiply by (1 + w) (Gemma-3n / Gemma-4: by w) in
+            # float32, then round once
             nf = self._normalized(x, keep_float32=True)
             if want_norm:  # capture only (an intervention there takes the first branch)
                 run.apply(normalized_name, nf.to(dtype))  # type: ignore[union-attr]
-            y = (nf * (1.0 + self.weight.float())).to(dtype)
+            wf = self.weight.float()
+            y = (nf * (1.0 + wf if self.kind is NormType.GEMMA_RMS else wf)).to(dtype)
         else:
             n = self._normalized(x)
             if want_norm:

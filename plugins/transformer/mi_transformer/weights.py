@@ -571,7 +571,8 @@ def load_weights(cfg: TransformerConfig, src: TensorSource, device: torch.device
     if cfg.per_layer_input is not None:
         ple = per_layer.PerLayerInputWeights(
             cfg.per_layer_input, tensors[(None, "ple:embed")], tensors[(None, "ple:proj")],
-            Norm(NormType.RMS, cfg.norm_eps, tensors[(None, "ple:norm")]))
+            Norm(NormType.RMS, cfg.norm_eps, tensors[(None, "ple:norm")],
+                 gain_float32=cfg.norm_gain_float32))
     streams = range(cfg.altup.num_inputs - 1) if cfg.altup is not None else range(0)
     return Weights(embed=embed, lm_head=lm_head, final_norm=globals_.norm(None, "final_norm"),
                    layers=layers, pos_embed=globals_.opt(None, "pos_embed"),
@@ -646,9 +647,10 @@ class _Slots:
         cfg = self.cfg
         if not cfg.norm_affine:  # no gain in the checkpoint: 1 (same numbers as none)
             return Norm(cfg.norm_type, cfg.norm_eps,
-                        torch.ones(cfg.hidden_size, dtype=self.dtype, device=self.device))
+                        torch.ones(cfg.hidden_size, dtype=self.dtype, device=self.device),
+                        gain_float32=cfg.norm_gain_float32)
         return Norm(cfg.norm_type, cfg.norm_eps, self.tensors[(layer, slot + ".weight")],
-                    self.opt(layer, slot + ".bias"))
+                    self.opt(layer, slot + ".bias"), gain_float32=cfg.norm_gain_float32)
 
     def layer(self, i: int) -> LayerWeights:
         cfg, tensors = self.cfg, self.tensors
@@ -687,7 +689,8 @@ class _Slots:
         """The layer's scalar, per-layer-input branch, AltUp, Laurel and an MoE beside its
         MLP (Gemma-4, Gemma-3n), where the config has them."""
         cfg, tensors = self.cfg, self.tensors
-        rms = lambda w: Norm(NormType.RMS, cfg.norm_eps, w)  # noqa: E731
+        rms = lambda w: Norm(NormType.RMS, cfg.norm_eps, w,  # noqa: E731
+                             gain_float32=cfg.norm_gain_float32)
         if cfg.layer_scalar:
             lw.scalar = tensors[(i, "layer_scalar")]
         if cfg.per_layer_input is not None:
@@ -734,14 +737,18 @@ class _Slots:
                     [tensors.pop((i, f"{which}.{j}.weight")) for j in range(n)])
         qn = kn = None
         one = torch.ones(cfg.head_dim_of(i), dtype=self.dtype, device=self.device)
+        f32 = cfg.norm_gain_float32
         if cfg.qk_norm and not cfg.qk_norm_affine and (
                 not cfg.layer_qk_norm or cfg.layer_qk_norm[i]):  # no weights (Llama 4): gain 1
             qn = kn = Norm(NormType.RMS, cfg.norm_eps, one)
         elif cfg.qk_norm and (i, "q_norm.weight") in tensors:
-            qn = Norm(cfg.norm_type, cfg.norm_eps, tensors[(i, "q_norm.weight")])
+            qn = Norm(cfg.norm_type, cfg.norm_eps, tensors[(i, "q_norm.weight")],
+                      gain_float32=f32)
             kw = tensors.get((i, "k_norm.weight"))  # none where the keys are shared
-            kn = Norm(cfg.norm_type, cfg.norm_eps, kw) if kw is not None else None
-        vn = Norm(NormType.RMS, cfg.norm_eps, one) if cfg.v_norm and wk is not None else None
+            kn = Norm(cfg.norm_type, cfg.norm_eps, kw, gain_float32=f32) if kw is not None \
+                else None
+        vn = Norm(NormType.RMS, cfg.norm_eps, one, gain_float32=f32) \
+            if cfg.v_norm and wk is not None else None
         return AttnWeights(wq, wk, wv, tensors[(i, "o.weight")], bq, bk, bv, opt(i, "o.bias"),
                            qn, kn, qk_norm_full=cfg.qk_norm_full, clip=cfg.clip_qkv,
                            sinks=opt(i, "sinks"), mla=mla, w_gate=wg, b_gate=bg, v_norm=vn)

@@ -371,6 +371,10 @@ class TransformerConfig:
     layer_kv_source: tuple[int, ...] = ()
     layer_k_eq_v: tuple[bool, ...] = ()  # per layer, values = the key projection (pre-norm)
     v_norm: bool = False  # values RMS-normed per head without a gain (Gemma-3n, Gemma-4)
+    #: RMS norms of a half-precision input multiply by their gain in float32 and round once
+    #: (transformers' Gemma-3n / Gemma-4 norms, ``(norm(x.float()) * w.float()).type_as(x)``),
+    #: not round, then multiply in the model's dtype (Llama's); a no-op in float32
+    norm_gain_float32: bool = False
     layer_mlp_size: tuple[int, ...] = ()  # per layer MLP width; () = intermediate_size
     layer_scalar: bool = False  # each layer's output multiplied by its checkpoint scalar
     per_layer_input: PerLayerInputConfig | None = None  # per-layer input embeddings

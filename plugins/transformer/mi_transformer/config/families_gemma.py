@@ -56,8 +56,9 @@ def _with_defaults(r: ConfigReader, defaults: dict[str, Any]) -> None:
 
 
 def _sizes(r: ConfigReader, model_type: str) -> dict[str, Any]:
-    """The LLaMA-style sizes and the Gemma settings both families share (RMS norms x * w,
-    gelu-tanh, the embedding times sqrt(d_model), attention scale 1, q / k / v norms)."""
+    """The LLaMA-style sizes and the Gemma settings both families share (RMS norms x * w, the
+    gain in float32, gelu-tanh, the embedding times sqrt(d_model), attention scale 1, q / k / v
+    norms)."""
     hidden = r.int("hidden_size")
     heads, kv, head_dim = _heads(r, hidden, "num_attention_heads", "num_key_value_heads")
     inter = r.get("intermediate_size")
@@ -67,6 +68,7 @@ def _sizes(r: ConfigReader, model_type: str) -> dict[str, Any]:
         head_dim=head_dim,
         intermediate_size=r.int("intermediate_size") if not isinstance(inter, list) else 1,
         norm_type=NormType.RMS, norm_eps=r.float("rms_norm_eps", gt=0),
+        norm_gain_float32=True,  # transformers' (norm(x.float()) * w.float()).type_as(x)
         activation=_activation(r, "hidden_activation", "gelu_pytorch_tanh"),
         tie_word_embeddings=r.bool("tie_word_embeddings"),
         max_positions=r.int("max_position_embeddings", None),
@@ -276,7 +278,7 @@ def parse_gemma4_text(r: ConfigReader) -> TransformerConfig:
             num_experts=r.int("num_experts"), top_k=r.int("top_k_experts"),
             expert_size=r.int("moe_intermediate_size"), norm_topk_prob=True, block="",
             router_name="router.proj", fused_linear=True, beside_mlp=True,
-            router_input_scale=True)
+            router_input_scale=True, accumulate_float32=True)
         base["layer_moe"] = (True,) * n
     else:  # read only with the block (transformers' class defaults them to null)
         r.read.update({"num_experts", "top_k_experts", "moe_intermediate_size"})
