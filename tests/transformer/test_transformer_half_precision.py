@@ -73,6 +73,28 @@ def test_half_precision_error_is_no_larger_than_transformers_own(tiny, make_ids,
     assert not bad, "\n".join(bad)
 
 
+#: transformers' half arithmetic reproduced (its eager attention against our explicit path):
+#: float32 norm gains (``norm_gain_float32``: OLMo, OLMo2, OLMo-3, Helium; OLMo's LayerNorm in
+#: float32), OLMo's float32 rotary tables (``rope_float32``), and K / V contiguous before the
+#: grouped-query matmuls (Llama: float16 only). Before, mean logit error vs float32 over 4 x
+#: (2 x 16) ids: OLMo 1.03x transformers' own (bf16), OLMo2 1.01x / 1.06x, OLMo-3 1.05x /
+#: 1.04x, Helium 1.05x / 1.07x (bf16 / fp16); now equal bit for bit.
+_BIT_EQUAL = ["llama", "qwen3", "olmo", "olmo2", "olmo3", "helium"]
+
+
+@pytest.mark.parametrize("name", _BIT_EQUAL)
+def test_half_logits_equal_transformers_eager_bit_for_bit(tiny, make_ids, name):
+    from transformers import AutoModelForCausalLM
+
+    t, ids = tiny(name), make_ids(2, 16, seed=2)  # seed 2: Llama's float16 K layout mattered
+    for dt in HALF.values():
+        with torch.no_grad():
+            theirs = AutoModelForCausalLM.from_pretrained(
+                t.path, dtype=dt, attn_implementation="eager")(ids).logits
+        ours = _half_model(t, dt).forward(ids, attn_impl="explicit").output
+        assert torch.equal(ours, theirs), (dt, (ours.float() - theirs.float()).abs().max())
+
+
 def test_smollm2_bfloat16_and_float16_are_no_worse_than_transformers(smollm2_gguf_path):
     """The real trained model: logits of a 2 x 14 batch in each half dtype."""
     import transformers

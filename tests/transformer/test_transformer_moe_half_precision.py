@@ -111,6 +111,27 @@ def test_gemma4_keeps_its_routing_weights_and_norm_gains_float32(tmp_path):
     assert cache["blocks.0.mlp.hook_expert_weights"].dtype == torch.float32
 
 
+def test_gpt_oss_keeps_its_norm_gains_float32_in_float16_only(tmp_path):
+    """transformers keeps gpt-oss's norms float32 (``_keep_in_fp32_modules``, which it applies
+    to float16 models, not bfloat16; read in 5.24). Rounding them to float16 made our mean
+    logit error vs float32 1.07x transformers' own (all 4 experts selected, seeds 0-3); kept,
+    0.98x (not bit for bit: transformers' gpt-oss softmax runs in the half dtype, ours in
+    float32). The captures and an intervention keep the model's dtype."""
+    from tests.support.tiny_families_moe2 import make_moe2
+
+    path = make_moe2(tmp_path, "gpt_oss").path
+    ln = "blocks.0.ln1.hook_normalized"
+    for dt, kept in ((torch.float16, torch.float32), (torch.bfloat16, torch.bfloat16)):
+        model = mi.MIModel.from_pretrained(path, dtype=dt)
+        w = model.backend.w
+        assert {n.weight.dtype for n in (w.final_norm, w.layers[0].ln1, w.layers[0].ln2)} \
+            == {kept}
+        hooks = mi.HookSpec().intervene(ln, mi.Scale(0.5)).capture_all(
+            [ln, "blocks.0.hook_attn_in", "blocks.0.hook_resid_post"])
+        cache = model.forward(torch.tensor([[5, 6, 7]]), hooks)
+        assert {v.dtype for _, v in cache.items()} == {dt} and cache.output.dtype == dt
+
+
 #: transformers' arithmetic reproduced exactly (same grouped_mm experts, the float32 products
 #: and sum, one rounding): our half logits equal theirs (measured: max difference 0). Gemma-4
 #: MoE also needs its norms' float32 gains (``norm_gain_float32``, dense Gemma-4 too)

@@ -203,7 +203,7 @@ class GatedDeltaMixer:
         q = run.apply(n.q, _l2(q.reshape(b, t, s.k_heads, s.d_k).float()))
         k = run.apply(n.k, _l2(k.reshape(b, t, s.k_heads, s.d_k).float()))
         v = run.apply(n.v, v.reshape(b, t, s.v_heads, s.d_v).float())
-        beta = torch.sigmoid(F.linear(x, self.w_b).float())
+        beta = torch.sigmoid(F.linear(x, self.w_b)).float()  # in x's dtype, as transformers
         beta = run.apply(n.beta, beta * s.beta_scale if s.beta_scale != 1.0 else beta)
         g = run.apply(n.decay, self.neg_A * F.softplus(F.linear(x, self.w_a).float()
                                                         + self.dt_bias))

@@ -406,6 +406,10 @@ def _explicit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: Masks, r
     # along the query axis ([b, g_kv, groups * s_q, d]), so one matmul per KV head serves
     # them all and the result views back to [b, h, s_q, s_k] (heads are grouped contiguously).
     s_k = k.shape[2]
+    if groups > 1:
+        # transformers' repeat_kv copies K / V into contiguous tensors; a strided K (our
+        # transposed view) takes another CPU float16 matmul kernel that rounds differently
+        k, v = k.contiguous(), v.contiguous()
     scores = torch.matmul(q.reshape(b, num_kv_heads, groups * s, head_dim),
                           k.transpose(-1, -2)).view(b, num_heads, s, s_k)
     scores.mul_(ls.scale)  # in place: `scores` is fresh; same ops and order as transformers

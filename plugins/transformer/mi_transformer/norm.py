@@ -74,13 +74,18 @@ class Norm:
                 n = self._normalized(x)
             if want_norm:
                 n = run.apply(normalized_name, n)  # type: ignore[union-attr]
-            y = n * self.gain
+            y = (n * self.gain).to(dtype)  # (a float32 gain, norm_weights_float32: x's dtype)
             if self.bias is not None:
                 y = y + self.bias
         elif self.kind is NormType.LAYER_NORM:
             if want_norm:  # capture only: the output keeps transformers' fused arithmetic
                 run.apply(normalized_name, self._normalized(x))  # type: ignore[union-attr]
-            if self.weight.dim() == 1:
+            if self.gain_float32 and self.weight.dim() == 1 and x.dtype in (
+                    torch.float16, torch.bfloat16):  # OLMo: in float32, rounded once
+                y = F.layer_norm(x.float(), self.weight.shape, self.weight.float(),
+                                 None if self.bias is None else self.bias.float(),
+                                 self.eps).to(dtype)
+            elif self.weight.dim() == 1:
                 y = F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
             else:  # gains per head [heads, d], normalising over d only (Cohere's q/k norms)
                 y = F.layer_norm(x, x.shape[-1:], None, None, self.eps) * self.gain

@@ -531,6 +531,8 @@ def load_weights(cfg: TransformerConfig, src: TensorSource, device: torch.device
     tensors: dict[tuple[int | None, str], torch.Tensor] = {}
     targets: dict[tuple[int | None, str], torch.dtype] = {}
     fp32 = {"moe:" + n for n in float32_names(cfg.moe)} if cfg.moe is not None else set()
+    if cfg.norm_weights_float32 and dtype == torch.float16:  # _keep_in_fp32_modules (gpt-oss)
+        fp32 |= {f"{n}.weight" for n in ("ln1", "ln2", "ln1_post", "ln2_post", "final_norm")}
     for name, e in progress(table.items(), "loading weights", unit="tensor",
                             enabled=None if show_progress else False):
         target = torch.float32 if e.slot in fp32 else dtype

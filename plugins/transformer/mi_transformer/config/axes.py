@@ -373,8 +373,13 @@ class TransformerConfig:
     v_norm: bool = False  # values RMS-normed per head without a gain (Gemma-3n, Gemma-4)
     #: RMS norms of a half-precision input multiply by their gain in float32 and round once
     #: (transformers' Gemma-3n / Gemma-4 norms, ``(norm(x.float()) * w.float()).type_as(x)``),
-    #: not round, then multiply in the model's dtype (Llama's); a no-op in float32
+    #: not round, then multiply in the model's dtype (Llama's); a LayerNorm runs in float32
+    #: and rounds once (OLMo's); a no-op in float32
     norm_gain_float32: bool = False
+    #: the decoder's and final norms' gains loaded in float32 in a float16 model (transformers'
+    #: ``_keep_in_fp32_modules``, which it applies to float16 only, not bfloat16: gpt-oss);
+    #: with norm_gain_float32 their outputs keep the model's dtype
+    norm_weights_float32: bool = False
     layer_mlp_size: tuple[int, ...] = ()  # per layer MLP width; () = intermediate_size
     layer_scalar: bool = False  # each layer's output multiplied by its checkpoint scalar
     per_layer_input: PerLayerInputConfig | None = None  # per-layer input embeddings

@@ -320,6 +320,7 @@ def parse_nemotron_h(r: ConfigReader) -> TransformerConfig:
         num_layers=n, num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
         intermediate_size=r.int("intermediate_size"), weight_names="nemotron_h",
         norm_eps=r.float("layer_norm_epsilon", 1e-5, gt=0),
+        norm_gain_float32=True,  # transformers: (w.float() * norm(x.float())).to(x.dtype)
         activation=_activation(r, "mlp_hidden_act", "relu2"), mlp_layout=MlpLayout.PLAIN,
         mlp_bias=r.bool("mlp_bias", False),
         tie_word_embeddings=r.bool("tie_word_embeddings", False), positions=Positions.NONE,

@@ -223,6 +223,7 @@ def parse_olmo_hybrid(r: ConfigReader) -> TransformerConfig:
     bias = r.bool("attention_bias", False)
     base.update(qkv_bias=bias, o_bias=bias, qk_norm=True, qk_norm_full=True, pre_norms=False,
                 post_norms=True, mixer_pre_norms=True, weight_names="olmo_hybrid",
+                norm_gain_float32=True,  # transformers: (w * norm(x.float())).to(x.dtype)
                 positions=Positions.ROPE if rope else Positions.NONE,
                 layer_mixers=_schedule(r, n), mixers=(MixerConfig(GATED_DELTA, spec, settings),))
     return _finish(r, base, ["full_attention"] * n, _ropes_by_type(r), None)

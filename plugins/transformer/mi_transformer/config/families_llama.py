@@ -35,7 +35,8 @@ def parse_helium(r: ConfigReader) -> TransformerConfig:
     base = _base(r, "helium")
     bias = r.bool("attention_bias", False)
     base.update(qkv_bias=bias, o_bias=bias, mlp_bias=r.bool("mlp_bias", False),
-                rope_layout=RopeLayout.INTERLEAVED)
+                rope_layout=RopeLayout.INTERLEAVED,
+                norm_gain_float32=True)  # transformers: (w.float() * norm(x.float())).to(x.dtype)
     return _full(r, base)
 
 
@@ -151,7 +152,9 @@ def parse_olmo(r: ConfigReader) -> TransformerConfig:
     base = _base(r, "olmo")
     bias = r.bool("attention_bias", False)
     base.update(norm_type=NormType.LAYER_NORM, norm_affine=False, norm_eps=1e-5,
-                qkv_bias=bias, o_bias=bias, clip_qkv=r.float("clip_qkv", None, gt=0))
+                qkv_bias=bias, o_bias=bias, clip_qkv=r.float("clip_qkv", None, gt=0),
+                rope_float32=True,  # transformers' float32 cos / sin (as OLMo2)
+                norm_gain_float32=True)  # transformers: layer_norm(x.float()).to(x.dtype)
     return _full(r, base)
 
 
@@ -161,7 +164,8 @@ def parse_olmo2(r: ConfigReader) -> TransformerConfig:
     base = _base(r, "olmo2", eps_default=1e-5)
     bias = r.bool("attention_bias", False)
     base.update(qkv_bias=bias, o_bias=bias, qk_norm=True, qk_norm_full=True, pre_norms=False,
-                post_norms=True, weight_names="olmo2", rope_float32=True)
+                post_norms=True, weight_names="olmo2", rope_float32=True,
+                norm_gain_float32=True)  # transformers: (w * norm(x.float())).to(x.dtype)
     return _full(r, base)
 
 

@@ -79,7 +79,8 @@ def parse_gpt_oss(r: ConfigReader) -> TransformerConfig:
         swiglu_limit=r.float("swiglu_limit", 7.0, gt=0),
         swiglu_alpha=r.float("swiglu_alpha", 1.702, gt=0))
     base.update(qkv_bias=bias, o_bias=bias, attn_sinks=True, moe=moe, layer_moe=(True,) * n,
-                norm_gain_float32=True)  # transformers: (w * norm(x.float())).to(x.dtype)
+                norm_gain_float32=True,  # transformers: (w * norm(x.float())).to(x.dtype)
+                norm_weights_float32=True)  # with w kept float32 (_keep_in_fp32_modules)
     ropes = _ropes_by_type(r)
     if not (r.has("rope_parameters") or r.has("rope_scaling")):
         theta = r.float("rope_theta", 150000.0, gt=0)

@@ -96,7 +96,8 @@ def parse_olmo3(r: ConfigReader) -> TransformerConfig:
     base = _base(r, "olmo3", eps_default=1e-5)
     bias = r.bool("attention_bias", False)
     base.update(qkv_bias=bias, o_bias=bias, qk_norm=True, qk_norm_full=True, pre_norms=False,
-                post_norms=True, weight_names="olmo2", rope_float32=True)
+                post_norms=True, weight_names="olmo2", rope_float32=True,
+                norm_gain_float32=True)  # transformers: (w * norm(x.float())).to(x.dtype)
     window = _no_window_key(r, 4096)
     types = _layer_types(r, base["num_layers"], lambda i: (i + 1) % 4 != 0)
     return _finish(r, base, types, _per_type_ropes(r, 500_000.0), window)
