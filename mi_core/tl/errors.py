@@ -17,6 +17,19 @@ class TLHookError(HookError, KeyError, AssertionError):
         return str(self.args[0]) if self.args else ""
 
 
+class TLHookTypeError(HookError, TypeError):
+    """A cache key that is neither a hook name, a HookPoint nor a ``(name, layer[, type])``
+    tuple (``cache[0]``): an :class:`mi_core.HookError` that is also the ``TypeError``
+    TransformerLens' cache raises for it."""
+
+
+class TLHookIndexError(HookError, IndexError, ValueError):
+    """``hook.layer()`` of a hook point outside the blocks (or not yet named): an
+    :class:`mi_core.HookError` that is also what TransformerLens raises there, the
+    ``IndexError`` of a one-part name (``hook_embed``) and the ``ValueError`` of a dotted one
+    (``ln_final.hook_normalized``) or of a HookPoint without a name."""
+
+
 class TLValueError(InputError, ValueError):
     """An input TransformerLens refuses with a ``ValueError`` (a type ``to_str_tokens``
     cannot read, a tokens shape ``to_string`` cannot decode): an :class:`mi_core.InputError`
@@ -40,5 +53,5 @@ class TLAttributeError(WeightLoadError, AttributeError):
     ``AttributeError`` TransformerLens raises (so ``hasattr(model, "W_pos")`` is False)."""
 
 
-__all__ = ["TLAttributeError", "TLHookError", "TLInputError", "TLTypeError",
-           "TLValueError"]
+__all__ = ["TLAttributeError", "TLHookError", "TLHookIndexError", "TLHookTypeError",
+           "TLInputError", "TLTypeError", "TLValueError"]
