@@ -4,7 +4,7 @@ those keeps working (a module of its own: the cache and the hooking modules both
 
 from __future__ import annotations
 
-from mi_core import HookError, InputError, WeightLoadError
+from mi_core import HookError, InputError, TokenizerError, WeightLoadError
 
 
 class TLHookError(HookError, KeyError, AssertionError):
@@ -28,6 +28,12 @@ class TLHookIndexError(HookError, IndexError, ValueError):
     :class:`mi_core.HookError` that is also what TransformerLens raises there, the
     ``IndexError`` of a one-part name (``hook_embed``) and the ``ValueError`` of a dotted one
     (``ln_final.hook_normalized``) or of a HookPoint without a name."""
+
+
+class TLTokenizerError(TokenizerError, ValueError):
+    """A tokenizer that cannot do what is asked (``apply_chat_template`` without a chat
+    template): an :class:`mi_core.TokenizerError` that is also the ``ValueError`` transformers
+    raises."""
 
 
 class TLValueError(InputError, ValueError):
@@ -54,4 +60,4 @@ class TLAttributeError(WeightLoadError, AttributeError):
 
 
 __all__ = ["TLAttributeError", "TLHookError", "TLHookIndexError", "TLHookTypeError",
-           "TLInputError", "TLTypeError", "TLValueError"]
+           "TLInputError", "TLTokenizerError", "TLTypeError", "TLValueError"]
