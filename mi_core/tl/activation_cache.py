@@ -25,7 +25,7 @@ import torch
 
 from mi_core import HookCache, HookError, HookPoint, MIError, MIModel
 from mi_core.plugin import hook_name, require_residual_sum
-from mi_core.tl.errors import TLHookError, TLInputError, TLValueError
+from mi_core.tl.errors import TLHookError, TLHookTypeError, TLInputError, TLValueError
 
 SliceInput = Union[None, int, tuple, slice, list, torch.Tensor, "Slice"]
 
@@ -178,8 +178,8 @@ class ActivationCache(HookCache):
             if len(parts) > 1 and isinstance(parts[1], int) and parts[1] < 0:
                 parts[1] = self._n_layers() + parts[1]
             return hook_name(get_act_name(*parts))
-        raise HookError(f"cache key must be a hook name, a HookPoint or a (name, layer[, type]) "
-                        f"tuple, got {key!r}")
+        raise TLHookTypeError(f"cache key must be a hook name, a HookPoint or a (name, "
+                              f"layer[, type]) tuple, got {key!r}")  # TransformerLens: TypeError
 
     def __getitem__(self, key: Any) -> torch.Tensor:
         """The activation at `key`; a missing one raises an :class:`mi_core.HookError` that is

@@ -4,7 +4,7 @@ those keeps working (a module of its own: the cache and the hooking modules both
 
 from __future__ import annotations
 
-from mi_core import HookError, InputError, WeightLoadError
+from mi_core import HookError, InputError, TokenizerError, WeightLoadError
 
 
 class TLHookError(HookError, KeyError, AssertionError):
@@ -15,6 +15,25 @@ class TLHookError(HookError, KeyError, AssertionError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class TLHookTypeError(HookError, TypeError):
+    """A cache key that is neither a hook name, a HookPoint nor a ``(name, layer[, type])``
+    tuple (``cache[0]``): an :class:`mi_core.HookError` that is also the ``TypeError``
+    TransformerLens' cache raises for it."""
+
+
+class TLHookIndexError(HookError, IndexError, ValueError):
+    """``hook.layer()`` of a hook point outside the blocks (or not yet named): an
+    :class:`mi_core.HookError` that is also what TransformerLens raises there, the
+    ``IndexError`` of a one-part name (``hook_embed``) and the ``ValueError`` of a dotted one
+    (``ln_final.hook_normalized``) or of a HookPoint without a name."""
+
+
+class TLTokenizerError(TokenizerError, ValueError):
+    """A tokenizer that cannot do what is asked (``apply_chat_template`` without a chat
+    template): an :class:`mi_core.TokenizerError` that is also the ``ValueError`` transformers
+    raises."""
 
 
 class TLValueError(InputError, ValueError):
@@ -40,5 +59,5 @@ class TLAttributeError(WeightLoadError, AttributeError):
     ``AttributeError`` TransformerLens raises (so ``hasattr(model, "W_pos")`` is False)."""
 
 
-__all__ = ["TLAttributeError", "TLHookError", "TLInputError", "TLTypeError",
-           "TLValueError"]
+__all__ = ["TLAttributeError", "TLHookError", "TLHookIndexError", "TLHookTypeError",
+           "TLInputError", "TLTokenizerError", "TLTypeError", "TLValueError"]

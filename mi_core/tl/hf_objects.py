@@ -135,6 +135,9 @@ def mi_tokenizer(tokenizer: Any) -> MITokenizer:
     if tok is None:
         raise TokenizerError(f"tokenizer=: no tokenizer could be read from "
                              f"{type(tokenizer).__name__}'s saved files")
+    template = getattr(tokenizer, "chat_template", None)
+    if template is not None:  # the files are gone: apply_chat_template reads it from here
+        tok.chat_template = template  # type: ignore[attr-defined]
     return tok
 
 

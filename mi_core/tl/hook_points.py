@@ -24,8 +24,7 @@ import torch
 import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
-from mi_core import HookError
-from mi_core.tl.errors import TLHookError, TLTypeError, TLValueError
+from mi_core.tl.errors import TLHookError, TLHookIndexError, TLTypeError, TLValueError
 
 NamesFilter = Optional[Union[Callable[[str], bool], Sequence[str], str]]
 Direction = Literal["fwd", "bwd"]
@@ -122,12 +121,14 @@ class HookPoint(nn.Module):
         return x
 
     def layer(self) -> int:
-        """The layer of a ``blocks.{layer}...`` point."""
+        """The layer of a ``blocks.{layer}...`` point; others raise a
+        :class:`~mi_core.tl.errors.TLHookIndexError` (TransformerLens' IndexError / ValueError)."""
         if self.name is None:
-            raise HookError("this HookPoint has no name yet (HookedRootModule.setup() names it)")
+            raise TLHookIndexError("this HookPoint has no name yet (HookedRootModule.setup() "
+                                   "names it)")
         parts = self.name.split(".")
         if len(parts) < 2 or parts[0] != "blocks" or not parts[1].isdigit():
-            raise HookError(f"hook point {self.name!r} is not inside a block: no layer")
+            raise TLHookIndexError(f"hook point {self.name!r} is not inside a block: no layer")
         return int(parts[1])
 
 

@@ -2,7 +2,7 @@
 :class:`mi_core.MITokenizer` behind the parts of HuggingFace's tokenizer interface that
 TransformerLens and its users call (``tokenizer(texts, padding=True, return_tensors="pt")``,
 ``encode``, ``decode``, ``batch_decode``, ``bos_token_id``, ``pad_token_id``,
-``padding_side``, ...).
+``padding_side``, ``apply_chat_template`` (:mod:`mi_core.tl.chat_template`), ...).
 
 As TransformerLens' own tokenizer (``get_tokenizer_with_bos``), encoding with special tokens
 starts with the BOS token whether or not the underlying tokenizer adds one; ``HookedTransformer``
@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from mi_core import HFTokenizer, InputError, MITokenizer, TokenizerError
+from mi_core.tl import chat_template as _chat
 
 
 class TLTokenizer:
@@ -171,9 +172,90 @@ class TLTokenizer:
 
     vocab = property(get_vocab)
 
+    # -- chat templates (mi_core.tl.chat_template) -----------------------------------------
+    @property
+    def chat_template(self) -> str | dict[str, str] | None:
+        """The tokenizer's chat template (a string; {name: template} for several; None), read
+        once from its files; assignable, as HuggingFace's."""
+        if not hasattr(self, "_chat_template"):
+            self._chat_template = _chat.read_chat_template(self.inner)
+        return self._chat_template
+
+    @chat_template.setter
+    def chat_template(self, value: str | dict[str, str] | None) -> None:
+        self._chat_template = _chat._parse(value, "chat_template")
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        """``{"bos_token": ..., "eos_token": ..., "unk_token": ..., "pad_token": ...}`` as
+        TransformerLens' tokenizer has them (BOS and pad fall back to EOS)."""
+        out = {"bos_token": self.bos_token, "eos_token": self.eos_token}
+        if self.unk_token is not None:
+            out["unk_token"] = self.unk_token
+        return {**out, "pad_token": self.pad_token}
+
+    def get_chat_template(self, chat_template: str | None = None, tools: Any = None) -> str:
+        """The template :meth:`apply_chat_template` renders (HuggingFace's choice: a name of
+        one of several, or a template; ``tool_use`` of several when tools are given)."""
+        return _chat.select_template(self.chat_template, chat_template, tools)
+
+    def apply_chat_template(self, conversation: Any, tools: Any = None,
+                            documents: Any = None, chat_template: str | None = None,
+                            add_generation_prompt: bool = False,
+                            continue_final_message: bool | str = False,
+                            tokenize: bool = True, **options: Any) -> Any:
+        """HuggingFace's ``apply_chat_template``: `conversation` (a list of ``{"role",
+        "content"}`` messages, or a list of such lists) rendered with the model's chat template
+        (or `chat_template`) in a sandbox, then tokenized without adding special tokens.
+
+        Keyword options as HuggingFace's: ``padding``, ``truncation``, ``max_length``,
+        ``return_tensors`` (``"pt"``: LongTensor [batch, seq], batch 1 for one conversation),
+        ``return_dict`` (``{"input_ids", "attention_mask"}``; default False, transformers 4's:
+        transformers 5 defaults to True), ``tokenizer_kwargs``; any other keyword is passed to
+        the template. ``tokenize=False`` returns the text. No template: a
+        :class:`~mi_core.tl.errors.TLTokenizerError` (a ValueError, as transformers')."""
+        return _chat.apply_chat_template(
+            self.inner, conversation, template=self.chat_template,
+            special_tokens=self.special_tokens_map, pad_token_id=self.pad_token_id,
+            padding_side=self.padding_side, tools=tools, documents=documents,
+            chat_template=chat_template, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, tokenize=tokenize, **options)
+
     def __repr__(self) -> str:
         return (f"TLTokenizer(name_or_path={self.name_or_path!r}, vocab_size={self.vocab_size}, "
                 f"padding_side={self.padding_side!r})")
+
+
+def special_tokens_of(tokenizer: MITokenizer) -> dict[str, str]:
+    """``bos_token`` / ``eos_token`` / ``pad_token`` of `tokenizer` as HuggingFace's
+    ``special_tokens_map`` has them (only those it has; no TransformerLens fallbacks): what a
+    chat template sees from ``MIModel.apply_chat_template``."""
+    out = {}
+    for key, i in (("bos_token", tokenizer.bos_token_id), ("eos_token", tokenizer.eos_token_id),
+                   ("pad_token", _pad_id(tokenizer))):
+        if i is not None:
+            out[key] = tokenizer.decode([i])
+    return out
+
+
+def model_apply_chat_template(model: Any, conversation: Any, tools: Any = None,
+                              documents: Any = None, chat_template: str | None = None,
+                              add_generation_prompt: bool = False,
+                              continue_final_message: bool | str = False,
+                              tokenize: bool = True, **options: Any) -> Any:
+    """``model.apply_chat_template(conversation, ...)`` on any :class:`mi_core.MIModel` (this
+    ring's plugin registers it): :meth:`TLTokenizer.apply_chat_template` on the model's
+    tokenizer, the template seeing its own special tokens (:func:`special_tokens_of`); padding
+    on the right with its pad token, else EOS, else BOS."""
+    tok = model.tokenizer
+    pad = next((i for i in (_pad_id(tok), tok.eos_token_id, tok.bos_token_id) if i is not None),
+               None)
+    return _chat.apply_chat_template(
+        tok, conversation, template=_chat.read_chat_template(tok),
+        special_tokens=special_tokens_of(tok), pad_token_id=pad, tools=tools,
+        documents=documents, chat_template=chat_template,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message, tokenize=tokenize, **options)
 
 
 def _id_list(ids: Any) -> list[int]:

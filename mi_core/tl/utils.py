@@ -48,11 +48,9 @@ def get_device() -> str:
 
 
 def get_corner(tensor: Any, n: int = 3) -> Any:
-    """The top-left corner, n along every axis (a FactoredMatrix's corner as a tensor)."""
-    from mi_core.tl.factored_matrix import FactoredMatrix
-
-    if isinstance(tensor, FactoredMatrix):
-        return tensor.get_corner(n)
+    """The top-left corner, n along every axis: of a FactoredMatrix, the FactoredMatrix of
+    that corner, as TransformerLens 3 returns it (2.x returned its product ``.AB``; the
+    matrix's own ``get_corner(n)`` is that tensor)."""
     return tensor[tuple(slice(n) for _ in range(tensor.ndim))]
 
 
