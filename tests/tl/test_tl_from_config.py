@@ -1,8 +1,9 @@
 """``HookedTransformer(cfg)`` under ``mi_core.tl``: a ``HookedTransformerConfig`` of a shape
-a family holds (GPT-2, LLaMA, Helium, StarCoder2; see SHAPES) gives TransformerLens' randomly initialised model (the same seed or random state, the same
-weights, and the random state after it the same), and ``load_state_dict`` takes a
-TransformerLens model's state dict (its buffers left out): the two ways a test builds a tiny
-GPT-2 on both sides with only the imports changed (issue 25)."""
+a family holds (GPT-2, LLaMA, Helium, StarCoder2; see SHAPES) gives TransformerLens' randomly
+initialised model (the same seed or random state, the same weights, and the random state
+after it the same), and ``load_state_dict`` takes a TransformerLens model's state dict (its
+buffers left out): the two ways a test builds a tiny model on both sides with only the
+imports changed (issue 25)."""
 
 from __future__ import annotations
 
