@@ -1,10 +1,13 @@
-"""``HookedTransformer(cfg)`` under ``mi_core.tl``: a GPT-2-shaped ``HookedTransformerConfig``
-gives TransformerLens' randomly initialised model (the same seed or random state, the same
-weights, and the random state after it the same), and ``load_state_dict`` takes a
-TransformerLens model's state dict (its buffers left out): the two ways a test builds a tiny
-GPT-2 on both sides with only the imports changed (issue 25)."""
+"""``HookedTransformer(cfg)`` under ``mi_core.tl``: a ``HookedTransformerConfig`` of a shape
+a family holds (GPT-2, LLaMA, Helium, StarCoder2; see SHAPES) gives TransformerLens' randomly
+initialised model (the same seed or random state, the same weights, and the random state
+after it the same), and ``load_state_dict`` takes a TransformerLens model's state dict (its
+buffers left out): the two ways a test builds a tiny model on both sides with only the
+imports changed (issue 25)."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -49,13 +52,90 @@ def test_load_state_dict_of_transformerlens_model():
                           atol=1e-5)
 
 
-def test_config_gpt2_cannot_hold_is_refused_by_field():
-    with pytest.raises(CapabilityError, match="gated_mlp"):
-        mtl.HookedTransformer(mtl.HookedTransformerConfig(**FIELDS, gated_mlp=True))
-    with pytest.raises(CapabilityError, match="d_head"):
-        mtl.HookedTransformer(mtl.HookedTransformerConfig(**{**FIELDS, "d_head": 8}))
-    with pytest.raises(CapabilityError, match="init_mode='kaiming_normal'"):  # the ring's own
-        mtl.HookedTransformer(mtl.HookedTransformerConfig(**FIELDS, init_mode="kaiming_normal"))
+#: TransformerLens shapes beyond GPT-2's default, each with the family mi-transformer writes
+#: it as (mi_transformer/tl_config.py): learned positions -> GPT-2; RMS + rotary + gated ->
+#: LLaMA (Helium with adjacent pairs); LayerNorm + rotary + plain MLP -> StarCoder2
+ROTARY = dict(positional_embedding_type="rotary")
+SHAPES = {
+    "gpt2_relu_scaled_by_layer": dict(act_fn="relu", scale_attn_by_inverse_layer_idx=True),
+    "gpt2_lnpre_silu": dict(act_fn="silu", normalization_type="LNPre"),
+    "gpt2_gelu_unscaled": dict(act_fn="gelu", use_attn_scale=False),
+    "llama_gqa": dict(ROTARY, act_fn="silu", normalization_type="RMS", gated_mlp=True,
+                      n_key_value_heads=2, d_mlp=96, rotary_base=500000),
+    "llama_rmspre_partial": dict(ROTARY, act_fn="gelu", normalization_type="RMSPre",
+                                 gated_mlp=True, rotary_dim=8, d_head=8),
+    "helium_adjacent_pairs": dict(ROTARY, act_fn="silu", normalization_type="RMS",
+                                  gated_mlp=True, rotary_adjacent_pairs=True, rotary_dim=8),
+    "starcoder2_gqa_wide_heads": dict(ROTARY, n_key_value_heads=1, d_head=32),
+    "starcoder2_lnpre_relu": dict(ROTARY, act_fn="relu", normalization_type="LNPre"),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_config_shape_gives_transformerlens_model(shape):
+    """Each shape a family holds: the same seed gives TransformerLens' weights (names in its
+    order), and after ``load_state_dict`` of a TransformerLens model whose every parameter
+    (norm gains and biases too) is perturbed, every cached activation and the logits agree
+    (measured: 0 for GPT-2 / LLaMA / Helium, at most 5e-6 with partial rotary or StarCoder2's
+    LayerNorm; TransformerLens' b_U, and a gated MLP's b_in / b_out, stay 0: see
+    test_config_bias_no_family_holds_is_refused_at_the_forward)."""
+    fields = {**FIELDS, "d_vocab": 100, **SHAPES[shape]}
+    theirs = tl.HookedTransformer(tl.HookedTransformerConfig(**fields, seed=3))
+    ours = mtl.HookedTransformer(mtl.HookedTransformerConfig(**fields, seed=3))
+    mine = dict(ours.named_parameters())
+    assert [n for n, _ in theirs.named_parameters()] == list(mine)
+    for name, p in theirs.named_parameters():
+        assert torch.equal(p, mine[name]), name
+    g = torch.Generator().manual_seed(7)
+    kept = ("unembed.b_U", "mlp.b_in", "mlp.b_out") if fields.get("gated_mlp") else (
+        "unembed.b_U",)
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():
+            if not name.endswith(kept):
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+    ours.load_state_dict(theirs.state_dict())
+    tokens = TOKENS % 100
+    with torch.no_grad():
+        want_logits, want = theirs.run_with_cache(tokens)
+        logits, got = ours.run_with_cache(tokens)
+    assert sorted(got.keys()) == sorted(want.keys())
+    assert max((want[k] - got[k]).abs().max().item() for k in want.keys()) < 1e-5
+    assert (logits - want_logits).abs().max().item() < 1e-5
+
+
+def test_config_bias_no_family_holds_is_refused_at_the_forward():
+    """TransformerLens' b_U (and a gated MLP's b_in, added after the gate's product) have no
+    place in the families' checkpoints: loaded nonzero, the forward refuses by name."""
+    fields = {**FIELDS, **SHAPES["llama_gqa"]}
+    theirs = tl.HookedTransformer(tl.HookedTransformerConfig(**fields, seed=3))
+    ours = mtl.HookedTransformer(mtl.HookedTransformerConfig(**fields))
+    for name in ("unembed.b_U", "blocks.0.mlp.b_in"):
+        state = theirs.state_dict()
+        state[name] = state[name] + 1.0
+        ours.load_state_dict(state)
+        with pytest.raises(CapabilityError, match=re.escape(name)):
+            ours(TOKENS)
+
+
+@pytest.mark.parametrize("fields, field", [
+    (dict(gated_mlp=True), "gated_mlp=True with learned positions"),
+    (dict(d_head=8), "d_head"),
+    (dict(normalization_type=None), "normalization_type=None"),
+    (dict(attn_only=True), "attn_only=True"),
+    (dict(positional_embedding_type="shortformer"), "positional_embedding_type='shortformer'"),
+    (dict(d_vocab_out=100), "d_vocab_out=100"),
+    (dict(normalization_type="RMS"), "normalization_type='RMS' with learned positions"),
+    (dict(ROTARY, normalization_type="RMS"), "gated_mlp=False with RMS norms"),
+    (dict(ROTARY, gated_mlp=True), "gated_mlp=True with LayerNorm and rotary"),
+    (dict(ROTARY, parallel_attn_mlp=True), "parallel_attn_mlp=True"),
+    (dict(n_key_value_heads=4), "n_key_value_heads=4"),
+    (dict(act_fn="solu_ln"), "act_fn='solu_ln'"),
+    (dict(final_rms=True), "final_rms=True"),
+    (dict(init_mode="kaiming_normal"), "init_mode='kaiming_normal'"),  # the ring's own
+])
+def test_config_no_family_can_hold_is_refused_by_field(fields, field):
+    with pytest.raises(CapabilityError, match=re.escape(field)):
+        mtl.HookedTransformer(mtl.HookedTransformerConfig(**{**FIELDS, **fields}))
 
 
 def test_config_no_plugin_can_express_is_refused(monkeypatch):

@@ -142,7 +142,8 @@ def _detect_gguf(path: Any) -> Detection:
 
 @plugin_impl
 def mi_checkpoint_from_config(config: Any, directory: Any, norm_gain: float) -> bool | None:
-    """A TransformerLens config written as a GPT-2 checkpoint (:mod:`mi_transformer.tl_config`)."""
+    """A TransformerLens config written as a checkpoint of the family that holds its shape
+    (:mod:`mi_transformer.tl_config`)."""
     from mi_transformer.tl_config import write_checkpoint
 
     return write_checkpoint(config, directory, norm_gain)
