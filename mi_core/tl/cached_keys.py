@@ -12,8 +12,9 @@ semantics where ``hook_rot_k`` is hooked or cached: its hooks run on the cached 
 then the new ones (one kernel intervention, which keeps the point's shape); the edited cached
 part is put in the backend's cache for this forward only and the new part goes on to the
 kernel, which appends it and attends to it; when the forward ends the cache gets back the
-cached keys and the new keys as they were before the user's hooks. The rotated keys of a position do not
-depend on the forward that rotates them, so the full value equals TransformerLens'.
+cached keys and the new keys as they were before the user's hooks. The rotated keys of a
+position do not depend on the forward that rotates them, so the full value equals
+TransformerLens'.
 Backends whose cache has no per-layer key tensors (``keys``) keep the new positions only.
 """
 
