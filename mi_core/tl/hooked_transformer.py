@@ -35,13 +35,15 @@ from mi_core import (
 from mi_core.plugin import KVCachedGeneration, LayerSchedule, Readout, has_capability
 from mi_core.plugin import OPT_IN_SUFFIXES
 from mi_core.plugin import require_capability
-from mi_core.tl import arithmetic, components, from_config, hf_objects, processing
+from mi_core.tl import arithmetic, cached_keys, components, first_layers, from_config
+from mi_core.tl import head_inputs, hf_objects, processing
 from mi_core.tl.activation_cache import ActivationCache
 from mi_core.tl.bridge_compat import BridgeCompatMixin
 from mi_core.tl.config import HookedTransformerConfig, config_of
 from mi_core.tl.errors import TLAttributeError, TLInputError, TLValueError
 from mi_core.tl.hook_points import HookedRootModule, HookPoint, TLHookError, names_filter_fn
 from mi_core.tl.config import load_device, load_dtype
+from mi_core.tl.point_calls import _UserHookError, _bwd_caller, _call_point, _caller, _grad_hooks
 from mi_core.tl.tl_tokens import TokensMixin
 from mi_core.tl.tokenizer import TLTokenizer
 from mi_core.tl.utils import USE_DEFAULT_VALUE, TLCapabilityError, lm_cross_entropy_loss
@@ -65,14 +67,6 @@ class Output(NamedTuple):
 
     logits: torch.Tensor
     loss: torch.Tensor
-
-
-class _UserHookError(MIError):
-    """Carries an exception a user's hook raised through the kernel, to be re-raised as is."""
-
-    def __init__(self, original: BaseException) -> None:
-        super().__init__(str(original))
-        self.original = original
 
 
 class _Stop(MIError):
@@ -170,10 +164,9 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, from_config.StateDictMix
         """Load a checkpoint mi-core can load (a local directory, a ``.gguf`` file, a hub id;
         not TransformerLens' own short aliases: pass the hub id) with TransformerLens'
         defaults: norms folded, writing weights and unembedding centred, value biases folded,
-        BOS prepended. Options TransformerLens has that cannot apply here raise a
-        :class:`mi_core.CapabilityError` naming them."""
-        unsupported = {"checkpoint_index": checkpoint_index, "checkpoint_value": checkpoint_value,
-                       "first_n_layers": first_n_layers}
+        BOS prepended; `first_n_layers`: the first blocks only. Options TransformerLens has
+        that cannot apply here raise a :class:`mi_core.CapabilityError` naming them."""
+        unsupported = {"checkpoint_index": checkpoint_index, "checkpoint_value": checkpoint_value}
         named = [k for k, v in unsupported.items() if v is not None] + (
             ["n_devices"] if n_devices != 1 else [])
         revision = from_pretrained_kwargs.pop("revision", None)
@@ -187,16 +180,15 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, from_config.StateDictMix
                 f"HookedTransformer.from_pretrained: {', '.join(named)} not supported by "
                 f"mi-core's TransformerLens layer (training checkpoints: pass revision=; "
                 f"other weights: save them as a checkpoint directory or pass hf_model=)")
-        source = os.fspath(model_name)
-        if hf_model is not None:  # TransformerLens reads the object's weights: so do we
-            source = os.fspath(hf_objects.checkpoint_dir(hf_model, tokenizer))
-            tokenizer = None  # saved beside the weights
+        # hf_model= (its weights) and first_n_layers= (the first blocks): temporary checkpoints
+        source, revision, tokenizer, temporary = first_layers.source(
+            model_name, hf_model, tokenizer, first_n_layers, revision)
         model = MIModel.from_pretrained(source, device=load_device(device), dtype=load_dtype(dtype),
                                         revision=revision)
         out = cls(model, tokenizer, move_to_device, default_padding_side or "right",
                   default_prepend_bos=True if default_prepend_bos is None else
                   bool(default_prepend_bos), model_name=str(model_name))
-        if hf_model is not None:
+        if temporary:
             hf_objects.remove_with(out, Path(source))
         flags = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                      center_unembed=center_unembed, fold_value_biases=fold_value_biases,
@@ -371,7 +363,7 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, from_config.StateDictMix
         self._weights.check_unedited()
         blocks = range(self.cfg.n_layers) if blocks is None else blocks
         request, self._request = self._request, None
-        spec, state = HookSpec(), {}
+        spec = HookSpec()
         if residual is not None:  # start_at_layer: the first block reads the given residual
             spec.intervene(f"blocks.{blocks[0]}.hook_resid_pre", lambda x: residual)
         if stop and not len(blocks):  # stop_at_layer=0: the embedding, before any block's hook
@@ -393,25 +385,18 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, from_config.StateDictMix
             _grad_hooks(x, hp, store, name)
             return x
 
+        names = {n for n, _ in kernel}
         plan = arithmetic.Plan(
-            {n for n, _ in kernel}, blocks, self._rotary,
+            names, blocks, self._rotary,
             lambda: arithmetic.positions_of(ids, mask, offset), self.cfg.n_ctx,
             (lambda i: self.blocks[i].attn.W_O) if self.cfg.use_attn_result else None, wire)
         plan.before(spec)  # recomputed values, which the user's hooks then see
-        arithmetic.pad_as_transformerlens(spec, {n for n, _ in kernel}, blocks, mask)
-        for name, hp in kernel:
-            wanted = request is not None and name in request.wanted
-            grads = bool(hp.bwd_hooks) or (wanted and request.grads)  # type: ignore[union-attr]
-            if hp.fwd_hooks:
-                spec.intervene(name, _caller(name, hp, state, self))
-            elif grads:  # a value the forward uses, so its gradient exists (a norm's scale)
-                spec.intervene(name, _identity)
-            if hp.bwd_hooks and name not in plan.wired:
-                spec.add_backward_hook(name, _bwd_caller(hp))
-            if wanted:
-                _capture(spec, name, request, stored=stop,  # type: ignore[arg-type]
-                         grads=name not in plan.wired)
+        keys = cached_keys.FullKeys(past, blocks, {n for n, hp in kernel if hp.fwd_hooks or (
+            request is not None and n in request.wanted)})  # hook_rot_k of every position
+        arithmetic.pad_as_transformerlens(spec, names, blocks, mask)
+        self._hook_points(spec, kernel, request, plan, stop, keys)
         plan.add_after(spec)  # TransformerLens' arithmetic (mi_core.tl.arithmetic)
+        head_inputs.force(spec, self.cfg, blocks, names)  # use_split_qkv_input / use_attn_in
         if stop and len(blocks):
             spec.intervene(f"blocks.{blocks[-1]}.hook_resid_post", _raise_stop)
         unembed = self._unembed_needs(fired, request)
@@ -432,6 +417,8 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, from_config.StateDictMix
                 raise err.original.with_traceback(err.original.__traceback__) from None
             except _Stop as stopped:
                 return stopped.residual
+            finally:
+                keys.restore()
             extra: dict[str, torch.Tensor] = {}
             out = _as_tl_logits(cache.output)
             out = self._unembed_hooks(cache, out, extra, grad_store) if unembed else out
@@ -439,7 +426,32 @@ class HookedTransformer(BridgeCompatMixin, TokensMixin, from_config.StateDictMix
             request.cache = cache
             request.values = {n: cache[n] for n in cache.keys() if n in request.wanted}
             request.values.update((n, v) for n, v in extra.items() if n in request.wanted)
+            keys.update(request.values)
         return out
+
+    def _hook_points(self, spec: HookSpec, kernel: list[tuple[str, HookPoint]],
+                     request: Optional[_Request], plan: arithmetic.Plan, stop: bool,
+                     keys: cached_keys.FullKeys) -> None:
+        """The user's forward and backward hooks and run_with_cache's captures at the points
+        the kernel runs (a point `plan` recomputes keeps its backward hooks itself; `keys`
+        runs ``hook_rot_k``'s on every position of a KV-cached forward)."""
+        state: dict[Any, Any] = {}
+        for name, hp in kernel:
+            wanted = request is not None and name in request.wanted
+            grads = bool(hp.bwd_hooks) or (wanted and request.grads)  # type: ignore[union-attr]
+            call = head_inputs.unused_attn_in(name, self.cfg, _caller(name, hp, state, self)) \
+                if hp.fwd_hooks else None
+            if name in keys.names:
+                spec.intervene(name, keys.around(name, call))
+            elif call is not None:
+                spec.intervene(name, call)
+            elif grads:  # a value the forward uses, so its gradient exists (a norm's scale)
+                spec.intervene(name, _identity)
+            if hp.bwd_hooks and name not in plan.wired:
+                spec.add_backward_hook(name, _bwd_caller(hp))
+            if wanted:
+                _capture(spec, name, request, stored=stop,  # type: ignore[arg-type]
+                         grads=name not in plan.wired)
 
     # -- TransformerLens 3's unembed.hook_in / hook_out ------------------------------------------
     def _unembed_needs(self, fired: list[tuple[str, HookPoint]],
@@ -697,82 +709,6 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
     with a hooked scale only when intervened on), so a gradient reaches it, as in
     TransformerLens where every hook point is on the computation's path."""
     return x
-
-
-def _call_point(point: HookPoint, x: torch.Tensor) -> torch.Tensor:
-    """The point's forward hooks on `x` (through the module, so any torch forward hook runs);
-    an exception of the user's is carried through the kernel unchanged."""
-    try:
-        out = point(x)
-    except MIError:
-        raise
-    except Exception as exc:
-        raise _UserHookError(exc) from exc
-    return out
-
-
-def _caller(name: str, point: HookPoint, state: dict[Any, Any],
-            model: HookedTransformer) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The kernel intervention running `point`'s hooks. ``hook_mlp_in`` gets a copy (as in
-    TransformerLens, an in-place edit there leaves ``hook_resid_mid`` as it was); ``ln1``'s
-    two points run their hooks three times, interleaved as TransformerLens' three ln1 calls."""
-    if name.endswith("hook_mlp_in"):
-        return lambda x: _call_point(point, x.clone())
-    if not (name.startswith("blocks.") and ".ln1.hook_" in name):
-        return lambda x: _call_point(point, x)
-    block = name.split(".")[1]
-    scale = model.hook_dict.get(f"blocks.{block}.ln1.hook_scale")
-    norm = model.hook_dict.get(f"blocks.{block}.ln1.hook_normalized")
-    is_scale = name.endswith("hook_scale")
-
-    def ln1(x: torch.Tensor) -> torch.Tensor:
-        copy = x.clone()
-        out = _call_point(point, x)
-        if is_scale:
-            state[block] = copy
-            if norm is None or not norm.fwd_hooks:  # hook_normalized will not repeat them
-                for _ in range(2):
-                    _call_point(point, copy.clone())
-            return out
-        saved = state.pop(block, None)
-        for _ in range(2):
-            if saved is not None and scale is not None:
-                _call_point(scale, saved.clone())
-            _call_point(point, copy.clone())
-        return out
-    return ln1
-
-
-def _bwd_caller(point: HookPoint) -> Callable[[torch.Tensor, Any], Optional[torch.Tensor]]:
-    """The kernel backward hook running `point`'s backward hooks as torch's full backward
-    hooks do: each gets the incoming gradient; the last tensor returned replaces it. The
-    hooks are those of this forward, as torch's: run_with_hooks' fire after it returns."""
-    handles = list(point.bwd_hooks)
-
-    def call(grad: torch.Tensor, hook: Any) -> Optional[torch.Tensor]:
-        result = None
-        for handle in handles:
-            out = handle.user_hook(grad, hook=point)  # type: ignore[misc]
-            if isinstance(out, tuple):
-                out = out[0]
-            if out is not None:
-                result = out
-        return result
-    return call
-
-
-def _grad_hooks(x: torch.Tensor, point: HookPoint, grads: Optional[dict[str, torch.Tensor]],
-                name: str) -> None:
-    """`point`'s backward hooks (and run_with_cache's gradient store) on the tensor `x`."""
-    if not x.requires_grad:
-        return
-    if point.bwd_hooks:
-        call = _bwd_caller(point)
-        x.register_hook(lambda grad: call(grad, point))
-    if grads is not None:
-        def store(grad: torch.Tensor) -> None:
-            grads[name] = grad
-        x.register_hook(store)
 
 
 @contextlib.contextmanager

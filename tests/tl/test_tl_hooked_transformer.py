@@ -325,8 +325,8 @@ def test_refactor_factored_attn_matrices_as_transformerlens(tl_checkpoints, tl_r
 
 
 def test_what_cannot_apply_is_refused_by_name(tl_checkpoints):
-    with pytest.raises(mi.CapabilityError, match="first_n_layers"):
-        HookedTransformer.from_pretrained(tl_checkpoints["gpt2"], first_n_layers=1)
+    with pytest.raises(mi.CapabilityError, match="checkpoint_index"):
+        HookedTransformer.from_pretrained(tl_checkpoints["gpt2"], checkpoint_index=1)
     with pytest.raises(mi.CapabilityError, match="positional_embedding_type='shortformer'"):
         HookedTransformer(mi.tl.HookedTransformerConfig(  # a random model: no family holds it
             n_layers=1, d_model=4, n_ctx=4, d_head=2, n_heads=2, d_vocab=8, act_fn="silu",

@@ -239,9 +239,10 @@ class TransformerBackend:
         c, lw, n = self.config, self.w.layers[i], self.names[i]
         sequential = c.block is BlockLayout.SEQUENTIAL
         scaled = lw.mixer is not None or c.attn_in_scale != 1.0  # attn.hook_in after the norm
+        heads = self._head_inputs(i, x, run)  # per-head inputs (their ln1 points fire there)
         if lw.ln1 is not None:
-            hn = lw.ln1(x, run, n.ln1_scale, n.ln1_normalized,
-                        out_name="" if scaled else n.attn_in)
+            ln = ("", "") if heads is not None else (n.ln1_scale, n.ln1_normalized)
+            hn = lw.ln1(x, run, *ln, out_name="" if scaled else n.attn_in)
         else:  # no pre-norm (OLMo2): attention reads the residual stream itself
             hn = x if scaled else run.apply(n.attn_in, x)
         mixed = None if lw.mixer is None else mixer_branch(self, i, hn, run, ctx.past, ctx.step,
@@ -251,7 +252,7 @@ class TransformerBackend:
             h = run.apply(n.attn_in, h * c.attn_in_scale if c.attn_in_scale != 1.0 else h)
         a = attention(lw.attn, h, ctx.rope, ctx.masks, run, n.attn, self.settings[i],
                       explicit=ctx.explicit, cache_update=ctx.cache_update,
-                      head_inputs=self._head_inputs(i, x, run), shared=ctx.shared,
+                      head_inputs=heads, shared=ctx.shared,
                       keep=ctx.keep)
         if lw.ln1_post is not None:
             a = lw.ln1_post(a, run, n.ln1_post_scale, n.ln1_post_normalized)
@@ -460,7 +461,11 @@ class TransformerBackend:
         ``hook_v_input``: resid_pre repeated per head [b, s, heads (kv_heads for k, v), d_model].
 
         Opt-in: None (the fused path) unless one is hooked; captured only, the forward is
-        unchanged. An intervention there makes q/k/v read ln1 of each head's own input.
+        unchanged. An intervention there makes q/k/v read ln1 of each head's own input, and
+        ln1's ``hook_scale`` / ``hook_normalized`` then fire on each of the three inputs
+        ([b, s, heads or kv_heads, 1] / [..., d_model], as TransformerLens' ln1 of the
+        per-head inputs: an edit of one head's copy changes only that head's q, k or v), not
+        on the fused [b, s, 1] (the block's caller skips those names).
         """
         n = self.names[i]
         if not n.head_inputs or not (
@@ -484,7 +489,8 @@ class TransformerBackend:
         if ln1 is None:  # no pre-norm (OLMo2): attention reads the per-head inputs as they are
             return ins
         s = c.attn_in_scale
-        return tuple(ln1(t) * s if s != 1.0 else ln1(t) for t in ins)  # type: ignore[return-value]
+        normed = [ln1(t, run, n.ln1_scale, n.ln1_normalized) for t in ins]
+        return tuple(t * s if s != 1.0 else t for t in normed)  # type: ignore[return-value]
 
     def _inv_freq(self, rope: RopeConfig, cached: torch.Tensor, positions: torch.Tensor
                   ) -> torch.Tensor:
