@@ -11,8 +11,8 @@ every ``W_*`` parameter, in ``named_parameters`` order, from ``N(0, initializer_
 TransformerLens' weights; ``model.load_state_dict(tl_model.state_dict())`` copies another
 model's. A config no installed plugin can express is refused with a
 :class:`mi_core.CapabilityError`: the plugin's names the fields its format cannot hold (the
-built-in transformer backend's holds the shapes its families compute exactly: learned or
-rotary positions, LayerNorm or RMS norms, plain or gated MLPs, grouped-query attention).
+built-in transformer backend's holds the shapes it computes exactly: learned or rotary
+positions, LayerNorm or RMS norms, plain, gated or no MLPs, grouped-query attention).
 """
 
 from __future__ import annotations

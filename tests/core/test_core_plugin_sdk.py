@@ -174,8 +174,9 @@ def test_mi_checkpoint_from_config_writes_a_checkpoint_the_backends_load(tmp_pat
     logits, _ = mi.MIModel.from_pretrained(tmp_path).run_with_cache(torch.tensor([[1, 2, 3]]))
     assert logits.shape == (1, 3, 50) and not logits.any()
     assert hook(config={"d_model": 32}, directory=tmp_path / "none", norm_gain=2.0) is None
-    with pytest.raises(mi.CapabilityError, match="gated_mlp=True"):
-        hook(config=dataclasses.replace(cfg, gated_mlp=True), directory=tmp_path, norm_gain=2.0)
+    with pytest.raises(mi.CapabilityError, match="normalization_type=None"):
+        hook(config=dataclasses.replace(cfg, normalization_type=None), directory=tmp_path,
+             norm_gain=2.0)
 
 
 def test_mi_plugin_info_describes_what_each_plugin_provides() -> None:

@@ -52,9 +52,10 @@ def test_load_state_dict_of_transformerlens_model():
                           atol=1e-5)
 
 
-#: TransformerLens shapes beyond GPT-2's default, each with the family mi-transformer writes
-#: it as (mi_transformer/tl_config.py): learned positions -> GPT-2; RMS + rotary + gated ->
-#: LLaMA (Helium with adjacent pairs); LayerNorm + rotary + plain MLP -> StarCoder2
+#: TransformerLens shapes beyond GPT-2's default: mi-transformer writes each as its
+#: plugin-internal checkpoint (mi_transformer/tl_config.py, config/families_tl.py), with
+#: learned or rotary positions, LayerNorm or RMS norms, plain or gated MLPs or none
+#: (attn_only), multi-head or grouped-query attention and the unembedding's bias
 ROTARY = dict(positional_embedding_type="rotary")
 SHAPES = {
     "gpt2_relu_scaled_by_layer": dict(act_fn="relu", scale_attn_by_inverse_layer_idx=True),
@@ -68,6 +69,17 @@ SHAPES = {
                                   gated_mlp=True, rotary_adjacent_pairs=True, rotary_dim=8),
     "starcoder2_gqa_wide_heads": dict(ROTARY, n_key_value_heads=1, d_head=32),
     "starcoder2_lnpre_relu": dict(ROTARY, act_fn="relu", normalization_type="LNPre"),
+    # ARENA's induction models: attention only, learned positions, LayerNorm
+    "attn_only_learned": dict(attn_only=True, d_mlp=None),
+    "attn_only_rotary_rms_gqa": dict(ROTARY, attn_only=True, normalization_type="RMS",
+                                     n_key_value_heads=2),
+    "learned_rms_gated_gqa_narrow_heads": dict(normalization_type="RMS", gated_mlp=True,
+                                               act_fn="silu", n_key_value_heads=2, d_head=8),
+    "rotary_ln_gated_adjacent_partial": dict(ROTARY, gated_mlp=True, rotary_dim=8,
+                                             rotary_adjacent_pairs=True),
+    "rotary_rms_plain_unscaled_by_layer": dict(ROTARY, normalization_type="RMS",
+                                               use_attn_scale=False,
+                                               scale_attn_by_inverse_layer_idx=True),
 }
 
 
@@ -76,8 +88,7 @@ def test_config_shape_gives_transformerlens_model(shape):
     """Each shape a family holds: the same seed gives TransformerLens' weights (names in its
     order), and after ``load_state_dict`` of a TransformerLens model whose every parameter
     (norm gains and biases too) is perturbed, every cached activation and the logits agree
-    (measured: 0 for GPT-2 / LLaMA / Helium, at most 5e-6 with partial rotary or StarCoder2's
-    LayerNorm; TransformerLens' b_U, and a gated MLP's b_in / b_out, stay 0: see
+    (b_U included; measured: at most 5e-6; a gated MLP's b_in / b_out stay 0: see
     test_config_bias_no_family_holds_is_refused_at_the_forward)."""
     fields = {**FIELDS, "d_vocab": 100, **SHAPES[shape]}
     theirs = tl.HookedTransformer(tl.HookedTransformerConfig(**fields, seed=3))
@@ -87,8 +98,7 @@ def test_config_shape_gives_transformerlens_model(shape):
     for name, p in theirs.named_parameters():
         assert torch.equal(p, mine[name]), name
     g = torch.Generator().manual_seed(7)
-    kept = ("unembed.b_U", "mlp.b_in", "mlp.b_out") if fields.get("gated_mlp") else (
-        "unembed.b_U",)
+    kept = ("mlp.b_in", "mlp.b_out") if fields.get("gated_mlp") else ("no such name",)
     with torch.no_grad():
         for name, p in theirs.named_parameters():
             if not name.endswith(kept):
@@ -103,13 +113,40 @@ def test_config_shape_gives_transformerlens_model(shape):
     assert (logits - want_logits).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("shape", ["attn_only_learned", "attn_only_rotary_rms_gqa"])
+def test_config_attn_only_process_weights_as_transformerlens(shape):
+    """An attention-only model with a nonzero b_U: process_weights_ (fold_ln, centring,
+    b_U centred with W_U) gives TransformerLens' processed parameters and activations
+    (measured: parameters 9e-8, activations and logits 2e-6)."""
+    fields = {**FIELDS, "d_vocab": 100, "d_mlp": None, **SHAPES[shape]}
+    theirs = tl.HookedTransformer(tl.HookedTransformerConfig(**fields, seed=3))
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g))
+    ours = mtl.HookedTransformer(mtl.HookedTransformerConfig(**fields))
+    ours.load_state_dict(theirs.state_dict())
+    for model in (theirs, ours):
+        model.process_weights_(fold_ln=True, center_writing_weights=True, center_unembed=True)
+    mine = dict(ours.named_parameters())
+    assert [n for n, _ in theirs.named_parameters()] == list(mine)
+    assert max((p - mine[n]).abs().max().item() for n, p in theirs.named_parameters()) < 1e-6
+    tokens = TOKENS % 100
+    with torch.no_grad():
+        want_logits, want = theirs.run_with_cache(tokens)
+        logits, got = ours.run_with_cache(tokens)
+    assert sorted(got.keys()) == sorted(want.keys())
+    assert max((want[k] - got[k]).abs().max().item() for k in want.keys()) < 1e-5
+    assert (logits - want_logits).abs().max().item() < 1e-5
+
+
 def test_config_bias_no_family_holds_is_refused_at_the_forward():
-    """TransformerLens' b_U (and a gated MLP's b_in, added after the gate's product) have no
-    place in the families' checkpoints: loaded nonzero, the forward refuses by name."""
+    """A gated MLP's b_in (added after the gate's product) and b_out have no place in the
+    checkpoint: loaded nonzero, the forward refuses by name."""
     fields = {**FIELDS, **SHAPES["llama_gqa"]}
     theirs = tl.HookedTransformer(tl.HookedTransformerConfig(**fields, seed=3))
     ours = mtl.HookedTransformer(mtl.HookedTransformerConfig(**fields))
-    for name in ("unembed.b_U", "blocks.0.mlp.b_in"):
+    for name in ("blocks.0.mlp.b_in", "blocks.1.mlp.b_out"):
         state = theirs.state_dict()
         state[name] = state[name] + 1.0
         ours.load_state_dict(state)
@@ -118,17 +155,12 @@ def test_config_bias_no_family_holds_is_refused_at_the_forward():
 
 
 @pytest.mark.parametrize("fields, field", [
-    (dict(gated_mlp=True), "gated_mlp=True with learned positions"),
-    (dict(d_head=8), "d_head"),
     (dict(normalization_type=None), "normalization_type=None"),
-    (dict(attn_only=True), "attn_only=True"),
     (dict(positional_embedding_type="shortformer"), "positional_embedding_type='shortformer'"),
     (dict(d_vocab_out=100), "d_vocab_out=100"),
-    (dict(normalization_type="RMS"), "normalization_type='RMS' with learned positions"),
-    (dict(ROTARY, normalization_type="RMS"), "gated_mlp=False with RMS norms"),
-    (dict(ROTARY, gated_mlp=True), "gated_mlp=True with LayerNorm and rotary"),
     (dict(ROTARY, parallel_attn_mlp=True), "parallel_attn_mlp=True"),
     (dict(n_key_value_heads=4), "n_key_value_heads=4"),
+    (dict(ROTARY, rotary_dim=7), "rotary_dim=7"),
     (dict(act_fn="solu_ln"), "act_fn='solu_ln'"),
     (dict(final_rms=True), "final_rms=True"),
     (dict(init_mode="kaiming_normal"), "init_mode='kaiming_normal'"),  # the ring's own

@@ -56,6 +56,11 @@ def test_every_family_has_a_row_in_the_hook_table():
     its hook points are documented."""
     from tests.support import hook_table
 
+    from mi_transformer.config.families_tl import MODEL_TYPE as TL_INTERNAL
+
     built = {mt for _, mt, _ in hook_table.tiny_configs()} | set(hook_table.WRAPPERS)
-    assert set(FAMILIES) <= built, sorted(set(FAMILIES) - built)
+    # the plugin-internal HookedTransformer(cfg) checkpoint has no transformers class to
+    # build a tiny one; its hook points are TransformerLens' own, checked key for key in
+    # tests/tl/test_tl_from_config.py
+    assert set(FAMILIES) - {TL_INTERNAL} <= built, sorted(set(FAMILIES) - built)
 

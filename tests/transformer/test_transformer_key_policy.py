@@ -141,9 +141,11 @@ def test_an_unknown_key_is_still_refused_listing_it():
 def test_every_family_declares_its_neutral_values_and_rotary_ones_the_layout():
     """Each rotary family's table says its rotary layout; families with learned positions
     (GPT-2, OPT) or none (the state-space ones; Jamba's and Nemotron-H's attention has no
-    positions) have none."""
+    positions) have none, nor has the plugin-internal HookedTransformer(cfg) checkpoint (its
+    own rotary_adjacent_pairs key says the layout; no published config carries it)."""
     for mt, f in FAMILIES.items():
-        if mt in ("gpt2", "opt", "mamba", "falcon_mamba", "mamba2", "jamba", "nemotron_h"):
+        if mt in ("gpt2", "opt", "mamba", "falcon_mamba", "mamba2", "jamba", "nemotron_h",
+                  "mi_tl_hooked_transformer"):
             assert "rope_interleaved" not in f.neutral
             continue
         # the GPT-J rotary layout (each parser sets RopeLayout.INTERLEAVED)

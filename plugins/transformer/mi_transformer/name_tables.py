@@ -131,6 +131,9 @@ NAME_TABLES: dict[str, NameTable] = {
     # StableLM-2-12B's per-head q/k LayerNorms: one tensor per head ({h})
     "stablelm": NameTable(q_norm="self_attn.q_layernorm.norms.{h}",
                           k_norm="self_attn.k_layernorm.norms.{h}"),
+    # HookedTransformer(cfg)'s plugin-internal checkpoint (mi_transformer.tl_config): LLaMA's
+    # names, learned positions (TransformerLens' W_pos) beside the token embedding
+    "mi_tl_hooked_transformer": NameTable(pos_embed="model.embed_positions"),
     "gpt2": NameTable(embed="transformer.wte", pos_embed="transformer.wpe",
                       final_norm="transformer.ln_f", layer="transformer.h.{i}.", ln1="ln_1",
                       ln2="ln_2", qkv="attn.c_attn", o="attn.c_proj", mlp_in="mlp.c_fc",

@@ -61,7 +61,7 @@ def process_weights(be: HasWeights, fold_ln: bool = True,
                       f"for layers with a sequence mixer (layers {mixers} of this "
                       f"{c.model_type} model); use fold_ln=False, center_writing_weights=False")
     if (fold_ln or center_writing_weights) and any(
-            not isinstance(lw.mlp, MlpWeights) or lw.moe is not None for lw in w.layers):
+            not isinstance(lw.mlp, MlpWeights | None) or lw.moe is not None for lw in w.layers):
         raise MIError(f"process_weights: fold_ln / center_writing_weights are not implemented "
                       f"for mixture-of-experts models ({c.model_type}); use fold_ln=False, "
                       f"center_writing_weights=False")
@@ -94,7 +94,8 @@ def process_weights(be: HasWeights, fold_ln: bool = True,
         for lw in w.layers:
             if lw.ln1 is not None:
                 _fold_attn(lw.attn, lw.ln1, layer_norm)
-                shared = lw.ln2 is None  # parallel block with one norm: the MLP reads ln1 too
+                # parallel block with one norm: the MLP reads ln1 too (no MLP: attn_only)
+                shared = lw.ln2 is None and lw.mlp is not None
                 if shared:
                     _fold_mlp(lw.mlp, lw.ln1, layer_norm)  # type: ignore[arg-type]
                 _reset(lw.ln1)
@@ -113,8 +114,10 @@ def process_weights(be: HasWeights, fold_ln: bool = True,
             a, m = lw.attn, lw.mlp
             a.w_o = _centre(a.w_o, 0)
             a.b_o = None if a.b_o is None else _centre(a.b_o, 0)
-            m.w_out = _centre(m.w_out, 0)  # type: ignore[union-attr]
-            m.b_out = None if m.b_out is None else _centre(m.b_out, 0)  # type: ignore[union-attr]
+            if m is None:  # an attention layer without an MLP
+                continue
+            m.w_out = _centre(m.w_out, 0)
+            m.b_out = None if m.b_out is None else _centre(m.b_out, 0)
     if center_unembed:
         w.lm_head = _centre(w.lm_head, 0)
         if w.lm_head_bias is not None:

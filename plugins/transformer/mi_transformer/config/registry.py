@@ -40,6 +40,9 @@ from mi_transformer.config.families_moe import (
 )
 from mi_transformer.config.families_moe2 import MOE2_FAMILIES, NEUTRAL as _MOE2_NEUTRAL
 from mi_transformer.config.families_recent import RECENT_FAMILIES
+from mi_transformer.config.families_tl import (MODEL_TYPE as _TL_MODEL_TYPE,
+                                                READS as _TL_READS,
+                                                parse_mi_tl_hooked_transformer)
 from mi_transformer.config.families_ssm import (
     FALCON_MAMBA_READS, MAMBA2_HARMLESS, MAMBA2_NEUTRAL, MAMBA2_READS, MAMBA_NEUTRAL,
     MAMBA_READS, SSM_HARMLESS, parse_falcon_mamba,
@@ -309,6 +312,13 @@ FAMILIES.update({mt: _family(mt, parse, reads, harmless, note)
 # Falcon-H1 (attention beside Mamba-2), LFM2 (short convolution): config/families_hybrid2.py
 FAMILIES.update({mt: _family(mt, parse, reads, harmless, note, neutral={**ROTARY, **neutral})
                  for mt, parse, reads, harmless, note, neutral in HYBRID2_FAMILIES})
+
+
+# mi_core.tl's HookedTransformer(cfg): the plugin-internal checkpoint tl_config.py writes
+# (TransformerLens' own config fields; config/families_tl.py), no published model_type
+FAMILIES[_TL_MODEL_TYPE] = _family(
+    _TL_MODEL_TYPE, parse_mi_tl_hooked_transformer, _TL_READS, neutral={},
+    note="plugin-internal: HookedTransformer(cfg)'s checkpoint, TransformerLens' fields")
 
 
 def family_parsers() -> dict[str, Callable[[ConfigReader], TransformerConfig]]:
