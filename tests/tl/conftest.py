@@ -24,3 +24,21 @@ def tl_ref(tl_checkpoints):  # noqa: F811
         return built[name]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def pair(tl_checkpoints, tl_ref):  # noqa: F811
+    """name -> (ours, TransformerLens'), both with TransformerLens' from_pretrained defaults
+    and, at every call, back to their state after loading (hooks, switches)."""
+    from mi_core.tl import HookedTransformer
+    from tests.support.tl_demo_models import reset_tl
+
+    ours: dict = {}
+
+    def get(name: str):
+        if name not in ours:
+            ours[name] = HookedTransformer.from_pretrained(tl_checkpoints[name])
+        reset_tl(ours[name])
+        return ours[name], tl_ref(name)
+
+    return get

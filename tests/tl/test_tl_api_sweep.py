@@ -18,19 +18,6 @@ from mi_core.tl import HookedTransformer, utils
 TEXTS = ["The cat sat on the mat.", "Hello world"]
 
 
-@pytest.fixture(scope="module")
-def pair(tl_checkpoints, tl_ref):
-    ours: dict = {}
-
-    def get(name: str):
-        if name not in ours:
-            ours[name] = HookedTransformer.from_pretrained(tl_checkpoints[name])
-        ours[name].reset_hooks(including_permanent=True)
-        return ours[name], tl_ref(name)
-
-    return get
-
-
 @pytest.mark.parametrize("name", ["smollm2_2l", "gpt2"])
 def test_run_with_hooks_backward_hooks_fire_after_it_returns(pair, name):
     """TransformerLens' backward hooks are torch's full backward hooks, taken when the module

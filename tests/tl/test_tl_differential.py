@@ -21,19 +21,6 @@ TOL = 1e-4
 TEXTS = ["The cat sat on the mat.", "The cat sat on the mat really hard."]
 
 
-@pytest.fixture(scope="module")
-def pair(tl_checkpoints, tl_ref):
-    ours: dict = {}
-
-    def get(name: str):
-        if name not in ours:
-            ours[name] = HookedTransformer.from_pretrained(tl_checkpoints[name])
-        ours[name].reset_hooks(including_permanent=True)
-        return ours[name], tl_ref(name)
-
-    return get
-
-
 def _close(a, b, tol: float = TOL) -> None:
     if isinstance(a, (tuple, list)):
         assert type(a) is type(b) and len(a) == len(b)

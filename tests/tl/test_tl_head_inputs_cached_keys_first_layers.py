@@ -39,21 +39,6 @@ def _close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-5) -> None:
     assert (a - b).abs().max().item() <= rel * max(1.0, b.abs().max().item())
 
 
-@pytest.fixture(scope="module")
-def pair(tl_checkpoints, tl_ref):
-    ours: dict = {}
-
-    def get(name: str):
-        if name not in ours:
-            ours[name] = HookedTransformer.from_pretrained(tl_checkpoints[name])
-        m = ours[name]
-        m.reset_hooks(including_permanent=True)
-        m.cfg.use_split_qkv_input = m.cfg.use_attn_in = False
-        return m, tl_ref(name)
-
-    return get
-
-
 def _switch(models, mode: str) -> None:
     for m in models:  # (set_use_attn_in refuses grouped-query models, even to turn it off)
         m.cfg.use_split_qkv_input = mode in ("split", "both")

@@ -22,22 +22,6 @@ TOL = 1e-4
 TEXTS = ["The cat sat on the mat.", "The cat sat on the mat really hard."]
 
 
-@pytest.fixture(scope="module")
-def pair(tl_checkpoints, tl_ref):
-    """name -> (ours, TransformerLens'), both with TransformerLens' from_pretrained defaults."""
-    ours: dict = {}
-
-    def get(name: str):
-        if name not in ours:
-            ours[name] = HookedTransformer.from_pretrained(tl_checkpoints[name])
-        ours[name].reset_hooks(including_permanent=True)
-        for flag in ("use_attn_result", "use_split_qkv_input", "use_hook_mlp_in"):
-            setattr(ours[name].cfg, flag, False)
-        return ours[name], tl_ref(name)
-
-    return get
-
-
 def _close(a: torch.Tensor, b: torch.Tensor, tol: float = TOL) -> None:
     assert a.shape == b.shape
     assert (a.detach().float() - b.detach().float()).abs().max().item() < tol
