@@ -41,6 +41,17 @@ def test_config_gives_transformerlens_random_model(seed):
         assert (ours(TOKENS) - theirs(TOKENS)).abs().max().item() < 1e-4
 
 
+def _assert_same_cache(ours, theirs) -> None:
+    """The same cache keys, every activation and the logits within 1e-5 of TransformerLens'."""
+    tokens = TOKENS % 100
+    with torch.no_grad():
+        want_logits, want = theirs.run_with_cache(tokens)
+        logits, got = ours.run_with_cache(tokens)
+    assert sorted(got.keys()) == sorted(want.keys())
+    assert max((want[k] - got[k]).abs().max().item() for k in want.keys()) < 1e-5
+    assert (logits - want_logits).abs().max().item() < 1e-5
+
+
 def test_load_state_dict_of_transformerlens_model():
     theirs = tl.HookedTransformer(tl.HookedTransformerConfig(**FIELDS, seed=3))
     ours = mtl.HookedTransformer(mtl.HookedTransformerConfig(**FIELDS))
@@ -104,13 +115,7 @@ def test_config_shape_gives_transformerlens_model(shape):
             if not name.endswith(kept):
                 p.add_(0.1 * torch.randn(p.shape, generator=g))
     ours.load_state_dict(theirs.state_dict())
-    tokens = TOKENS % 100
-    with torch.no_grad():
-        want_logits, want = theirs.run_with_cache(tokens)
-        logits, got = ours.run_with_cache(tokens)
-    assert sorted(got.keys()) == sorted(want.keys())
-    assert max((want[k] - got[k]).abs().max().item() for k in want.keys()) < 1e-5
-    assert (logits - want_logits).abs().max().item() < 1e-5
+    _assert_same_cache(ours, theirs)
 
 
 @pytest.mark.parametrize("shape", ["attn_only_learned", "attn_only_rotary_rms_gqa"])
@@ -131,13 +136,7 @@ def test_config_attn_only_process_weights_as_transformerlens(shape):
     mine = dict(ours.named_parameters())
     assert [n for n, _ in theirs.named_parameters()] == list(mine)
     assert max((p - mine[n]).abs().max().item() for n, p in theirs.named_parameters()) < 1e-6
-    tokens = TOKENS % 100
-    with torch.no_grad():
-        want_logits, want = theirs.run_with_cache(tokens)
-        logits, got = ours.run_with_cache(tokens)
-    assert sorted(got.keys()) == sorted(want.keys())
-    assert max((want[k] - got[k]).abs().max().item() for k in want.keys()) < 1e-5
-    assert (logits - want_logits).abs().max().item() < 1e-5
+    _assert_same_cache(ours, theirs)
 
 
 def test_config_bias_no_family_holds_is_refused_at_the_forward():
